@@ -1,0 +1,86 @@
+//! Builds the kernels in `cuda/`.
+//!
+//! * feature `std` (default): every `cuda/*.cu` plus the emulator runtime
+//!   `cuda/emu/*.cpp` compiled by the host C++ compiler into `libftn_emu.a`;
+//!   the emulator self-tests into `libftn_emu_selftest.a` (linked by tests and
+//!   benches only); and `kernels.rs`, the typed table of every kernel.
+//! * feature `cuda`: each `cuda/*.cu` also compiled by nvcc into a fatbin
+//!   (sm_80, sm_90a SASS + compute_90 PTX), embedded through `fatbins.rs`.
+
+#[path = "build/kernel_table.rs"]
+mod kernel_table;
+#[path = "build/nvcc.rs"]
+mod nvcc;
+
+use std::path::{Path, PathBuf};
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build");
+    println!("cargo:rerun-if-changed=cuda");
+    println!("cargo:rerun-if-changed=include");
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    if std::env::var_os("CARGO_FEATURE_STD").is_none() {
+        return; // the no_std core needs no kernels
+    }
+    let kernel_sources = sources(Path::new("cuda"), &["cu"]);
+    let kernels = kernel_table::scan(&kernel_sources);
+    kernel_table::write(&kernels, &out_dir.join("kernels.rs"));
+
+    let mut runtime = sources(Path::new("cuda/emu"), &["cpp"]);
+    runtime.extend(kernel_sources.iter().cloned());
+    emulator_build().files(&runtime).compile("ftn_emu");
+
+    let selftests = sources(Path::new("cuda/emu/tests"), &["cpp", "cu"]);
+    if !selftests.is_empty() {
+        emulator_build()
+            .files(&selftests)
+            .cargo_metadata(false)
+            .compile("ftn_emu_selftest");
+        println!("cargo:rustc-link-search=native={}", out_dir.display());
+    }
+
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        nvcc::build_fatbins(&kernel_sources, &out_dir);
+    }
+}
+
+/// The host C++ compiler set up for kernel sources and the emulator.
+fn emulator_build() -> cc::Build {
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("c++20")
+        .include("cuda")
+        .include("include")
+        .flag("-x")
+        .flag("c++")
+        .flag("-pthread")
+        .flag_if_supported("-fno-strict-aliasing")
+        .flag("-Wno-unknown-pragmas")
+        .warnings(true)
+        .extra_warnings(true);
+    // Kernels are hot even in debug builds of the crate; keep them fast but
+    // debuggable (gdb steps -O1 code well enough; FTN_EMU_DEBUG=1 gives -O0).
+    let debug = std::env::var("FTN_EMU_DEBUG").is_ok_and(|v| v == "1");
+    println!("cargo:rerun-if-env-changed=FTN_EMU_DEBUG");
+    b.opt_level(if debug { 0 } else { 2 }).debug(true);
+    b
+}
+
+/// Files directly in `dir` with one of `exts`, sorted.
+fn sources(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.is_file()
+                        && p.extension()
+                            .and_then(|e| e.to_str())
+                            .is_some_and(|e| exts.contains(&e))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}

@@ -1,0 +1,175 @@
+// Bias + GeLU, forward and backward (Megatron's fused bias_gelu).
+//
+// Forward  out = gelu(x + bias): a grid-stride loop over the flattened
+//   [rows, cols] matrix; with 16-byte-aligned pointers each thread moves one
+//   128-bit vector (4 fp32 or 8 fp16/bf16) per step and a scalar loop handles
+//   the n % vec tail. Columns are tracked incrementally, so any cols works.
+//   Floor: reads n*sizeof(T) + writes n*sizeof(T) bytes (bias: cols, cached);
+//   ~20 FLOP/element, far below the matrix rate -> HBM-bound.
+// Backward dx = dy * gelu'(x + bias), plus optional fp32 partial bias sums:
+//   the grid tiles (column groups of blockDim.x*vec) x (row chunks); each
+//   thread owns vec adjacent columns, walks its chunk's rows in order, writes
+//   dx and one partial sum per column. ftn_column_sum_partials_* then sums the
+//   chunks in order: dbias is deterministic, no float atomics.
+//   Floor: reads 2n*sizeof(T), writes n*sizeof(T) + chunks*cols*4 bytes.
+#include "ftn_dtype.cuh"
+#include "gelu.cuh"
+
+template <typename T, unsigned KIND>
+FTN_DEVICE void bias_gelu_fwd_scalar(const FtnBiasGeluFwdParams &p, int64_t begin, int64_t n,
+                                     int64_t tid, int64_t stride) {
+  const T *x = static_cast<const T *>(p.x);
+  const T *bias = static_cast<const T *>(p.bias);
+  T *out = static_cast<T *>(p.out);
+  for (int64_t i = begin + tid; i < n; i += stride) {
+    float v = ftn_to_float(x[i]);
+    if (bias != nullptr) v += ftn_to_float(bias[i % p.cols]);
+    out[i] = ftn_from_float<T>(ftn_gelu<KIND>(v));
+  }
+}
+
+template <typename T, unsigned KIND>
+FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  const int64_t n = p.rows * p.cols;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  if (p.vec == 1) {
+    bias_gelu_fwd_scalar<T, KIND>(p, 0, n, tid, stride);
+    return;
+  }
+  FTN_ASSERT(p.vec == (uint32_t)V);
+  const T *x = static_cast<const T *>(p.x);
+  const T *bias = static_cast<const T *>(p.bias);
+  T *out = static_cast<T *>(p.out);
+  const int64_t nvec = n / V;
+  const bool bias_vectorised = bias != nullptr && p.cols % V == 0;
+  for (int64_t i = tid; i < nvec; i += stride) {
+    float v[V];
+    ftn_load_vec<T>(x + i * V, v);
+    int64_t c = (i * V) % p.cols;
+    if (bias_vectorised) {
+      float b[V];
+      ftn_load_vec<T>(bias + c, b);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] += b[k];
+    } else if (bias != nullptr) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        v[k] += ftn_to_float(bias[c]);
+        c = (c + 1 == p.cols) ? 0 : c + 1;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = ftn_gelu<KIND>(v[k]);
+    ftn_store_vec<T>(out + i * V, v);
+  }
+  bias_gelu_fwd_scalar<T, KIND>(p, nvec * V, n, tid, stride);
+}
+
+template <typename T>
+FTN_DEVICE void bias_gelu_fwd_dispatch(const FtnBiasGeluFwdParams &p) {
+  if (p.gelu == FTN_GELU_ERF) {
+    bias_gelu_fwd<T, FTN_GELU_ERF>(p);
+  } else {
+    bias_gelu_fwd<T, FTN_GELU_TANH>(p);
+  }
+}
+
+// One thread: VEC adjacent columns [c0, c0+VEC) of rows [r0, r1).
+template <typename T, unsigned KIND, int VEC>
+FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0, int64_t r0,
+                                      int64_t r1) {
+  const T *dy = static_cast<const T *>(p.dy);
+  const T *x = static_cast<const T *>(p.x);
+  const T *bias = static_cast<const T *>(p.bias);
+  T *dx = static_cast<T *>(p.dx);
+  float b[VEC];
+  float acc[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
+  if (bias == nullptr) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) b[k] = 0.0f;
+  } else if constexpr (VEC > 1) {
+    ftn_load_vec<T>(bias + c0, b);
+  } else {
+    b[0] = ftn_to_float(bias[c0]);
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t off = r * p.cols + c0;
+    float g[VEC];
+    float v[VEC];
+    if constexpr (VEC > 1) {
+      ftn_load_vec<T>(dy + off, g);
+      ftn_load_vec<T>(x + off, v);
+    } else {
+      g[0] = ftn_to_float(dy[off]);
+      v[0] = ftn_to_float(x[off]);
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      g[k] *= ftn_gelu_grad<KIND>(v[k] + b[k]);
+      acc[k] += g[k];
+    }
+    if constexpr (VEC > 1) {
+      ftn_store_vec<T>(dx + off, g);
+    } else {
+      dx[off] = ftn_from_float<T>(g[0]);
+    }
+  }
+  if (p.dbias_partial != nullptr) {
+    float *partial = p.dbias_partial + (int64_t)blockIdx.y * p.cols + c0;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) partial[k] = acc[k];
+  }
+}
+
+template <typename T, unsigned KIND>
+FTN_DEVICE void bias_gelu_bwd(const FtnBiasGeluBwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  const int64_t unit = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t r0 = (int64_t)blockIdx.y * p.rows_per_chunk;
+  const int64_t r1 = r0 + p.rows_per_chunk < p.rows ? r0 + p.rows_per_chunk : p.rows;
+  if (p.vec == 1) {
+    if (unit < p.cols) bias_gelu_bwd_columns<T, KIND, 1>(p, unit, r0, r1);
+    return;
+  }
+  FTN_ASSERT(p.vec == (uint32_t)V && p.cols % V == 0);
+  if (unit * V < p.cols) bias_gelu_bwd_columns<T, KIND, V>(p, unit * V, r0, r1);
+}
+
+template <typename T>
+FTN_DEVICE void bias_gelu_bwd_dispatch(const FtnBiasGeluBwdParams &p) {
+  if (p.gelu == FTN_GELU_ERF) {
+    bias_gelu_bwd<T, FTN_GELU_ERF>(p);
+  } else {
+    bias_gelu_bwd<T, FTN_GELU_TANH>(p);
+  }
+}
+
+// Stage two of the bias gradient: one thread per column sums the chunks in
+// order. Floor: reads chunks*cols*4 bytes, writes cols*sizeof(T).
+template <typename T>
+FTN_DEVICE void column_sum_partials(const FtnColumnSumParams &p) {
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= p.cols) return;
+  float s = 0.0f;
+  for (int64_t k = 0; k < p.chunks; ++k) s += p.partial[k * p.cols + c];
+  static_cast<T *>(p.out)[c] = ftn_from_float<T>(s);
+}
+
+#define FTN_STAMP_BIAS_GELU(suffix, T)                                                  \
+  FTN_KERNEL_BOUNDED(ftn_bias_gelu_fwd_##suffix, FtnBiasGeluFwdParams, p, 256) {        \
+    bias_gelu_fwd_dispatch<T>(p);                                                       \
+  }                                                                                     \
+  FTN_KERNEL_BOUNDED(ftn_bias_gelu_bwd_##suffix, FtnBiasGeluBwdParams, p, 256) {        \
+    bias_gelu_bwd_dispatch<T>(p);                                                       \
+  }                                                                                     \
+  FTN_KERNEL_BOUNDED(ftn_column_sum_partials_##suffix, FtnColumnSumParams, p, 256) {    \
+    column_sum_partials<T>(p);                                                          \
+  }
+
+FTN_STAMP_BIAS_GELU(f32, float)
+FTN_STAMP_BIAS_GELU(f16, __half)
+FTN_STAMP_BIAS_GELU(bf16, __nv_bfloat16)

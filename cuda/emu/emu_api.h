@@ -1,0 +1,59 @@
+/* ferrotron CUDA-on-CPU emulator: the C entry points the Rust backend calls.
+ *
+ * A kernel declared with FTN_KERNEL(name, Params, p) in a .cu file compiles,
+ * under the emulator, to two extern "C" symbols:
+ *   void   ftn_emu_entry_<name>(const void *params);   -- runs ONE thread
+ *   size_t ftn_emu_params_size_<name>(void);           -- sizeof(Params)
+ * ftn_emu_launch runs a whole grid of such threads and reports misuse as an
+ * error string that names the kernel; it never aborts the process. */
+#ifndef FTN_EMU_API_H
+#define FTN_EMU_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Runs the body of one kernel thread; threadIdx/blockIdx come from the
+ * emulator's per-fiber state. */
+typedef void (*ftn_emu_entry_fn)(const void *params);
+
+typedef struct ftn_emu_launch_desc {
+  const char *kernel_name;  /* for error messages */
+  ftn_emu_entry_fn entry;
+  const void *params;       /* pointer to the kernel's parameter struct */
+  uint32_t grid[3];         /* gridDim.x, .y, .z  (each >= 1) */
+  uint32_t block[3];        /* blockDim.x, .y, .z (each >= 1) */
+  size_t dynamic_smem_bytes;
+  uint32_t num_workers;     /* OS threads to spread blocks over; 0 = default
+                               (env FTN_EMU_THREADS, else hardware threads) */
+} ftn_emu_launch_desc;
+
+/* Runs the grid to completion. Returns 0 on success; otherwise non-zero and
+ * writes a NUL-terminated message naming the kernel into err[0..err_len). */
+int ftn_emu_launch(const ftn_emu_launch_desc *desc, char *err, size_t err_len);
+
+/* Device limits the emulator enforces (those of an sm_90 part). */
+#define FTN_EMU_MAX_THREADS_PER_BLOCK 1024u
+#define FTN_EMU_MAX_BLOCK_X 1024u
+#define FTN_EMU_MAX_BLOCK_Y 1024u
+#define FTN_EMU_MAX_BLOCK_Z 64u
+#define FTN_EMU_MAX_GRID_X 2147483647u
+#define FTN_EMU_MAX_GRID_YZ 65535u
+#define FTN_EMU_MAX_STATIC_SMEM 49152u      /* 48 KiB of __shared__ */
+#define FTN_EMU_MAX_SMEM_PER_BLOCK 232448u  /* 227 KiB, static + dynamic */
+
+/* Bit-exact scalar conversions (round to nearest even, as the CUDA headers),
+ * exported so tests can compare them with the `half` crate. */
+uint16_t ftn_emu_f32_to_f16_bits(float x);
+float ftn_emu_f16_bits_to_f32(uint16_t h);
+uint16_t ftn_emu_f32_to_bf16_bits(float x);
+float ftn_emu_bf16_bits_to_f32(uint16_t b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FTN_EMU_API_H */

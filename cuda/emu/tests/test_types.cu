@@ -1,0 +1,138 @@
+// Self-tests: __half/__nv_bfloat16 conversions bit-exact with the CUDA
+// headers (round to nearest even, subnormals, overflow, NaN -> 0x7FFF),
+// vector-type sizes and alignments, and 64-bit grid-stride indexing.
+#include <cstring>
+#include <vector>
+
+#include "selftest.h"
+
+static float fbits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void test_half_conversions() {
+  struct Case {
+    float in;
+    uint16_t half, bf16;
+  };
+  const Case cases[] = {
+      {1.0f, 0x3C00, 0x3F80},
+      {-2.0f, 0xC000, 0xC000},
+      {0.0f, 0x0000, 0x0000},
+      {-0.0f, 0x8000, 0x8000},
+      {65504.0f, 0x7BFF, 0x4780},
+      {65519.99f, 0x7BFF, 0x4780},        // just under the half-way point to 65536
+      {65520.0f, 0x7C00, 0x4780},         // ties to even -> inf for half
+      {1e6f, 0x7C00, 0x4974},
+      {-1e6f, 0xFC00, 0xC974},
+      {fbits(0x33800000), 0x0001, 0x3380},  // 2^-24: smallest half subnormal
+      {fbits(0x33000000), 0x0000, 0x3300},  // 2^-25: tie -> even (0)
+      {fbits(0x33400000), 0x0001, 0x3340},  // 1.5 * 2^-25 -> 1 ulp
+      {fbits(0x34400000), 0x0002, 0x3440},  // 3 * 2^-25 = 1.5 ulp: tie -> 2
+      {fbits(0x38800000), 0x0400, 0x3880},  // 2^-14: smallest normal
+      {fbits(0x387FF000), 0x0400, 0x3880},  // just under 2^-14: rounds up into normal
+      {fbits(0x3F801000), 0x3C00, 0x3F80},  // 1 + 2^-11: tie -> even 1.0
+      {fbits(0x3F803000), 0x3C02, 0x3F80},  // 1 + 3*2^-11: tie -> even 1+2^-9
+      {fbits(0x3F808000), 0x3C04, 0x3F80},  // 1 + 2^-8: bf16 tie -> even
+      {fbits(0x3F818000), 0x3C0C, 0x3F82},  // 1 + 3*2^-8: bf16 tie -> up (even)
+      {fbits(0x3F808001), 0x3C04, 0x3F81},  // just above the bf16 tie
+      {fbits(0x7F7FFFFF), 0x7C00, 0x7F80},  // FLT_MAX -> inf for both
+      {fbits(0x7F800000), 0x7C00, 0x7F80},
+      {fbits(0xFF800000), 0xFC00, 0xFF80},
+      {fbits(0x7FC00000), 0x7FFF, 0x7FFF},  // NaN -> canonical
+      {fbits(0xFFC00001), 0x7FFF, 0x7FFF},
+      {fbits(0x00000001), 0x0000, 0x0000},  // float subnormal
+      {fbits(0x80400000), 0x8000, 0x8040},
+  };
+  for (const Case &c : cases) {
+    uint16_t h = ftn_emu_f32_to_f16_bits(c.in), b = ftn_emu_f32_to_bf16_bits(c.in);
+    CHECK(h == c.half, "f16(%a) = 0x%04x want 0x%04x", double(c.in), h, c.half);
+    CHECK(b == c.bf16, "bf16(%a) = 0x%04x want 0x%04x", double(c.in), b, c.bf16);
+    CHECK(__half_as_ushort(__float2half_rn(c.in)) == c.half, "__float2half_rn(%a)", double(c.in));
+    CHECK(__bfloat16_as_ushort(__float2bfloat16(c.in)) == c.bf16, "__float2bfloat16(%a)",
+          double(c.in));
+  }
+  // Every finite half survives f16 -> f32 -> f16; values are exact.
+  for (uint32_t u = 0; u < 0x10000; ++u) {
+    const uint16_t h = uint16_t(u);
+    const bool nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF);
+    float f = ftn_emu_f16_bits_to_f32(h);
+    if (nan) {
+      CHECK(f != f, "half 0x%04x should be NaN", h);
+      continue;
+    }
+    CHECK(ftn_emu_f32_to_f16_bits(f) == h, "round trip of half 0x%04x", h);
+    float b = ftn_emu_bf16_bits_to_f32(h);
+    const bool bnan = (h & 0x7F80) == 0x7F80 && (h & 0x7F);
+    if (!bnan) CHECK(ftn_emu_f32_to_bf16_bits(b) == h, "round trip of bf16 0x%04x", h);
+  }
+  CHECK(ftn_emu_f16_bits_to_f32(0x0001) == fbits(0x33800000), "subnormal half to float");
+  CHECK(ftn_emu_f16_bits_to_f32(0x7BFF) == 65504.0f, "max half");
+  CHECK(ftn_emu_f16_bits_to_f32(0xFC00) == -INFINITY, "-inf half");
+  // Arithmetic rounds the exact result once: 2049 is not a half; ties to 2048.
+  __half a = __float2half(2048.0f), one = __float2half(1.0f);
+  CHECK(__half2float(__hadd(a, one)) == 2048.0f, "hadd rounding");
+  CHECK(__half2float(__hmul(__float2half(3.0f), __float2half(0.5f))) == 1.5f, "hmul");
+  float2 f2 = __half22float2(__floats2half2_rn(0.1f, -3.0f));
+  CHECK(f2.x == ftn_emu_f16_bits_to_f32(0x2E66) && f2.y == -3.0f, "half2 %g", double(f2.x));
+  float2 b2 = __bfloat1622float2(__floats2bfloat162_rn(1.0f, 3.14159f));
+  CHECK(b2.x == 1.0f && b2.y == ftn_emu_bf16_bits_to_f32(0x4049), "bf162 %g", double(b2.y));
+}
+
+void test_vector_types() {
+  static_assert(sizeof(float4) == 16 && alignof(float4) == 16);
+  static_assert(sizeof(int4) == 16 && alignof(int4) == 16);
+  static_assert(sizeof(uint4) == 16 && alignof(uint4) == 16);
+  static_assert(sizeof(float2) == 8 && alignof(float2) == 8);
+  static_assert(sizeof(int2) == 8 && alignof(int2) == 8);
+  static_assert(sizeof(uint2) == 8 && alignof(uint2) == 8);
+  static_assert(sizeof(double2) == 16 && alignof(double2) == 16);
+  static_assert(sizeof(float3) == 12 && alignof(float3) == 4);
+  static_assert(sizeof(uchar4) == 4 && alignof(uchar4) == 4);
+  static_assert(sizeof(short2) == 4 && alignof(short2) == 4);
+  static_assert(sizeof(__half) == 2 && sizeof(__half2) == 4 && alignof(__half2) == 4);
+  static_assert(sizeof(__nv_bfloat16) == 2 && sizeof(__nv_bfloat162) == 4);
+  static_assert(std::is_trivially_copyable_v<__half> && std::is_trivial_v<__half>);
+  float4 v = make_float4(1, 2, 3, 4);
+  CHECK(v.x + v.y + v.z + v.w == 10.0f, "make_float4");
+  CHECK(__float_as_uint(1.0f) == 0x3F800000u && __int_as_float(0x40000000) == 2.0f, "bit casts");
+  CHECK(min(3, 5u) == 3u && max(-1.0f, 2.0) == 2.0 && min(7LL, 2LL) == 2LL, "min/max");
+  CHECK(__popc(0xF0F0u) == 8 && __clz(1) == 31 && __brev(1u) == 0x80000000u, "bit ops");
+  CHECK(rsqrtf(4.0f) == 0.5f && __fdividef(1.0f, 4.0f) == 0.25f, "math");
+}
+
+namespace {
+struct StrideParams {
+  uint64_t n;
+  uint64_t base;
+  uint64_t *out;
+  unsigned *gridx_seen;
+};
+}  // namespace
+
+FTN_KERNEL(st_grid_stride, StrideParams, p) {
+  const uint64_t stride = uint64_t(blockDim.x) * gridDim.x;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride)
+    p.out[i] = i + p.base;
+  if (threadIdx.x == 0 && blockIdx.x == gridDim.x - 1) *p.gridx_seen = blockIdx.x;
+}
+
+void test_grid_stride_64bit() {
+  const uint64_t n = 1000003;
+  std::vector<uint64_t> out(n, 0);
+  unsigned seen = 0;
+  StrideParams p{n, 5000000000ull, out.data(), &seen};
+  LAUNCH_OK(st_grid_stride, p, dim3(61), dim3(128), 0, 2);
+  for (uint64_t i = 0; i < n; ++i)
+    CHECK(out[i] == i + 5000000000ull, "out[%llu] = %llu", (unsigned long long)i,
+          (unsigned long long)out[i]);
+  CHECK(seen == 60, "last block %u", seen);
+  // A grid wider than 65535 blocks in x (and 1 thread per block).
+  std::vector<uint64_t> out2(70001, 0);
+  StrideParams q{70001, 1, out2.data(), &seen};
+  LAUNCH_OK(st_grid_stride, q, dim3(70001), dim3(1), 0, 2);
+  CHECK(seen == 70000, "last block %u", seen);
+  for (uint64_t i = 0; i < 70001; ++i) CHECK(out2[i] == i + 1, "wide grid out[%llu]", (unsigned long long)i);
+}

@@ -1,0 +1,175 @@
+// Warp collectives: every __shfl*_sync, __ballot/any/all_sync, __syncwarp and
+// __reduce_*_sync meets at a warp-level rendezvous of exactly the lanes named
+// in its mask. The last lane to arrive computes every participant's result
+// (shuffles follow the PTX ISA shfl.sync definition, width segments included)
+// and wakes the others. Misuse -- the caller not in its mask, a mask naming
+// lanes that do not exist or have exited, two different ops or masks meeting
+// -- fails the launch.
+#include "emu_internal.h"
+
+namespace ftn_emu::detail {
+
+const char *warp_op_name(int op) {
+  static const char *const names[kWarpOpCount] = {
+      "__shfl_sync",       "__shfl_up_sync",    "__shfl_down_sync",  "__shfl_xor_sync",
+      "__ballot_sync",     "__any_sync",        "__all_sync",        "__syncwarp",
+      "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync",
+      "__reduce_or_sync",  "__reduce_xor_sync"};
+  return op >= 0 && op < kWarpOpCount ? names[op] : "warp op";
+}
+
+namespace {
+
+bool is_shfl(int op) { return op <= kShflXor; }
+
+// PTX shfl.sync: with c = ((32 - width) << 8) | (up ? 0 : 31),
+//   segmask = c[12:8], maxLane = (lane & segmask) | (c[4:0] & ~segmask),
+//   minLane = lane & segmask; the source j is lane -/+/^ b or
+//   minLane | (b & ~segmask); if j falls outside [.., maxLane] (or below
+//   maxLane for up) the lane keeps its own value.
+int shfl_source(int op, int lane, int b, int width) {
+  const int segmask = (32 - width) & 31;
+  const int cval = op == kShflUp ? 0 : 31;
+  const int max_lane = (lane & segmask) | (cval & ~segmask);
+  const int min_lane = lane & segmask;
+  const int bval = b & 31;
+  int j = lane;
+  bool ok = false;
+  switch (op) {
+    case kShflUp: j = lane - bval; ok = j >= max_lane; break;
+    case kShflDown: j = lane + bval; ok = j <= max_lane; break;
+    case kShflXor: j = lane ^ bval; ok = j <= max_lane; break;
+    default: j = min_lane | (bval & ~segmask); ok = j <= max_lane; break;
+  }
+  return ok ? j : lane;
+}
+
+void complete(Worker &w, unsigned warp_index, const WarpSlot &s) {
+  Thread *lanes = &w.threads[size_t(warp_index) * 32];
+  const unsigned mask = s.mask;
+  uint64_t acc = 0;
+  switch (s.op) {
+    case kBallot:
+    case kAny:
+    case kAll:
+      for (unsigned l = 0; l < 32; ++l)
+        if ((mask >> l & 1u) && lanes[l].wval) acc |= 1ull << l;
+      acc = s.op == kBallot ? acc : s.op == kAny ? (acc != 0) : (acc == mask);
+      break;
+    case kReduceAdd: case kReduceMin: case kReduceMax:
+    case kReduceAnd: case kReduceOr: case kReduceXor: {
+      bool first = true;
+      for (unsigned l = 0; l < 32; ++l) {
+        if (!(mask >> l & 1u)) continue;
+        const Thread &t = lanes[l];
+        uint64_t v = t.wval & 0xFFFFFFFFull;
+        if (first) { acc = v; first = false; continue; }
+        const bool sgn = t.wparam != 0;
+        const int32_t sa = int32_t(uint32_t(acc)), sv = int32_t(uint32_t(v));
+        switch (s.op) {
+          case kReduceAdd: acc = uint32_t(acc + v); break;
+          case kReduceMin: acc = sgn ? uint32_t(sv < sa ? sv : sa) : (v < acc ? v : acc); break;
+          case kReduceMax: acc = sgn ? uint32_t(sv > sa ? sv : sa) : (v > acc ? v : acc); break;
+          case kReduceAnd: acc &= v; break;
+          case kReduceOr: acc |= v; break;
+          default: acc ^= v; break;
+        }
+      }
+      break;
+    }
+    default: break;
+  }
+  for (unsigned l = 0; l < 32; ++l) {
+    if (!(mask >> l & 1u)) continue;
+    Thread &t = lanes[l];
+    if (is_shfl(s.op)) {
+      int j = shfl_source(s.op, int(l), t.wparam, t.wwidth);
+      // A source lane outside the mask is undefined in PTX: give garbage.
+      t.wresult = (mask >> j & 1u) ? lanes[j].wval : ~0ull;
+    } else {
+      t.wresult = acc;
+    }
+    if (t.state == TState::WaitWarp) t.state = TState::Runnable;
+  }
+}
+
+std::string lanes_str(unsigned m) { return strprintf("0x%08x", m); }
+
+}  // namespace
+
+uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width, const char *file,
+                 unsigned line) {
+  Worker &w = *tl_worker;
+  Thread &t = *w.cur;
+  const unsigned lane = t.pub.linear & 31u, bit = 1u << lane;
+  const unsigned wi = t.pub.linear >> 5;
+  Warp &wp = w.warps[wi];
+  const char *name = warp_op_name(op);
+  if (is_shfl(op) && (width < 1 || width > 32 || (width & (width - 1))))
+    fail(strprintf("%s at %s:%u: width %d is not a power of two in [1, 32]", name, file, line,
+                   width));
+  if (!(mask & bit))
+    fail(strprintf("%s at %s:%u: calling lane %u is not in mask %s", name, file, line, lane,
+                   lanes_str(mask).c_str()));
+  if (mask & ~wp.existing)
+    fail(strprintf("%s at %s:%u: mask %s names lanes %s that do not exist (warp %u has lanes %s)",
+                   name, file, line, lanes_str(mask).c_str(),
+                   lanes_str(mask & ~wp.existing).c_str(), wi, lanes_str(wp.existing).c_str()));
+  if (mask & wp.exited)
+    fail(strprintf("%s at %s:%u: mask %s names lanes %s that have already exited", name, file,
+                   line, lanes_str(mask).c_str(), lanes_str(mask & wp.exited).c_str()));
+  WarpSlot *s = nullptr;
+  for (int i = 0; i < wp.nslots; ++i)
+    if (wp.slots[i].mask & mask) {
+      s = &wp.slots[i];
+      break;
+    }
+  if (s) {
+    if (s->op != op || s->mask != mask)
+      fail(strprintf("lane %u calls %s(mask=%s) at %s:%u while lanes %s wait in "
+                     "%s(mask=%s) at %s:%u; lanes must meet in the same op with the same mask",
+                     lane, name, lanes_str(mask).c_str(), file, line,
+                     lanes_str(s->arrived).c_str(), warp_op_name(s->op),
+                     lanes_str(s->mask).c_str(), s->file, s->line));
+  } else {
+    s = &wp.slots[wp.nslots++];
+    *s = WarpSlot{op, mask, 0, file, line};
+  }
+  t.wval = value;
+  t.wparam = param;
+  t.wwidth = width;
+  s->arrived |= bit;
+  if (s->arrived != mask) {
+    t.state = TState::WaitWarp;
+    t.wait_op = op;
+    t.wait_mask = mask;
+    t.wait_file = file;
+    t.wait_line = line;
+    block_current(w, t);
+    return t.wresult;
+  }
+  complete(w, wi, *s);
+  *s = wp.slots[--wp.nslots];  // drop the slot
+  return t.wresult;
+}
+
+unsigned active_mask() {
+  Worker &w = *tl_worker;
+  const Warp &wp = w.warps[w.cur->pub.linear >> 5];
+  return wp.existing & ~wp.exited;
+}
+
+void warp_lane_exited(Worker &w, Thread &t) {
+  const unsigned bit = 1u << (t.pub.linear & 31u);
+  Warp &wp = w.warps[t.pub.linear >> 5];
+  wp.exited |= bit;
+  for (int i = 0; i < wp.nslots; ++i) {
+    const WarpSlot &s = wp.slots[i];
+    if ((s.mask & bit) && !(s.arrived & bit))
+      fail(strprintf("exited, but lanes %s wait for it in %s(mask=%s) at %s:%u",
+                     lanes_str(s.arrived).c_str(), warp_op_name(s.op),
+                     lanes_str(s.mask).c_str(), s.file, s.line));
+  }
+}
+
+}  // namespace ftn_emu::detail

@@ -1,0 +1,57 @@
+// ferrotron kernel prelude: include first in every cuda/*.cu file.
+//
+// The same kernel source compiles two ways:
+//   * nvcc (__CUDACC__): real __global__ kernels, embedded as fatbins;
+//   * the host C++ compiler against cuda/emu/: the CUDA-on-CPU emulator.
+// Kernels use only what this prelude and cuda_emu.h agree on:
+//
+//   FTN_KERNEL(name, Params, p) { ... }            one-argument kernel; the
+//       argument is `const Params p` (a struct from include/ferrotron_kernels.h)
+//   FTN_KERNEL_BOUNDED(name, Params, p, MAX) { }   same, with __launch_bounds__
+//       (MAX); the emulator fails a launch with more threads than MAX
+//   FTN_SHARED(T, name, [N][M]...)                 static shared array
+//   FTN_DYNAMIC_SHARED(T, name)                    `T *name` = dynamic shared
+//   FTN_ASSERT(cond)                               device assert: fails the
+//       launch with the kernel name and condition, never aborts the host
+//   FTN_DEVICE                                     __device__ __forceinline__
+#ifndef FTN_KERNEL_CUH
+#define FTN_KERNEL_CUH
+
+#include "ferrotron_kernels.h"
+
+#if defined(FTN_KERNEL_SCAN)
+// build.rs preprocesses each .cu with FTN_KERNEL_SCAN to list its kernels:
+// every declaration becomes the token line `ftn_kernel_decl <name> <Params> ;`.
+#define FTN_DEVICE
+#define FTN_KERNEL(name, Params, p) \
+  ftn_kernel_decl name Params;      \
+  void ftn_scan_##name(const Params p)
+#define FTN_KERNEL_BOUNDED(name, Params, p, max_threads) FTN_KERNEL(name, Params, p)
+#define FTN_SHARED(T, name, dims) T name dims
+#define FTN_DYNAMIC_SHARED(T, name) T *name
+#define FTN_ASSERT(cond)
+
+#elif defined(__CUDACC__)
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <assert.h>
+#include <stdint.h>
+
+#define FTN_DEVICE __device__ __forceinline__
+#define FTN_KERNEL(name, Params, p) extern "C" __global__ void name(const Params p)
+#define FTN_KERNEL_BOUNDED(name, Params, p, max_threads) \
+  extern "C" __global__ void __launch_bounds__(max_threads) name(const Params p)
+#define FTN_SHARED(T, name, dims) __shared__ T name dims
+#define FTN_DYNAMIC_SHARED(T, name)                             \
+  extern __shared__ __align__(16) unsigned char ftn_dyn_smem_raw[]; \
+  T *name = reinterpret_cast<T *>(ftn_dyn_smem_raw)
+#define FTN_ASSERT(cond) assert(cond)
+
+#else  // the CPU emulator
+
+#include "emu/cuda_emu.h"
+
+#endif
+
+#endif  // FTN_KERNEL_CUH

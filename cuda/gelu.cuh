@@ -1,0 +1,54 @@
+// GeLU and its derivative in fp32: Megatron's tanh approximation (with its
+// constants) and the exact erf form (REFERENCE.md, "Bias + GeLU").
+//
+// Evaluated without cancellation: with u = 0.79788456*x*(1 + 0.044715*x^2),
+//   0.5*(1 + tanh(u)) = sigmoid(2u)  and  1 - tanh(u)^2 = 4*sigmoid(2u)*sigmoid(-2u),
+// and 1 + erf(z) = erfc(-z). The textbook forms compute 1 + tanh(u) and
+// 1 + erf(z) for very negative x as a difference of nearly equal numbers and
+// lose every significant digit in fp32 (x = -5: relative error ~1e-1); these
+// are the same functions, accurate to a few ulp everywhere.
+#ifndef FTN_GELU_CUH
+#define FTN_GELU_CUH
+
+#include "ftn_kernel.cuh"
+
+#define FTN_GELU_K0 0.79788456f     // sqrt(2/pi), as Megatron writes it
+#define FTN_GELU_K1 0.044715f
+#define FTN_GELU_K2 0.1070322243f   // 3 * 0.044715 * sqrt(2/pi)
+#define FTN_INV_SQRT2 0.70710678118654752f
+#define FTN_INV_SQRT_2PI 0.39894228040143268f
+
+// x^2 is capped at 1e12 where it multiplies a factor that is exactly 0 for
+// |x| > 1e6: an uncapped x^2 = inf (|x| > 1.8e19, reachable in bf16) would
+// turn 0 * inf into NaN.
+FTN_DEVICE float ftn_gelu_x2(float x) { return fminf(x * x, 1e12f); }
+
+template <unsigned KIND> FTN_DEVICE float ftn_gelu(float x);
+template <unsigned KIND> FTN_DEVICE float ftn_gelu_grad(float x);
+
+template <> FTN_DEVICE float ftn_gelu<FTN_GELU_TANH>(float x) {
+  const float u = FTN_GELU_K0 * x * (1.0f + FTN_GELU_K1 * ftn_gelu_x2(x));
+  return x / (1.0f + expf(-2.0f * u));  // x * sigmoid(2u)
+}
+
+// 0.5*x*(1 - t^2)*(K0 + K2*x^2) + 0.5*(1 + t), t = tanh(u)
+template <> FTN_DEVICE float ftn_gelu_grad<FTN_GELU_TANH>(float x) {
+  const float x2 = ftn_gelu_x2(x);
+  const float u = FTN_GELU_K0 * x * (1.0f + FTN_GELU_K1 * x2);
+  const float s = 1.0f / (1.0f + expf(-2.0f * u));  // sigmoid(2u) = (1 + t)/2
+  const float sn = 1.0f / (1.0f + expf(2.0f * u));  // sigmoid(-2u) = (1 - t)/2
+  return 2.0f * x * s * sn * (FTN_GELU_K0 + FTN_GELU_K2 * x2) + s;
+}
+
+template <> FTN_DEVICE float ftn_gelu<FTN_GELU_ERF>(float x) {
+  return 0.5f * x * erfcf(-x * FTN_INV_SQRT2);
+}
+
+// d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
+template <> FTN_DEVICE float ftn_gelu_grad<FTN_GELU_ERF>(float x) {
+  const float cdf = 0.5f * erfcf(-x * FTN_INV_SQRT2);
+  const float pdf = FTN_INV_SQRT_2PI * expf(-0.5f * ftn_gelu_x2(x));
+  return cdf + x * pdf;
+}
+
+#endif  // FTN_GELU_CUH

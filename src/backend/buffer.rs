@@ -1,0 +1,204 @@
+//! Typed device buffers.
+
+use std::marker::PhantomData;
+
+use super::stream::{Stream, StreamImpl};
+use super::{emu, Device, DeviceImpl};
+use crate::core::{Element, Error, Result};
+
+pub(crate) enum Memory {
+    Emu(emu::EmuMemory),
+    #[cfg(feature = "cuda")]
+    Cuda(super::cuda::CudaMemory),
+}
+
+/// `len` elements of `T` in device memory (host memory under the emulator).
+pub struct DeviceBuffer<T: Element> {
+    device: Device,
+    mem: Option<Memory>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Element> std::fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer<{}>[{}] on {:?}",
+            T::DTYPE,
+            self.len,
+            self.device
+        )
+    }
+}
+
+fn byte_len<T: Element>(op: &'static str, len: usize) -> Result<usize> {
+    len.checked_mul(T::DTYPE.size())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::invalid(
+                op,
+                "len",
+                "a size in bytes that fits in isize",
+                format!("{len} elements of {}", T::DTYPE),
+            )
+        })
+}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// `len` zeroed elements.
+    pub fn zeros(device: &Device, len: usize) -> Result<Self> {
+        let bytes = byte_len::<T>("DeviceBuffer::zeros", len)?;
+        let mem = match &device.inner.imp {
+            DeviceImpl::Emu(_) => Memory::Emu(emu::EmuMemory::zeroed(bytes)?),
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => Memory::Cuda(c.alloc_zeroed(bytes)?),
+        };
+        Ok(DeviceBuffer {
+            device: device.clone(),
+            mem: Some(mem),
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// A buffer holding a copy of `data`; returns once the copy is done.
+    pub fn from_host(device: &Device, data: &[T]) -> Result<Self> {
+        let mut buf = Self::zeros(device, data.len())?;
+        let stream = device.new_stream()?;
+        stream.copy_from_host(data, &mut buf)?;
+        stream.synchronize()?;
+        Ok(buf)
+    }
+
+    /// Waits for all work on the device, then copies the buffer to the host.
+    pub fn to_host(&self) -> Result<Vec<T>> {
+        self.device.synchronize()?;
+        let mut out = vec![T::zeroed(); self.len];
+        let stream = self.device.new_stream()?;
+        stream.copy_to_host(self, &mut out)?;
+        Ok(out)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The device address of element 0 (a host address under the emulator).
+    /// This is what kernel parameter structs and the C ABI carry.
+    pub fn addr(&self) -> u64 {
+        match self.mem.as_ref() {
+            Some(Memory::Emu(m)) => m.addr(),
+            #[cfg(feature = "cuda")]
+            Some(Memory::Cuda(m)) => m.addr(),
+            None => 0,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.len * T::DTYPE.size()
+    }
+
+    pub(crate) fn copy_from_host_on(&mut self, stream: &Stream, src: &[u8]) -> Result<()> {
+        let dst = self.addr();
+        match &*stream.imp {
+            StreamImpl::Emu(s) => {
+                let staged = src.to_vec();
+                let dst = emu::SendCell(dst as *mut u8);
+                s.enqueue(Box::new(move || {
+                    let dst = dst;
+                    // SAFETY: dst holds at least staged.len() bytes (checked
+                    // by the caller) and outlives the stream's work (drop waits).
+                    unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst.0, staged.len()) };
+                    Ok(())
+                }));
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) => s.copy_htod(dst, src),
+        }
+    }
+
+    pub(crate) fn copy_to_host_on(&self, stream: &Stream, dst: &mut [u8]) -> Result<()> {
+        match &*stream.imp {
+            StreamImpl::Emu(s) => {
+                s.synchronize()?;
+                // SAFETY: the buffer holds at least dst.len() bytes (checked by
+                // the caller) and the stream's earlier work has finished.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.addr() as *const u8,
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) => s.copy_dtoh(self.addr(), dst),
+        }
+    }
+
+    pub(crate) fn copy_device_on(&mut self, stream: &Stream, src: u64, bytes: usize) -> Result<()> {
+        let dst = self.addr();
+        match &*stream.imp {
+            StreamImpl::Emu(s) => {
+                let cell = emu::SendCell((src as *const u8, dst as *mut u8));
+                s.enqueue(Box::new(move || {
+                    let cell = cell;
+                    // SAFETY: both ranges are live buffers of >= bytes
+                    // (checked by the caller); copy handles overlap.
+                    unsafe { std::ptr::copy(cell.0 .0, cell.0 .1, bytes) };
+                    Ok(())
+                }));
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) => s.copy_dtod(dst, src, bytes),
+        }
+    }
+
+    pub(crate) fn fill_bytes_on(&mut self, stream: &Stream, byte: u8) -> Result<()> {
+        let dst = self.addr();
+        let bytes = self.bytes();
+        match &*stream.imp {
+            StreamImpl::Emu(s) => {
+                let dst = emu::SendCell(dst as *mut u8);
+                s.enqueue(Box::new(move || {
+                    let dst = dst;
+                    // SAFETY: dst is this buffer, `bytes` long, alive until
+                    // the stream's work is done (drop waits).
+                    unsafe { std::ptr::write_bytes(dst.0, byte, bytes) };
+                    Ok(())
+                }));
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) => s.memset(dst, byte, bytes),
+        }
+    }
+}
+
+impl<T: Element> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // Like cudaFree: wait for the device's queued work, which may still
+        // use this memory, then free. Errors stay with their streams.
+        match (&self.device.inner.imp, self.mem.take()) {
+            (DeviceImpl::Emu(e), Some(m)) => {
+                e.wait_idle();
+                drop(m);
+            }
+            #[cfg(feature = "cuda")]
+            (DeviceImpl::Cuda(c), Some(Memory::Cuda(m))) => c.free(m),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The CUDA backend (feature `cuda`): cudarc's driver API, loaded dynamically
+//! so a binary built with `cuda` starts (and reports a clear error) where no
+//! driver exists. The fatbins nvcc built for `cuda/*.cu` are embedded in the
+//! crate; each is loaded once per context on first use, and functions are
+//! cached by name.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+
+use crate::core::{Error, LaunchConfig, Result};
+use crate::kernels::{Kernel, KernelParams};
+
+mod fatbins {
+    include!(concat!(env!("OUT_DIR"), "/fatbins.rs"));
+}
+
+fn driver_err(what: &str, e: DriverError) -> Error {
+    Error::Backend {
+        backend: "cuda",
+        message: format!("{what}: {e:?}"),
+    }
+}
+
+/// Default dynamic shared memory a kernel may use without opting in.
+const DEFAULT_DYNAMIC_SMEM: u32 = 48 * 1024;
+
+struct LoadedModule(sys::CUmodule);
+// SAFETY: a CUmodule handle may be used from any thread with its context bound.
+unsafe impl Send for LoadedModule {}
+
+#[derive(Clone, Copy)]
+struct LoadedFunction {
+    raw: sys::CUfunction,
+    smem_opt_in: u32,
+}
+// SAFETY: CUfunction handles are thread-safe driver objects.
+unsafe impl Send for LoadedFunction {}
+
+pub(crate) struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    name: String,
+    modules: Mutex<HashMap<&'static str, LoadedModule>>,
+    functions: Mutex<HashMap<&'static str, LoadedFunction>>,
+}
+
+impl CudaDevice {
+    pub fn new(ordinal: usize) -> Result<CudaDevice> {
+        // SAFETY: only tries to open the driver library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::BackendUnavailable {
+                backend: "cuda",
+                reason: "the NVIDIA driver library (libcuda.so) was not found on this machine"
+                    .into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(|e| Error::BackendUnavailable {
+            backend: "cuda",
+            reason: format!("the CUDA driver could not be initialised: {e:?}"),
+        })?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::BackendUnavailable {
+                backend: "cuda",
+                reason: format!("GPU {ordinal} requested, {count} present"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("creating a context", e))?;
+        // Ordering is ours (streams + events), as in CUDA C.
+        // SAFETY: we never use cudarc's CudaSlice, whose safety relies on it.
+        unsafe { ctx.disable_event_tracking() };
+        let name = ctx
+            .name()
+            .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        Ok(CudaDevice {
+            ctx,
+            name,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx
+            .synchronize()
+            .map_err(|e| driver_err("synchronize", e))
+    }
+
+    pub fn new_stream(&self) -> Result<CudaStreamHandle> {
+        Ok(CudaStreamHandle(
+            self.ctx
+                .new_stream()
+                .map_err(|e| driver_err("creating a stream", e))?,
+        ))
+    }
+
+    pub fn new_event(&self) -> Result<CudaEventHandle> {
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        Ok(CudaEventHandle(
+            self.ctx
+                .new_event(Some(flags))
+                .map_err(|e| driver_err("creating an event", e))?,
+        ))
+    }
+
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<CudaMemory> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))?;
+        // SAFETY: plain allocation of at least one byte, then a synchronous
+        // memset of exactly that range.
+        let ptr = unsafe {
+            let p = result::malloc_sync(bytes.max(1)).map_err(|e| driver_err("cuMemAlloc", e))?;
+            if let Err(e) = sys::cuMemsetD8_v2(p, 0, bytes.max(1)).result() {
+                let _ = result::free_sync(p);
+                return Err(driver_err("cuMemsetD8", e));
+            }
+            p
+        };
+        Ok(CudaMemory { ptr })
+    }
+
+    /// Frees after the device is idle; errors are recorded in the context.
+    pub fn free(&self, mem: CudaMemory) {
+        self.ctx.record_err(self.ctx.synchronize());
+        // SAFETY: the pointer came from malloc_sync and no queued work uses it.
+        self.ctx.record_err(unsafe { result::free_sync(mem.ptr) });
+    }
+
+    fn function<P>(&self, kernel: &'static Kernel<P>, smem: u32) -> Result<LoadedFunction> {
+        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        let f = match fns.get(kernel.name) {
+            Some(f) => *f,
+            None => {
+                let module = self.module(kernel.module)?;
+                let cname = CString::new(kernel.name).unwrap_or_default();
+                // SAFETY: module is a loaded module of this context.
+                let raw = unsafe { result::module::get_function(module, cname) }
+                    .map_err(|e| driver_err(&format!("finding kernel {}", kernel.name), e))?;
+                let f = LoadedFunction {
+                    raw,
+                    smem_opt_in: DEFAULT_DYNAMIC_SMEM,
+                };
+                fns.insert(kernel.name, f);
+                f
+            }
+        };
+        if smem > f.smem_opt_in {
+            // SAFETY: raw is a valid function of this context.
+            unsafe {
+                result::function::set_function_attribute(
+                    f.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .map_err(|e| {
+                driver_err(
+                    &format!("opting {} into {smem} B of shared memory", kernel.name),
+                    e,
+                )
+            })?;
+            let updated = LoadedFunction {
+                smem_opt_in: smem,
+                ..f
+            };
+            fns.insert(kernel.name, updated);
+            return Ok(updated);
+        }
+        Ok(f)
+    }
+
+    fn module(&self, name: &'static str) -> Result<sys::CUmodule> {
+        let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = mods.get(name) {
+            return Ok(m.0);
+        }
+        let image = fatbins::FATBINS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, b)| *b)
+            .ok_or_else(|| Error::Backend {
+                backend: "cuda",
+                message: format!("no fatbin named {name} is embedded"),
+            })?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))?;
+        // cuModuleLoadData wants an aligned image; copy into u64 storage.
+        let mut aligned = vec![0u64; image.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
+        // SAFETY: a complete fatbin image produced by nvcc for this crate.
+        let m = unsafe { result::module::load_data(aligned.as_ptr().cast()) }.map_err(|e| {
+            driver_err(
+                &format!(
+                    "loading module {name} (built for {}; the driver may be older than the PTX)",
+                    fatbins::CUDA_ARCHS
+                ),
+                e,
+            )
+        })?;
+        mods.insert(name, LoadedModule(m));
+        Ok(m)
+    }
+
+    pub fn launch<P: KernelParams>(
+        &self,
+        stream: &CudaStreamHandle,
+        kernel: &'static Kernel<P>,
+        cfg: LaunchConfig,
+        params: P,
+    ) -> Result<()> {
+        let f = self.function(kernel, cfg.dynamic_smem_bytes)?;
+        let mut params = params;
+        let mut args = [&mut params as *mut P as *mut core::ffi::c_void];
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))?;
+        // SAFETY: one argument, the by-value parameter struct the kernel takes;
+        // the typed op validated every address and size in it.
+        unsafe {
+            result::launch_kernel(
+                f.raw,
+                (cfg.grid[0], cfg.grid[1], cfg.grid[2]),
+                (cfg.block[0], cfg.block[1], cfg.block[2]),
+                cfg.dynamic_smem_bytes,
+                stream.0.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(|e| Error::InvalidLaunch {
+            kernel: kernel.name.into(),
+            message: format!("{e:?}"),
+        })
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let mods = self.modules.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, m) in mods.drain() {
+            self.ctx.record_err(self.ctx.bind_to_thread());
+            // SAFETY: loaded by this device; no launches can follow.
+            self.ctx.record_err(unsafe { result::module::unload(m.0) });
+        }
+    }
+}
+
+pub(crate) struct CudaMemory {
+    ptr: sys::CUdeviceptr,
+}
+
+impl CudaMemory {
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+pub(crate) struct CudaStreamHandle(Arc<CudaStream>);
+
+impl CudaStreamHandle {
+    fn bind(&self) -> Result<()> {
+        self.0
+            .context()
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.0
+            .synchronize()
+            .map_err(|e| driver_err("stream synchronize", e))
+    }
+
+    pub fn record(&self, ev: &CudaEventHandle) -> Result<()> {
+        ev.0.record(&self.0)
+            .map_err(|e| driver_err("event record", e))
+    }
+
+    pub fn wait(&self, ev: &CudaEventHandle) -> Result<()> {
+        self.0
+            .wait(&ev.0)
+            .map_err(|e| driver_err("stream wait event", e))
+    }
+
+    pub fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: dst has room for src (checked by the caller); pageable
+        // sources are staged by the driver before the call returns.
+        unsafe { result::memcpy_htod_async(dst, src, self.0.cu_stream()) }
+            .map_err(|e| driver_err("copy host to device", e))
+    }
+
+    pub fn copy_dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: src holds dst.len() bytes (checked by the caller); we wait
+        // for the copy before dst can be touched again.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.0.cu_stream()) }
+            .map_err(|e| driver_err("copy device to host", e))?;
+        self.synchronize()
+    }
+
+    pub fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: both ranges are live allocations of >= bytes (checked).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.0.cu_stream()) }
+            .map_err(|e| driver_err("copy device to device", e))
+    }
+
+    pub fn memset(&self, dst: u64, byte: u8, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: dst is a live allocation of `bytes` bytes.
+        unsafe { result::memset_d8_async(dst, byte, bytes, self.0.cu_stream()) }
+            .map_err(|e| driver_err("memset", e))
+    }
+}
+
+pub(crate) struct CudaEventHandle(CudaEvent);
+
+impl CudaEventHandle {
+    pub fn synchronize(&self) -> Result<()> {
+        self.0
+            .synchronize()
+            .map_err(|e| driver_err("event synchronize", e))
+    }
+
+    pub fn is_complete(&self) -> Result<bool> {
+        self.0
+            .try_is_complete()
+            .map_err(|e| driver_err("event query", e))
+    }
+
+    pub fn elapsed_ms(&self, later: &CudaEventHandle) -> Result<f32> {
+        self.0
+            .elapsed_ms(&later.0)
+            .map_err(|e| driver_err("event elapsed time", e))
+    }
+}

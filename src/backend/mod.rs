@@ -1,0 +1,201 @@
+//! Devices, streams, events and typed device buffers over the two backends
+//! (DESIGN §3): `Emu`, the CUDA-on-CPU emulator (always available), and
+//! `Cuda` (feature `cuda`). Both take the same launch plans from
+//! [`crate::core::plan`]; launch configurations are checked against the
+//! device limits before anything is enqueued.
+//!
+//! Semantics follow CUDA: work on one stream runs in order and asynchronously
+//! to the host; streams are ordered against each other only by events; a
+//! kernel failure is reported by the next `synchronize` of its stream.
+//! Dropping a buffer first waits for all work on its device (like `cudaFree`).
+
+mod buffer;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod emu;
+mod stream;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub use buffer::DeviceBuffer;
+
+/// The emulator's scalar fp16/bf16 conversions (bit-exact with the CUDA
+/// headers' round-to-nearest-even), exposed for tests and tools.
+pub mod emu_half {
+    use super::emu::sys;
+
+    pub fn f32_to_f16_bits(x: f32) -> u16 {
+        // SAFETY: pure function of its argument.
+        unsafe { sys::ftn_emu_f32_to_f16_bits(x) }
+    }
+    pub fn f16_bits_to_f32(h: u16) -> f32 {
+        // SAFETY: pure function of its argument.
+        unsafe { sys::ftn_emu_f16_bits_to_f32(h) }
+    }
+    pub fn f32_to_bf16_bits(x: f32) -> u16 {
+        // SAFETY: pure function of its argument.
+        unsafe { sys::ftn_emu_f32_to_bf16_bits(x) }
+    }
+    pub fn bf16_bits_to_f32(b: u16) -> f32 {
+        // SAFETY: pure function of its argument.
+        unsafe { sys::ftn_emu_bf16_bits_to_f32(b) }
+    }
+}
+pub use stream::{Event, Stream};
+
+use crate::core::{DeviceLimits, Error, Result};
+
+/// Which backend a device runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The CUDA-on-CPU emulator: the kernels' source run by host threads.
+    Emu,
+    /// An NVIDIA GPU through the CUDA driver.
+    Cuda,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Emu => "emu",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+pub(crate) enum DeviceImpl {
+    Emu(emu::EmuDevice),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaDevice),
+}
+
+pub(crate) struct DeviceInner {
+    id: u64,
+    pub(crate) imp: DeviceImpl,
+}
+
+/// A device: the emulator or one GPU. Cheap to clone (shared handle).
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({}, {})", self.kind(), self.name())
+    }
+}
+
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Device {
+    fn wrap(imp: DeviceImpl) -> Device {
+        Device {
+            inner: Arc::new(DeviceInner {
+                id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
+                imp,
+            }),
+        }
+    }
+
+    /// The CUDA-on-CPU emulator. Blocks of a launch are spread over
+    /// `FTN_EMU_THREADS` OS threads (default: all hardware threads).
+    pub fn emu() -> Device {
+        Device::wrap(DeviceImpl::Emu(emu::EmuDevice::new()))
+    }
+
+    /// GPU `ordinal` through the CUDA driver. Fails with
+    /// [`Error::BackendUnavailable`] (never a panic) when the crate was built
+    /// without feature `cuda`, the driver library is missing, or there is no
+    /// such GPU.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        #[cfg(feature = "cuda")]
+        {
+            Ok(Device::wrap(DeviceImpl::Cuda(cuda::CudaDevice::new(
+                ordinal,
+            )?)))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = ordinal;
+            Err(Error::BackendUnavailable {
+                backend: "cuda",
+                reason: "ferrotron was built without feature `cuda` (cargo build --features cuda)"
+                    .into(),
+            })
+        }
+    }
+
+    /// GPU 0 when one can be used, else the emulator; the second value says
+    /// why the GPU could not be used.
+    pub fn best() -> (Device, Option<Error>) {
+        match Device::cuda(0) {
+            Ok(d) => (d, None),
+            Err(e) => (Device::emu(), Some(e)),
+        }
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        match &self.inner.imp {
+            DeviceImpl::Emu(_) => BackendKind::Emu,
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+
+    /// A human-readable name ("CPU emulator (2 threads)", "NVIDIA H200").
+    pub fn name(&self) -> String {
+        match &self.inner.imp {
+            DeviceImpl::Emu(e) => e.name(),
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => c.name(),
+        }
+    }
+
+    /// The limits launches are checked against.
+    pub fn limits(&self) -> DeviceLimits {
+        DeviceLimits::SM90
+    }
+
+    /// A new stream on this device.
+    pub fn new_stream(&self) -> Result<Stream> {
+        Stream::new(self)
+    }
+
+    /// Waits for all work on every stream of this device.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner.imp {
+            DeviceImpl::Emu(e) => e.synchronize(),
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => c.synchronize(),
+        }
+    }
+
+    /// A zero-filled buffer of `len` elements.
+    pub fn alloc_zeros<T: crate::core::Element>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::zeros(self, len)
+    }
+
+    /// A buffer holding a copy of `data` (synchronous).
+    pub fn upload<T: crate::core::Element>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::from_host(self, data)
+    }
+
+    pub(crate) fn same(&self, other: &Device) -> bool {
+        self.inner.id == other.inner.id
+    }
+
+    pub(crate) fn check_same(
+        &self,
+        op: &'static str,
+        arg: &'static str,
+        other: &Device,
+    ) -> Result<()> {
+        if self.same(other) {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch { op, arg })
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Launch configurations and the device limits they are checked against.
+//! Both backends take the same [`LaunchConfig`] from a plan and check it with
+//! [`DeviceLimits::check`] before enqueueing, so a bad launch is a synchronous
+//! error on every backend.
+
+use alloc::format;
+
+use super::error::{Error, Result};
+
+/// Grid, block and dynamic shared memory of one kernel launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_smem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A 1-D launch.
+    pub const fn linear(blocks: u32, threads: u32) -> Self {
+        LaunchConfig {
+            grid: [blocks, 1, 1],
+            block: [threads, 1, 1],
+            dynamic_smem_bytes: 0,
+        }
+    }
+
+    /// Threads per block.
+    pub const fn threads_per_block(&self) -> u64 {
+        self.block[0] as u64 * self.block[1] as u64 * self.block[2] as u64
+    }
+}
+
+/// What a device accepts. `SM90` is what the emulator enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    pub max_threads_per_block: u32,
+    pub max_block: [u32; 3],
+    pub max_grid: [u32; 3],
+    pub max_smem_per_block: u32,
+}
+
+impl DeviceLimits {
+    /// Limits of an sm_90 (Hopper) part; also the emulator's.
+    pub const SM90: DeviceLimits = DeviceLimits {
+        max_threads_per_block: 1024,
+        max_block: [1024, 1024, 64],
+        max_grid: [i32::MAX as u32, 65535, 65535],
+        max_smem_per_block: 232_448,
+    };
+
+    /// Checks a launch of `kernel` against these limits.
+    pub fn check(&self, kernel: &str, cfg: &LaunchConfig) -> Result<()> {
+        let bad = |message| {
+            Err(Error::InvalidLaunch {
+                kernel: kernel.into(),
+                message,
+            })
+        };
+        for (axis, name) in ["x", "y", "z"].iter().enumerate() {
+            if cfg.grid[axis] == 0 || cfg.grid[axis] > self.max_grid[axis] {
+                return bad(format!(
+                    "gridDim.{name} = {} outside 1..={}",
+                    cfg.grid[axis], self.max_grid[axis]
+                ));
+            }
+            if cfg.block[axis] == 0 || cfg.block[axis] > self.max_block[axis] {
+                return bad(format!(
+                    "blockDim.{name} = {} outside 1..={}",
+                    cfg.block[axis], self.max_block[axis]
+                ));
+            }
+        }
+        if cfg.threads_per_block() > self.max_threads_per_block as u64 {
+            return bad(format!(
+                "{} threads per block exceed the limit of {}",
+                cfg.threads_per_block(),
+                self.max_threads_per_block
+            ));
+        }
+        if cfg.dynamic_smem_bytes > self.max_smem_per_block {
+            return bad(format!(
+                "{} bytes of dynamic shared memory exceed the limit of {}",
+                cfg.dynamic_smem_bytes, self.max_smem_per_block
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_limits_and_rejects_one_past() {
+        let l = DeviceLimits::SM90;
+        assert!(l.check("k", &LaunchConfig::linear(1, 1024)).is_ok());
+        let e = l.check("k", &LaunchConfig::linear(1, 1025)).unwrap_err();
+        assert!(format!("{e}").contains("blockDim.x = 1025"), "{e}");
+        let mut c = LaunchConfig::linear(1, 32);
+        c.block = [32, 32, 2];
+        let e = l.check("kern", &c).unwrap_err();
+        assert!(format!("{e}").contains("2048 threads"), "{e}");
+        assert!(l.check("k", &LaunchConfig::linear(0, 32)).is_err());
+        c = LaunchConfig::linear(1, 32);
+        c.grid[1] = 65536;
+        assert!(l.check("k", &c).is_err());
+        c = LaunchConfig::linear(1, 32);
+        c.dynamic_smem_bytes = 232_449;
+        assert!(l.check("k", &c).is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! The `no_std` (+ `alloc`) core: dtypes, errors, argument validation and
+//! launch plans. Everything here is pure logic, shared by both backends and
+//! unit-tested once.
+
+pub mod dtype;
+pub mod error;
+pub mod launch;
+pub mod plan;
+pub mod validate;
+
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use launch::{DeviceLimits, LaunchConfig};

@@ -1,0 +1,4 @@
+//! float64 CPU oracles for every op: the definitions tests and benches check
+//! the kernels against (REFERENCE.md semantics, computed in f64).
+
+pub mod bias_gelu;

@@ -1,0 +1,116 @@
+//! Shared test helpers (DESIGN §5): seeded random inputs with the seed in
+//! every failure message, NaN-poisoned outputs, relative-error comparison
+//! with per-dtype tolerances, and the device list (GPU cases are reported as
+//! skipped, never passed, when no GPU can be used).
+#![allow(dead_code)]
+
+use std::io::Write as _;
+
+use ferrotron::core::dtype::FloatElement;
+use ferrotron::{DType, Device};
+
+/// Relative-error tolerance ||out - ref|| / ||ref|| per storage dtype.
+pub fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F32 => 1e-5,
+        DType::F16 => 1e-3,
+        DType::BF16 => 1e-2,
+        _ => 0.0,
+    }
+}
+
+/// ||out - ref|| / ||ref|| (absolute when ref is all zeros). NaN if any
+/// output is NaN, so a NaN never passes a `<=` check.
+pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&o, &r) in out.iter().zip(reference) {
+        if o.is_nan() {
+            return f64::NAN;
+        }
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// Asserts rel_err <= tolerance(dtype), naming the case and the seed.
+pub fn assert_close(what: &str, d: DType, seed: u64, out: &[f64], reference: &[f64]) {
+    let e = rel_err(out, reference);
+    let tol = tolerance(d);
+    assert!(
+        e <= tol,
+        "{what} ({d}): relative error {e:e} > {tol:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})"
+    );
+}
+
+/// SplitMix64: small, seedable, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from `FTN_TEST_SEED`, else from `salt` and the clock (fresh
+    /// inputs every run); returns the seed so failures can print it.
+    pub fn new(salt: u64) -> (Rng, u64) {
+        let seed = std::env::var("FTN_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                t ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            });
+        (Rng(seed), seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    /// `n` values `scale * N(0,1)` rounded to `T`, and the rounded values in f64.
+    pub fn tensor<T: FloatElement>(&mut self, n: usize, scale: f64) -> (Vec<T>, Vec<f64>) {
+        let v: Vec<T> = (0..n).map(|_| T::from_f64(scale * self.normal())).collect();
+        let f = v.iter().map(|x| x.to_f64()).collect();
+        (v, f)
+    }
+}
+
+pub fn to_f64<T: FloatElement>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// The devices every case runs on: the emulator always; GPU 0 when it can be
+/// used. Otherwise prints (uncaptured) how many GPU cases this test skipped.
+pub fn devices(test: &str, gpu_cases: usize) -> Vec<Device> {
+    let mut v = vec![Device::emu()];
+    match Device::cuda(0) {
+        Ok(d) => v.push(d),
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "[ferrotron] {test}: SKIPPED {gpu_cases} GPU case(s): {e}"
+            );
+        }
+    }
+    v
+}
