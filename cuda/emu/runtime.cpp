@@ -113,8 +113,10 @@ void *static_shared_alloc(const void *site, size_t bytes, size_t align) {
   Worker &w = *tl_worker;
   for (auto &s : w.smem_sites)
     if (s.first == site) return s.second;
-  // First thread of this block to reach the declaration allocates it.
-  size_t off = round_up(w.static_used, align < 16 ? 16 : align);
+  // First thread of this block to reach the declaration allocates it, at an
+  // address aligned to max(16, alignof(T)).
+  const uintptr_t region = reinterpret_cast<uintptr_t>(w.arena + w.static_off);
+  size_t off = round_up(region + w.static_used, align < 16 ? 16 : align) - region;
   if (off + bytes > FTN_EMU_MAX_STATIC_SMEM)
     fail(strprintf("static shared memory of %zu bytes exceeds the %u-byte limit", off + bytes,
                    FTN_EMU_MAX_STATIC_SMEM));
@@ -253,7 +255,7 @@ void setup_launch(Worker &w, Launch &l) {
     w.warps[i].existing = lanes >= 32 ? 0xFFFFFFFFu : ((1u << lanes) - 1u);
   }
   w.dyn_bytes = d.dynamic_smem_bytes;
-  w.static_off = round_up(w.dyn_bytes, 16) + kRedzone;
+  w.static_off = round_up(w.dyn_bytes, 64) + kRedzone;
   w.arena_size = w.static_off + FTN_EMU_MAX_STATIC_SMEM + kRedzone;
   w.arena = static_cast<char *>(::operator new(w.arena_size, std::align_val_t(64)));
 }
@@ -362,14 +364,14 @@ std::string validate(const ftn_emu_launch_desc &d, const char *name) {
   if (!g[0] || !g[1] || !g[2] || !b[0] || !b[1] || !b[2])
     return pre + strprintf("zero launch dimension: grid (%u,%u,%u), block (%u,%u,%u)", g[0],
                            g[1], g[2], b[0], b[1], b[2]);
-  if (b[0] > FTN_EMU_MAX_BLOCK_X || b[1] > FTN_EMU_MAX_BLOCK_Y || b[2] > FTN_EMU_MAX_BLOCK_Z)
-    return pre + strprintf("block (%u,%u,%u) exceeds the per-dimension limits (%u,%u,%u)", b[0],
-                           b[1], b[2], FTN_EMU_MAX_BLOCK_X, FTN_EMU_MAX_BLOCK_Y,
-                           FTN_EMU_MAX_BLOCK_Z);
   uint64_t threads = uint64_t(b[0]) * b[1] * b[2];
   if (threads > FTN_EMU_MAX_THREADS_PER_BLOCK)
     return pre + strprintf("block (%u,%u,%u) has %llu threads, over the limit of %u", b[0], b[1],
                            b[2], (unsigned long long)threads, FTN_EMU_MAX_THREADS_PER_BLOCK);
+  if (b[0] > FTN_EMU_MAX_BLOCK_X || b[1] > FTN_EMU_MAX_BLOCK_Y || b[2] > FTN_EMU_MAX_BLOCK_Z)
+    return pre + strprintf("block (%u,%u,%u) exceeds the per-dimension limits (%u,%u,%u)", b[0],
+                           b[1], b[2], FTN_EMU_MAX_BLOCK_X, FTN_EMU_MAX_BLOCK_Y,
+                           FTN_EMU_MAX_BLOCK_Z);
   if (g[0] > FTN_EMU_MAX_GRID_X || g[1] > FTN_EMU_MAX_GRID_YZ || g[2] > FTN_EMU_MAX_GRID_YZ)
     return pre + strprintf("grid (%u,%u,%u) exceeds the limits (%u,%u,%u)", g[0], g[1], g[2],
                            FTN_EMU_MAX_GRID_X, FTN_EMU_MAX_GRID_YZ, FTN_EMU_MAX_GRID_YZ);

@@ -320,6 +320,29 @@ impl CudaStreamHandle {
     }
 }
 
+type HostFn = Box<dyn FnOnce() + Send>;
+
+unsafe extern "C" fn run_host_fn(user: *mut core::ffi::c_void) {
+    // SAFETY: `user` is the Box<HostFn> leaked by launch_host_fn, run once.
+    let f = unsafe { Box::from_raw(user as *mut HostFn) };
+    f();
+}
+
+impl CudaStreamHandle {
+    pub fn launch_host_fn(&self, f: HostFn) -> Result<()> {
+        self.bind()?;
+        let user = Box::into_raw(Box::new(f)) as *mut core::ffi::c_void;
+        // SAFETY: the driver calls run_host_fn exactly once with `user`.
+        let r = unsafe { sys::cuLaunchHostFunc(self.0.cu_stream(), Some(run_host_fn), user) }.result();
+        if let Err(e) = r {
+            // SAFETY: not enqueued, so still ours to free.
+            drop(unsafe { Box::from_raw(user as *mut HostFn) });
+            return Err(driver_err("cuLaunchHostFunc", e));
+        }
+        Ok(())
+    }
+}
+
 pub(crate) struct CudaEventHandle(CudaEvent);
 
 impl CudaEventHandle {

@@ -157,6 +157,29 @@ impl Stream {
         buf.fill_bytes_on(self, byte)
     }
 
+    /// Enqueues a host function that runs in stream order (after earlier
+    /// work, before later work), like `cudaLaunchHostFunc`. It must not
+    /// enqueue work itself or wait on this stream. A panic in it is caught and
+    /// reported by the next `synchronize`.
+    pub fn launch_host_fn<F: FnOnce() + Send + 'static>(&self, f: F) -> Result<()> {
+        let guarded = move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| Error::Backend {
+                backend: "host",
+                message: "a host function enqueued with launch_host_fn panicked".into(),
+            })
+        };
+        match &*self.imp {
+            StreamImpl::Emu(s) => {
+                s.enqueue(Box::new(guarded));
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) => s.launch_host_fn(Box::new(move || {
+                let _ = guarded();
+            })),
+        }
+    }
+
     /// Enqueues `kernel` with `params` after checking `cfg` against the
     /// device limits. Callers (the typed ops) validate `params` first.
     pub(crate) fn launch<P: KernelParams>(

@@ -30,7 +30,8 @@ void test_half_conversions() {
       {fbits(0x33800000), 0x0001, 0x3380},  // 2^-24: smallest half subnormal
       {fbits(0x33000000), 0x0000, 0x3300},  // 2^-25: tie -> even (0)
       {fbits(0x33400000), 0x0001, 0x3340},  // 1.5 * 2^-25 -> 1 ulp
-      {fbits(0x34400000), 0x0002, 0x3440},  // 3 * 2^-25 = 1.5 ulp: tie -> 2
+      {fbits(0x33C00000), 0x0002, 0x33C0},  // 3 * 2^-25 = 1.5 ulp: tie -> 2
+      {fbits(0x34400000), 0x0003, 0x3440},  // 3 * 2^-24: exact
       {fbits(0x38800000), 0x0400, 0x3880},  // 2^-14: smallest normal
       {fbits(0x387FF000), 0x0400, 0x3880},  // just under 2^-14: rounds up into normal
       {fbits(0x3F801000), 0x3C00, 0x3F80},  // 1 + 2^-11: tie -> even 1.0

@@ -1,0 +1,55 @@
+// A command-line driver for the self-tests, used by run_asan.sh and for
+// local runs. Only compiled with -DFTN_EMU_SELFTEST_DRIVER (the file is empty
+// inside libftn_emu_selftest.a, so the library defines no main).
+//   driver                 run every self-test, exit 1 if any fails
+//   driver NAME...         run the named self-tests
+//   driver --bench R C W   time ftn_emu_bench_row_reduce(R, C, W)
+//   driver --oob           run the planted out-of-bounds kernel (ASan only)
+#ifdef FTN_EMU_SELFTEST_DRIVER
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+extern "C" int ftn_emu_selftest_count(void);
+extern "C" const char *ftn_emu_selftest_name(int i);
+extern "C" int ftn_emu_selftest_run(int i, char *err, size_t err_len);
+extern "C" double ftn_emu_bench_row_reduce(uint32_t rows, uint32_t cols, uint32_t workers);
+extern "C" int ftn_emu_planted_oob(void);
+
+int main(int argc, char **argv) {
+  if (argc == 5 && !std::strcmp(argv[1], "--bench")) {
+    uint32_t r = uint32_t(std::atoi(argv[2])), c = uint32_t(std::atoi(argv[3])),
+             w = uint32_t(std::atoi(argv[4]));
+    ftn_emu_bench_row_reduce(r, c, w);  // warm-up: inputs, stacks
+    double best = 1e30, sum = 0;
+    for (int i = 0; i < 5; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      sum = ftn_emu_bench_row_reduce(r, c, w);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s < best) best = s;
+    }
+    std::printf("row_reduce %ux%u workers=%u: best %.4f s, checksum %.6f\n", r, c, w, best, sum);
+    return sum == sum ? 0 : 1;
+  }
+  if (argc == 2 && !std::strcmp(argv[1], "--oob")) return ftn_emu_planted_oob();
+  int failed = 0, ran = 0;
+  char err[4096];
+  for (int i = 0; i < ftn_emu_selftest_count(); ++i) {
+    const char *name = ftn_emu_selftest_name(i);
+    bool wanted = argc == 1;
+    for (int a = 1; a < argc; ++a) wanted |= !std::strcmp(argv[a], name);
+    if (!wanted) continue;
+    ++ran;
+    auto t0 = std::chrono::steady_clock::now();
+    int rc = ftn_emu_selftest_run(i, err, sizeof err);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%-32s %s (%.3f s)%s%s\n", name, rc ? "FAIL" : "ok", s, rc ? ": " : "",
+                rc ? err : "");
+    failed += rc != 0;
+  }
+  std::printf("%d of %d self-tests passed\n", ran - failed, ran);
+  return failed || !ran ? 1 : 0;
+}
+#endif
