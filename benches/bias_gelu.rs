@@ -32,21 +32,30 @@ fn bench(c: &mut Criterion) {
         g.sample_size(10);
         let shape = format!("{rows}x{cols}_bf16");
         for (label, vectorize) in [("vec128", true), ("scalar", false)] {
-            let op = BiasGelu::new(rows, cols).with_gelu(Gelu::Tanh).with_vectorize(vectorize);
+            let op = BiasGelu::new(rows, cols)
+                .with_gelu(Gelu::Tanh)
+                .with_vectorize(vectorize);
             g.throughput(Throughput::Bytes((2 * n * 2) as u64));
-            g.bench_function(BenchmarkId::new(format!("forward_{label}"), &shape), |bch| {
-                bch.iter(|| {
-                    op.forward(&stream, &x, Some(&b), &mut y).unwrap();
-                    stream.synchronize().unwrap();
-                })
-            });
+            g.bench_function(
+                BenchmarkId::new(format!("forward_{label}"), &shape),
+                |bch| {
+                    bch.iter(|| {
+                        op.forward(&stream, &x, Some(&b), &mut y).unwrap();
+                        stream.synchronize().unwrap();
+                    })
+                },
+            );
             g.throughput(Throughput::Bytes((3 * n * 2) as u64));
-            g.bench_function(BenchmarkId::new(format!("backward_{label}"), &shape), |bch| {
-                bch.iter(|| {
-                    op.backward(&stream, &dy, &x, Some(&b), &mut dx, Some(&mut db)).unwrap();
-                    stream.synchronize().unwrap();
-                })
-            });
+            g.bench_function(
+                BenchmarkId::new(format!("backward_{label}"), &shape),
+                |bch| {
+                    bch.iter(|| {
+                        op.backward(&stream, &dy, &x, Some(&b), &mut dx, Some(&mut db))
+                            .unwrap();
+                        stream.synchronize().unwrap();
+                    })
+                },
+            );
         }
         g.throughput(Throughput::Bytes((2 * n * 2) as u64));
         g.bench_function(BenchmarkId::new("copy", &shape), |bch| {

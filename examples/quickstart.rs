@@ -13,23 +13,37 @@ use ferrotron::{Device, Result};
 use half::bf16;
 
 fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
-    let num: f64 = out.iter().zip(reference).map(|(o, r)| (o - r) * (o - r)).sum();
+    let num: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(o, r)| (o - r) * (o - r))
+        .sum();
     let den: f64 = reference.iter().map(|r| r * r).sum();
     (num / den).sqrt()
 }
 
 fn main() -> Result<()> {
     let (dev, why_not_gpu) = Device::best();
-    println!("ferrotron quickstart: bias + GeLU on {} ({})", dev.kind(), dev.name());
+    println!(
+        "ferrotron quickstart: bias + GeLU on {} ({})",
+        dev.kind(),
+        dev.name()
+    );
     if let Some(e) = why_not_gpu {
         println!("  (no GPU: {e})");
     }
     let (rows, cols) = (1024usize, 4096usize);
     let n = rows * cols;
     // Deterministic inputs in bf16, the usual Megatron activation dtype.
-    let x: Vec<bf16> = (0..n).map(|i| bf16::from_f64(((i * 7919) % 2003) as f64 / 400.0 - 2.5)).collect();
-    let bias: Vec<bf16> = (0..cols).map(|c| bf16::from_f64((c % 17) as f64 / 17.0 - 0.5)).collect();
-    let dy: Vec<bf16> = (0..n).map(|i| bf16::from_f64(((i * 31) % 101) as f64 / 50.0 - 1.0)).collect();
+    let x: Vec<bf16> = (0..n)
+        .map(|i| bf16::from_f64(((i * 7919) % 2003) as f64 / 400.0 - 2.5))
+        .collect();
+    let bias: Vec<bf16> = (0..cols)
+        .map(|c| bf16::from_f64((c % 17) as f64 / 17.0 - 0.5))
+        .collect();
+    let dy: Vec<bf16> = (0..n)
+        .map(|i| bf16::from_f64(((i * 31) % 101) as f64 / 50.0 - 1.0))
+        .collect();
 
     let stream = dev.new_stream()?;
     let (xd, bd, dyd) = (dev.upload(&x)?, dev.upload(&bias)?, dev.upload(&dy)?);
@@ -57,7 +71,11 @@ fn main() -> Result<()> {
     let errs = [
         ("forward  y     ", rel_err(&f(&y.to_host()?), &ref_y), fwd),
         ("backward dx    ", rel_err(&f(&dx.to_host()?), &ref_dx), bwd),
-        ("backward dbias ", rel_err(&f(&dbias.to_host()?), &ref_db), bwd),
+        (
+            "backward dbias ",
+            rel_err(&f(&dbias.to_host()?), &ref_db),
+            bwd,
+        ),
     ];
     let tol = 1e-2; // bf16 (DESIGN §5)
     println!("  shape [{rows}, {cols}] bf16, tanh GeLU; relative error vs the float64 oracle (tolerance {tol:e}):");
@@ -72,7 +90,11 @@ fn main() -> Result<()> {
         );
     }
     let bytes = (2 * n * 2) as f64;
-    println!("  forward moved {:.1} MB: {:.2} GB/s effective", bytes / 1e6, bytes / fwd.as_secs_f64() / 1e9);
+    println!(
+        "  forward moved {:.1} MB: {:.2} GB/s effective",
+        bytes / 1e6,
+        bytes / fwd.as_secs_f64() / 1e9
+    );
     if !ok {
         eprintln!("quickstart: results do not match the oracle");
         std::process::exit(1);

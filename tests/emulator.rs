@@ -28,17 +28,29 @@ fn emulator_selftests() {
     let mut failures = Vec::new();
     for i in 0..count {
         // SAFETY: i < count; the registry returns a static C string.
-        let name = unsafe { CStr::from_ptr(ftn_emu_selftest_name(i)) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(ftn_emu_selftest_name(i)) }
+            .to_string_lossy()
+            .into_owned();
         let mut err = vec![0u8; 4096];
         // SAFETY: err is writable for its full length.
         let rc = unsafe { ftn_emu_selftest_run(i, err.as_mut_ptr().cast(), err.len()) };
-        let msg = CStr::from_bytes_until_nul(&err).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
-        eprintln!("emulator self-test {name}: {}", if rc == 0 { "ok" } else { "FAILED" });
+        let msg = CStr::from_bytes_until_nul(&err)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        eprintln!(
+            "emulator self-test {name}: {}",
+            if rc == 0 { "ok" } else { "FAILED" }
+        );
         if rc != 0 {
             failures.push(format!("{name}: {msg}"));
         }
     }
-    assert!(failures.is_empty(), "{} of {count} emulator self-tests failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {count} emulator self-tests failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -47,27 +59,63 @@ fn every_fp16_pattern_converts_exactly() {
         let h = f16::from_bits(bits);
         let ours = emu_half::f16_bits_to_f32(bits);
         if h.is_nan() {
-            assert!(ours.is_nan(), "fp16 {bits:#06x} is NaN, emulator gave {ours}");
+            assert!(
+                ours.is_nan(),
+                "fp16 {bits:#06x} is NaN, emulator gave {ours}"
+            );
             assert_eq!(emu_half::f32_to_f16_bits(ours) & 0x7C00, 0x7C00);
             continue;
         }
-        assert_eq!(ours.to_bits(), h.to_f32().to_bits(), "fp16 {bits:#06x} -> f32");
+        assert_eq!(
+            ours.to_bits(),
+            h.to_f32().to_bits(),
+            "fp16 {bits:#06x} -> f32"
+        );
         // Round trip, and f32 -> f16 agrees with `half` (round to nearest even).
-        assert_eq!(emu_half::f32_to_f16_bits(ours), bits, "f32 -> fp16 of {bits:#06x}");
+        assert_eq!(
+            emu_half::f32_to_f16_bits(ours),
+            bits,
+            "f32 -> fp16 of {bits:#06x}"
+        );
     }
 }
 
 /// f32 values that stress rounding: ties, values just either side of ties,
 /// subnormals in both formats, overflow to infinity, infinities, NaNs.
 fn tricky_f32() -> Vec<f32> {
-    let mut v = vec![0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1e-45, -1e-45, 65504.0, 65519.99, 65520.0, -65520.0, 6e-8, 5.9604645e-8, 2.9802322e-8, 1e-40];
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+        f32::MIN_POSITIVE,
+        1e-45,
+        -1e-45,
+        65504.0,
+        65519.99,
+        65520.0,
+        -65520.0,
+        6e-8,
+        5.9604645e-8,
+        2.9802322e-8,
+        1e-40,
+    ];
     // Sweep the exponent range with every pattern of the low 16 mantissa bits
     // around the bf16 and fp16 rounding points (ties at 0x8000 / 0x1000).
     for exp in (0u32..=255).step_by(3) {
-        for low in [0u32, 1, 0x0FFF, 0x1000, 0x1001, 0x2000, 0x3000, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x18000, 0x10000] {
+        for low in [
+            0u32, 1, 0x0FFF, 0x1000, 0x1001, 0x2000, 0x3000, 0x7FFF, 0x8000, 0x8001, 0xFFFF,
+            0x18000, 0x10000,
+        ] {
             for sign in [0u32, 1] {
-                v.push(f32::from_bits((sign << 31) | (exp << 23) | (low & 0x7F_FFFF)));
-                v.push(f32::from_bits((sign << 31) | (exp << 23) | ((0x2A_0000 | low) & 0x7F_FFFF)));
+                v.push(f32::from_bits(
+                    (sign << 31) | (exp << 23) | (low & 0x7F_FFFF),
+                ));
+                v.push(f32::from_bits(
+                    (sign << 31) | (exp << 23) | ((0x2A_0000 | low) & 0x7F_FFFF),
+                ));
             }
         }
     }
@@ -87,13 +135,34 @@ fn f32_to_bf16_and_fp16_match_round_to_nearest_even() {
         let b = emu_half::f32_to_bf16_bits(x);
         let h = emu_half::f32_to_f16_bits(x);
         if x.is_nan() {
-            assert!(bf16::from_bits(b).is_nan(), "bf16 of NaN {:#010x} gave {b:#06x}", x.to_bits());
-            assert!(f16::from_bits(h).is_nan(), "fp16 of NaN {:#010x} gave {h:#06x}", x.to_bits());
+            assert!(
+                bf16::from_bits(b).is_nan(),
+                "bf16 of NaN {:#010x} gave {b:#06x}",
+                x.to_bits()
+            );
+            assert!(
+                f16::from_bits(h).is_nan(),
+                "fp16 of NaN {:#010x} gave {h:#06x}",
+                x.to_bits()
+            );
             continue;
         }
-        assert_eq!(b, bf16::from_f32(x).to_bits(), "f32 {:#010x} ({x:e}) -> bf16", x.to_bits());
-        assert_eq!(h, f16::from_f32(x).to_bits(), "f32 {:#010x} ({x:e}) -> fp16", x.to_bits());
+        assert_eq!(
+            b,
+            bf16::from_f32(x).to_bits(),
+            "f32 {:#010x} ({x:e}) -> bf16",
+            x.to_bits()
+        );
+        assert_eq!(
+            h,
+            f16::from_f32(x).to_bits(),
+            "f32 {:#010x} ({x:e}) -> fp16",
+            x.to_bits()
+        );
         // bf16 -> f32 is exact.
-        assert_eq!(emu_half::bf16_bits_to_f32(b).to_bits(), bf16::from_bits(b).to_f32().to_bits());
+        assert_eq!(
+            emu_half::bf16_bits_to_f32(b).to_bits(),
+            bf16::from_bits(b).to_f32().to_bits()
+        );
     }
 }

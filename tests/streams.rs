@@ -26,7 +26,9 @@ fn producer_consumer(dev: &Device, wait: bool) -> (Vec<f32>, Vec<f32>) {
         let _ = gate.recv_timeout(Duration::from_secs(30));
     })
     .unwrap();
-    BiasGelu::new(64, 64).forward(&a, &xd, None, &mut y).unwrap();
+    BiasGelu::new(64, 64)
+        .forward(&a, &xd, None, &mut y)
+        .unwrap();
     let done = a.record_event().unwrap();
     if wait {
         b.wait_event(&done).unwrap();
@@ -37,7 +39,10 @@ fn producer_consumer(dev: &Device, wait: bool) -> (Vec<f32>, Vec<f32>) {
     if wait {
         // B cannot finish while A is held at the gate.
         std::thread::sleep(Duration::from_millis(50));
-        assert!(!b_done.is_complete().unwrap(), "consumer ran before the producer's event");
+        assert!(
+            !b_done.is_complete().unwrap(),
+            "consumer ran before the producer's event"
+        );
     } else {
         b_done.synchronize().unwrap();
     }
@@ -61,7 +66,10 @@ fn without_the_wait_the_consumer_reads_stale_data() {
     // The emulator makes the race deterministic: A is gated, B is not.
     let (y, z) = producer_consumer(&Device::emu(), false);
     assert!(y.iter().any(|&v| v != 0.0));
-    assert!(z.iter().all(|&v| v == 0.0), "expected the unsynchronised copy to see zeros");
+    assert!(
+        z.iter().all(|&v| v == 0.0),
+        "expected the unsynchronised copy to see zeros"
+    );
 }
 
 #[test]
@@ -73,7 +81,9 @@ fn events_time_and_complete_in_order() {
         let start = s.record_event().unwrap();
         let x = dev.upload(&vec![1.0f32; 1 << 16]).unwrap();
         let mut y = dev.alloc_zeros::<f32>(1 << 16).unwrap();
-        BiasGelu::new(256, 256).forward(&s, &x, None, &mut y).unwrap();
+        BiasGelu::new(256, 256)
+            .forward(&s, &x, None, &mut y)
+            .unwrap();
         let end = s.record_event().unwrap();
         end.synchronize().unwrap();
         assert!(start.is_complete().unwrap() && end.is_complete().unwrap());
@@ -97,11 +107,15 @@ fn copies_round_trip_and_check_lengths() {
     let dev = Device::emu();
     let s = dev.new_stream().unwrap();
     let mut buf = dev.alloc_zeros::<i64>(5).unwrap();
-    s.copy_from_host(&[1i64, -2, 3, i64::MAX, i64::MIN], &mut buf).unwrap();
+    s.copy_from_host(&[1i64, -2, 3, i64::MAX, i64::MIN], &mut buf)
+        .unwrap();
     let mut back = [0i64; 5];
     s.copy_to_host(&buf, &mut back).unwrap();
     assert_eq!(back, [1, -2, 3, i64::MAX, i64::MIN]);
-    let e = s.copy_from_host(&[0i64; 6], &mut buf).unwrap_err().to_string();
+    let e = s
+        .copy_from_host(&[0i64; 6], &mut buf)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("`dst`") && e.contains("at least 6"), "{e}");
     let mut big = [0i64; 6];
     assert!(s.copy_to_host(&buf, &mut big).is_err());

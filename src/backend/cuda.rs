@@ -333,7 +333,8 @@ impl CudaStreamHandle {
         self.bind()?;
         let user = Box::into_raw(Box::new(f)) as *mut core::ffi::c_void;
         // SAFETY: the driver calls run_host_fn exactly once with `user`.
-        let r = unsafe { sys::cuLaunchHostFunc(self.0.cu_stream(), Some(run_host_fn), user) }.result();
+        let r =
+            unsafe { sys::cuLaunchHostFunc(self.0.cu_stream(), Some(run_host_fn), user) }.result();
         if let Err(e) = r {
             // SAFETY: not enqueued, so still ours to free.
             drop(unsafe { Box::from_raw(user as *mut HostFn) });

@@ -4,6 +4,7 @@
 // sums, a __shfl_xor_sync warp reduction, per-warp partials in shared
 // memory, a barrier, and a final warp reduction by warp 0.
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include "selftest.h"
@@ -46,8 +47,10 @@ static int run_row_sum(const std::vector<float> &x, std::vector<float> &out, uin
 }
 
 extern "C" double ftn_emu_bench_row_reduce(uint32_t rows, uint32_t cols, uint32_t workers) {
+  static std::mutex mu;         // callers may be concurrent test threads
   static std::vector<float> x;  // inputs are reused between calls of one shape
   static uint64_t filled = 0;
+  std::lock_guard<std::mutex> lock(mu);
   if (filled != uint64_t(rows) * cols) {
     x.assign(size_t(rows) * cols, 0.0f);
     fill(x);
