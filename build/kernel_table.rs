@@ -87,6 +87,15 @@ pub fn write(kernels: &[KernelDecl], path: &Path) {
             upper = k.name.to_uppercase()
         );
     }
+    let mut params: Vec<&str> = kernels.iter().map(|k| k.params.as_str()).collect();
+    params.sort_unstable();
+    params.dedup();
+    for p in params {
+        let _ = writeln!(
+            s,
+            "// SAFETY: a repr(C) struct from include/ (bindgen): addresses, sizes, flags.\nunsafe impl KernelParams for crate::kernel_params::{p} {{}}"
+        );
+    }
     s.push_str("/// Every kernel, by name.\npub static ALL_KERNEL_NAMES: &[&str] = &[\n");
     for k in kernels {
         let _ = writeln!(s, "    \"{}\",", k.name);

@@ -5,6 +5,7 @@
 pub mod dtype;
 pub mod error;
 pub mod launch;
+pub mod loss_scaler;
 pub mod plan;
 pub mod validate;
 

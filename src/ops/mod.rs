@@ -2,6 +2,9 @@
 //! fill the kernel's parameter struct, enqueue it on a stream.
 
 pub mod bias_gelu;
+pub mod layernorm;
+pub mod multi_tensor;
+pub mod softmax;
 
 pub use bias_gelu::{BiasGelu, Gelu};
 

@@ -2,3 +2,6 @@
 //! the kernels against (REFERENCE.md semantics, computed in f64).
 
 pub mod bias_gelu;
+pub mod layernorm;
+pub mod multi_tensor;
+pub mod softmax;

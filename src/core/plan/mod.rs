@@ -3,6 +3,9 @@
 //! and results are reproducible across machines.
 
 pub mod bias_gelu;
+pub mod layernorm;
+pub mod multi_tensor;
+pub mod softmax;
 
 /// Threads per block of the elementwise kernels.
 pub const ELEMENTWISE_THREADS: u32 = 256;

@@ -1,0 +1,2 @@
+//! (in progress: issue 3)
+fn main() {}

@@ -1,0 +1,1 @@
+//! (in progress: issue 3) Launch plans for cuda/softmax.cu.
