@@ -17,5 +17,6 @@
 #include "ftn_kernels/softmax.h"
 #include "ftn_kernels/layernorm.h"
 #include "ftn_kernels/multi_tensor.h"
+#include "ftn_kernels/gemm.h"
 
 #endif /* FERROTRON_KERNELS_H */

@@ -2,6 +2,7 @@
 //! the kernels against (REFERENCE.md semantics, computed in f64).
 
 pub mod bias_gelu;
+pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;

@@ -3,6 +3,7 @@
 //! and results are reproducible across machines.
 
 pub mod bias_gelu;
+pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;

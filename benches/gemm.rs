@@ -1,0 +1,2 @@
+//! (in progress: issue 4)
+fn main() {}

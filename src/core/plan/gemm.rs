@@ -1,0 +1,1 @@
+//! (in progress: issue 4) GEMM tile plans.

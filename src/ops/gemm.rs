@@ -1,0 +1,1 @@
+//! (in progress: issue 4) Typed GEMM family for cuda/gemm.cu.
