@@ -19,6 +19,8 @@ pub mod kernel_params;
 #[cfg(feature = "std")]
 pub mod backend;
 #[cfg(feature = "std")]
+pub mod comm;
+#[cfg(feature = "std")]
 pub mod kernels;
 #[cfg(feature = "std")]
 pub mod ops;

@@ -47,6 +47,13 @@ pub(crate) struct CudaDevice {
 }
 
 impl CudaDevice {
+    /// Makes this device's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))
+    }
+
     pub fn new(ordinal: usize) -> Result<CudaDevice> {
         // SAFETY: only tries to open the driver library.
         if !unsafe { sys::is_culib_present() } {
@@ -264,6 +271,10 @@ impl CudaMemory {
 pub(crate) struct CudaStreamHandle(Arc<CudaStream>);
 
 impl CudaStreamHandle {
+    pub fn raw(&self) -> sys::CUstream {
+        self.0.cu_stream()
+    }
+
     fn bind(&self) -> Result<()> {
         self.0
             .context()

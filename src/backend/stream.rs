@@ -180,6 +180,33 @@ impl Stream {
         }
     }
 
+    /// The raw CUDA stream (NCCL calls), if this is a CUDA stream.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_raw(&self) -> Option<cudarc::driver::sys::CUstream> {
+        match &*self.imp {
+            StreamImpl::Cuda(s) => Some(s.raw()),
+            StreamImpl::Emu(_) => None,
+        }
+    }
+
+    /// Enqueues a host task that runs in stream order and may fail (the
+    /// in-process communicator's operations). Emulator streams only.
+    pub(crate) fn enqueue_task(&self, task: emu::Task) -> Result<()> {
+        match &*self.imp {
+            StreamImpl::Emu(s) => {
+                s.enqueue(task);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(_) => Err(Error::invalid(
+                "in-process collective",
+                "stream",
+                "an emulator stream",
+                "a CUDA stream (use an NCCL communicator on GPUs)",
+            )),
+        }
+    }
+
     /// Enqueues `kernel` with `params` after checking `cfg` against the
     /// device limits. Callers (the typed ops) validate `params` first.
     pub(crate) fn launch<P: KernelParams>(
@@ -212,6 +239,12 @@ pub(crate) enum EventImpl {
 pub struct Event {
     device: Device,
     imp: EventImpl,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Event({:?})", self.device)
+    }
 }
 
 impl Event {

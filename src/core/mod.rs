@@ -7,6 +7,7 @@ pub mod error;
 pub mod launch;
 pub mod loss_scaler;
 pub mod plan;
+pub mod rank_grid;
 pub mod validate;
 
 pub use dtype::{DType, Element};

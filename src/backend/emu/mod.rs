@@ -8,7 +8,7 @@ use std::alloc::Layout;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, Weak};
 
-pub(crate) use stream::{EmuEvent, EmuStream};
+pub(crate) use stream::{EmuEvent, EmuStream, Task};
 
 use crate::core::{Error, LaunchConfig, Result};
 use crate::kernels::{Kernel, KernelParams};
