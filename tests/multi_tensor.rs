@@ -276,10 +276,7 @@ fn found_inf_flags_overflow_after_scaling_and_is_never_cleared() {
         mt.unscale(&stream, &mut [GradRef::from(&mut h)], 0.5, &mut found)
             .unwrap();
         assert_eq!(read1(&found), 1.0, "fp16 overflow after scaling on {dev:?}");
-        assert_eq!(
-            h.to_host().unwrap(),
-            [f16::from_f32(2.0), f16::INFINITY]
-        );
+        assert_eq!(h.to_host().unwrap(), [f16::from_f32(2.0), f16::INFINITY]);
         // A clean list afterwards leaves the flag set.
         let mut g = upload(&dev, &[1.0f32; 10]);
         mt.unscale(&stream, &mut [GradRef::from(&mut g)], 2.0, &mut found)

@@ -62,11 +62,7 @@ impl GradScalerConfig {
             Err(Error::invalid(OP, arg, expected, format!("{got:?}")))
         };
         if !(self.initial_scale.is_finite() && self.initial_scale > 0.0) {
-            return bad(
-                "initial_scale",
-                "a finite value > 0",
-                self.initial_scale,
-            );
+            return bad("initial_scale", "a finite value > 0", self.initial_scale);
         }
         if !(self.min_scale.is_finite() && self.min_scale > 0.0) {
             return bad("min_scale", "a finite value > 0", self.min_scale);
@@ -83,11 +79,7 @@ impl GradScalerConfig {
             return bad("growth_factor", "a finite value > 1", self.growth_factor);
         }
         if !(self.backoff_factor > 0.0 && self.backoff_factor < 1.0) {
-            return bad(
-                "backoff_factor",
-                "a value in (0, 1)",
-                self.backoff_factor,
-            );
+            return bad("backoff_factor", "a value in (0, 1)", self.backoff_factor);
         }
         for (arg, v) in [
             ("growth_interval", self.growth_interval),
@@ -257,7 +249,7 @@ mod tests {
             (false, (16.0, 0, 2)), // 3 clean: grow, trackers reset
             (true, (16.0, 0, 1)),  // first overflow absorbed by hysteresis
             (false, (16.0, 1, 1)),
-            (true, (8.0, 0, 0)), // second overflow: back off
+            (true, (8.0, 0, 0)),  // second overflow: back off
             (true, (4.0, 0, -1)), // not reset: backs off again at once
             (true, (2.0, 0, -2)),
             (true, (1.0, 0, -3)),
@@ -319,8 +311,8 @@ mod tests {
 
     #[test]
     fn hysteresis_tracker_saturates() {
-        let mut s = DynamicGradScaler::from_state(small(3, 2).config, 4.0, 0, i32::MIN + 1)
-            .unwrap();
+        let mut s =
+            DynamicGradScaler::from_state(small(3, 2).config, 4.0, 0, i32::MIN + 1).unwrap();
         s.update(true);
         s.update(true);
         assert_eq!(state(&s), (1.0, 0, i32::MIN));
@@ -393,13 +385,7 @@ mod tests {
                 },
                 "growth_interval",
             ),
-            (
-                GradScalerConfig {
-                    hysteresis: 0,
-                    ..d
-                },
-                "hysteresis",
-            ),
+            (GradScalerConfig { hysteresis: 0, ..d }, "hysteresis"),
             (
                 GradScalerConfig {
                     hysteresis: u32::MAX,

@@ -197,7 +197,10 @@ impl MultiTensor {
                 return Err(Error::invalid(
                     op,
                     "tensors",
-                    format!("every tensor on the stream's device ({:?})", stream.device()),
+                    format!(
+                        "every tensor on the stream's device ({:?})",
+                        stream.device()
+                    ),
                     format!("tensor {i} on {:?}", t.device()),
                 ));
             }
