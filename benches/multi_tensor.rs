@@ -113,7 +113,7 @@ fn bench(c: &mut Criterion) {
             let mut dst = dev.alloc_zeros::<f32>(src.len()).unwrap();
             g.throughput(Throughput::Bytes(8 * src.len() as u64));
             g.bench_function(
-                BenchmarkId::new("copy", format!("{}MB", (4 * src.len()) >> 20)),
+                BenchmarkId::new("copy", format!("{}KB", (4 * src.len()) >> 10)),
                 |b| {
                     b.iter(|| {
                         stream.copy_device(src, &mut dst).unwrap();
