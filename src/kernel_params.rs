@@ -8,6 +8,10 @@
 
 pub const FTN_GELU_TANH: u32 = 0;
 pub const FTN_GELU_ERF: u32 = 1;
+pub const FTN_MT_F32: u32 = 0;
+pub const FTN_MT_F16: u32 = 1;
+pub const FTN_MT_BF16: u32 = 2;
+pub const FTN_MT_THREADS: u32 = 256;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FtnBiasGeluFwdParams {
@@ -97,4 +101,206 @@ const _: () = {
         [::core::mem::offset_of!(FtnColumnSumParams, chunks) - 16usize];
     ["Offset of field: FtnColumnSumParams::cols"]
         [::core::mem::offset_of!(FtnColumnSumParams, cols) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnTensorDesc {
+    pub data: *mut ::core::ffi::c_void,
+    pub numel: i64,
+    pub dtype: u32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnTensorDesc"][::core::mem::size_of::<FtnTensorDesc>() - 24usize];
+    ["Alignment of FtnTensorDesc"][::core::mem::align_of::<FtnTensorDesc>() - 8usize];
+    ["Offset of field: FtnTensorDesc::data"][::core::mem::offset_of!(FtnTensorDesc, data) - 0usize];
+    ["Offset of field: FtnTensorDesc::numel"]
+        [::core::mem::offset_of!(FtnTensorDesc, numel) - 8usize];
+    ["Offset of field: FtnTensorDesc::dtype"]
+        [::core::mem::offset_of!(FtnTensorDesc, dtype) - 16usize];
+    ["Offset of field: FtnTensorDesc::vec"][::core::mem::offset_of!(FtnTensorDesc, vec) - 20usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnChunkDesc {
+    pub tensor: u32,
+    pub chunk: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnChunkDesc"][::core::mem::size_of::<FtnChunkDesc>() - 8usize];
+    ["Alignment of FtnChunkDesc"][::core::mem::align_of::<FtnChunkDesc>() - 4usize];
+    ["Offset of field: FtnChunkDesc::tensor"]
+        [::core::mem::offset_of!(FtnChunkDesc, tensor) - 0usize];
+    ["Offset of field: FtnChunkDesc::chunk"][::core::mem::offset_of!(FtnChunkDesc, chunk) - 4usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnGradScalerState {
+    pub scale: f32,
+    pub growth_tracker: i32,
+    pub hysteresis_tracker: i32,
+    pub reserved: i32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnGradScalerState"][::core::mem::size_of::<FtnGradScalerState>() - 16usize];
+    ["Alignment of FtnGradScalerState"][::core::mem::align_of::<FtnGradScalerState>() - 4usize];
+    ["Offset of field: FtnGradScalerState::scale"]
+        [::core::mem::offset_of!(FtnGradScalerState, scale) - 0usize];
+    ["Offset of field: FtnGradScalerState::growth_tracker"]
+        [::core::mem::offset_of!(FtnGradScalerState, growth_tracker) - 4usize];
+    ["Offset of field: FtnGradScalerState::hysteresis_tracker"]
+        [::core::mem::offset_of!(FtnGradScalerState, hysteresis_tracker) - 8usize];
+    ["Offset of field: FtnGradScalerState::reserved"]
+        [::core::mem::offset_of!(FtnGradScalerState, reserved) - 12usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnMultiTensorUnscaleParams {
+    pub tensors: *const FtnTensorDesc,
+    pub chunks: *const FtnChunkDesc,
+    pub found_inf: *mut f32,
+    pub scaler: *const FtnGradScalerState,
+    pub inv_scale: f32,
+    pub reserved: u32,
+    pub num_chunks: i64,
+    pub chunk_size: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnMultiTensorUnscaleParams"]
+        [::core::mem::size_of::<FtnMultiTensorUnscaleParams>() - 56usize];
+    ["Alignment of FtnMultiTensorUnscaleParams"]
+        [::core::mem::align_of::<FtnMultiTensorUnscaleParams>() - 8usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::tensors"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, tensors) - 0usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::chunks"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, chunks) - 8usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::found_inf"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, found_inf) - 16usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::scaler"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, scaler) - 24usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::inv_scale"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, inv_scale) - 32usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::reserved"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, reserved) - 36usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::num_chunks"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, num_chunks) - 40usize];
+    ["Offset of field: FtnMultiTensorUnscaleParams::chunk_size"]
+        [::core::mem::offset_of!(FtnMultiTensorUnscaleParams, chunk_size) - 48usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnMultiTensorL2NormParams {
+    pub tensors: *const FtnTensorDesc,
+    pub chunks: *const FtnChunkDesc,
+    pub partial: *mut f32,
+    pub num_chunks: i64,
+    pub chunk_size: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnMultiTensorL2NormParams"]
+        [::core::mem::size_of::<FtnMultiTensorL2NormParams>() - 40usize];
+    ["Alignment of FtnMultiTensorL2NormParams"]
+        [::core::mem::align_of::<FtnMultiTensorL2NormParams>() - 8usize];
+    ["Offset of field: FtnMultiTensorL2NormParams::tensors"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormParams, tensors) - 0usize];
+    ["Offset of field: FtnMultiTensorL2NormParams::chunks"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormParams, chunks) - 8usize];
+    ["Offset of field: FtnMultiTensorL2NormParams::partial"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormParams, partial) - 16usize];
+    ["Offset of field: FtnMultiTensorL2NormParams::num_chunks"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormParams, num_chunks) - 24usize];
+    ["Offset of field: FtnMultiTensorL2NormParams::chunk_size"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormParams, chunk_size) - 32usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnMultiTensorL2NormFinalParams {
+    pub norm: *mut f32,
+    pub partial: *const f32,
+    pub num_partials: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnMultiTensorL2NormFinalParams"]
+        [::core::mem::size_of::<FtnMultiTensorL2NormFinalParams>() - 24usize];
+    ["Alignment of FtnMultiTensorL2NormFinalParams"]
+        [::core::mem::align_of::<FtnMultiTensorL2NormFinalParams>() - 8usize];
+    ["Offset of field: FtnMultiTensorL2NormFinalParams::norm"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormFinalParams, norm) - 0usize];
+    ["Offset of field: FtnMultiTensorL2NormFinalParams::partial"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormFinalParams, partial) - 8usize];
+    ["Offset of field: FtnMultiTensorL2NormFinalParams::num_partials"]
+        [::core::mem::offset_of!(FtnMultiTensorL2NormFinalParams, num_partials) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnMultiTensorClipParams {
+    pub tensors: *const FtnTensorDesc,
+    pub chunks: *const FtnChunkDesc,
+    pub norm: *const f32,
+    pub max_norm: f64,
+    pub eps: f64,
+    pub num_chunks: i64,
+    pub chunk_size: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnMultiTensorClipParams"]
+        [::core::mem::size_of::<FtnMultiTensorClipParams>() - 56usize];
+    ["Alignment of FtnMultiTensorClipParams"]
+        [::core::mem::align_of::<FtnMultiTensorClipParams>() - 8usize];
+    ["Offset of field: FtnMultiTensorClipParams::tensors"]
+        [::core::mem::offset_of!(FtnMultiTensorClipParams, tensors) - 0usize];
+    ["Offset of field: FtnMultiTensorClipParams::chunks"]
+        [::core::mem::offset_of!(FtnMultiTensorClipParams, chunks) - 8usize];
+    ["Offset of field: FtnMultiTensorClipParams::norm"]
+        [::core::mem::offset_of!(FtnMultiTensorClipParams, norm) - 16usize];
+    ["Offset of field: FtnMultiTensorClipParams::max_norm"]
+        [::core::mem::offset_of!(FtnMultiTensorClipParams, max_norm) - 24usize];
+    ["Offset of field: FtnMultiTensorClipParams::eps"]
+        [::core::mem::offset_of!(FtnMultiTensorClipParams, eps) - 32usize];
+    ["Offset of field: FtnMultiTensorClipParams::num_chunks"]
+        [::core::mem::offset_of!(FtnMultiTensorClipParams, num_chunks) - 40usize];
+    ["Offset of field: FtnMultiTensorClipParams::chunk_size"]
+        [::core::mem::offset_of!(FtnMultiTensorClipParams, chunk_size) - 48usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnGradScalerUpdateParams {
+    pub state: *mut FtnGradScalerState,
+    pub found_inf: *mut f32,
+    pub min_scale: f32,
+    pub growth_factor: f32,
+    pub backoff_factor: f32,
+    pub growth_interval: i32,
+    pub hysteresis: i32,
+    pub reset_found_inf: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnGradScalerUpdateParams"]
+        [::core::mem::size_of::<FtnGradScalerUpdateParams>() - 40usize];
+    ["Alignment of FtnGradScalerUpdateParams"]
+        [::core::mem::align_of::<FtnGradScalerUpdateParams>() - 8usize];
+    ["Offset of field: FtnGradScalerUpdateParams::state"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, state) - 0usize];
+    ["Offset of field: FtnGradScalerUpdateParams::found_inf"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, found_inf) - 8usize];
+    ["Offset of field: FtnGradScalerUpdateParams::min_scale"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, min_scale) - 16usize];
+    ["Offset of field: FtnGradScalerUpdateParams::growth_factor"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, growth_factor) - 20usize];
+    ["Offset of field: FtnGradScalerUpdateParams::backoff_factor"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, backoff_factor) - 24usize];
+    ["Offset of field: FtnGradScalerUpdateParams::growth_interval"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, growth_interval) - 28usize];
+    ["Offset of field: FtnGradScalerUpdateParams::hysteresis"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, hysteresis) - 32usize];
+    ["Offset of field: FtnGradScalerUpdateParams::reset_found_inf"]
+        [::core::mem::offset_of!(FtnGradScalerUpdateParams, reset_found_inf) - 36usize];
 };
