@@ -28,5 +28,10 @@ pub mod ops;
 pub mod reference;
 
 pub use crate::core::{DType, Element, Error, Result};
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(all(doctest, feature = "std"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 #[cfg(feature = "std")]
 pub use backend::{BackendKind, Device, DeviceBuffer, Event, Stream};
