@@ -170,7 +170,7 @@ fn ring_exchange_with_grouped_send_recv() {
     let n = 4;
     let got = run_ranks(n, T, |c| {
         let dev = c.device().clone();
-        let s = dev.new_stream().unwrap();
+        let s = c.stream().clone(); // the communicator's dedicated stream
         let me = c.rank();
         let send = dev.upload(&[me as i32 * 10; 5]).unwrap();
         let mut recv = dev.alloc_zeros::<i32>(5).unwrap();

@@ -103,6 +103,8 @@ pub struct Communicator {
     rank: usize,
     size: usize,
     device: Device,
+    /// The communicator's own stream, for callers that want a dedicated one.
+    stream: Stream,
     imp: CommImpl,
     seq: AtomicU64,
 }
@@ -150,17 +152,20 @@ impl Communicator {
             ));
         }
         let world = in_process::World::new(devices.len(), timeout);
-        Ok(devices
+        devices
             .iter()
             .enumerate()
-            .map(|(r, d)| Communicator {
-                rank: r,
-                size: devices.len(),
-                device: d.clone(),
-                imp: CommImpl::InProcess(in_process::Rank::new(world.clone(), r)),
-                seq: AtomicU64::new(0),
+            .map(|(r, d)| {
+                Ok(Communicator {
+                    rank: r,
+                    size: devices.len(),
+                    device: d.clone(),
+                    stream: d.new_stream()?,
+                    imp: CommImpl::InProcess(in_process::Rank::new(world.clone(), r)),
+                    seq: AtomicU64::new(0),
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// A rank of an NCCL communicator on `device` (a GPU), from the unique id
@@ -177,6 +182,7 @@ impl Communicator {
             rank,
             size,
             device: device.clone(),
+            stream: device.new_stream()?,
             imp: CommImpl::Nccl(imp),
             seq: AtomicU64::new(0),
         })
@@ -198,6 +204,12 @@ impl Communicator {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// A stream dedicated to this communicator (created with it). Any stream
+    /// of the same device may be passed to the operations instead.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 
     fn check_stream(&self, op: &'static str, stream: &Stream) -> Result<()> {
@@ -459,23 +471,15 @@ impl Communicator {
     /// Every rank of this communicator must call it (from its own thread).
     pub fn split(&self, color: Option<usize>, key: usize) -> Result<Option<Communicator>> {
         match &self.imp {
-            CommImpl::InProcess(r) => {
-                Ok(r.split(color, key)?.map(|(rank, size, imp)| Communicator {
-                    rank,
-                    size,
-                    device: self.device.clone(),
-                    imp: CommImpl::InProcess(imp),
-                    seq: AtomicU64::new(0),
-                }))
-            }
+            CommImpl::InProcess(r) => r
+                .split(color, key)?
+                .map(|(rank, size, imp)| self.sub(rank, size, CommImpl::InProcess(imp)))
+                .transpose(),
             #[cfg(feature = "cuda")]
-            CommImpl::Nccl(n) => Ok(n.split(color, key)?.map(|(rank, size, imp)| Communicator {
-                rank,
-                size,
-                device: self.device.clone(),
-                imp: CommImpl::Nccl(imp),
-                seq: AtomicU64::new(0),
-            })),
+            CommImpl::Nccl(n) => n
+                .split(color, key)?
+                .map(|(rank, size, imp)| self.sub(rank, size, CommImpl::Nccl(imp)))
+                .transpose(),
         }
     }
 
@@ -501,6 +505,17 @@ impl Communicator {
             #[cfg(feature = "cuda")]
             CommImpl::Nccl(n) => n.wait(&handle.event, timeout),
         }
+    }
+
+    fn sub(&self, rank: usize, size: usize, imp: CommImpl) -> Result<Communicator> {
+        Ok(Communicator {
+            rank,
+            size,
+            device: self.device.clone(),
+            stream: self.device.new_stream()?,
+            imp,
+            seq: AtomicU64::new(0),
+        })
     }
 
     /// This rank's communicator for its group along `axes` of `grid` (e.g.
