@@ -432,6 +432,8 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   const bool beta = blockIdx.y == 1;
   const float *partial = beta ? p.partial_beta : p.partial_gamma;
+  T *out = static_cast<T *>(beta ? p.dbeta : p.dgamma);
+  if (out == nullptr) return;  // the whole block: this gradient is not wanted
   float s = 0.0f;
   if (c < p.cols) {
     for (int64_t k = threadIdx.y; k < p.chunks; k += 32) s += partial[k * p.cols + c];
@@ -441,7 +443,7 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   if (threadIdx.y == 0 && c < p.cols) {
     float t = 0.0f;
     for (int k = 0; k < 32; ++k) t += red[k][threadIdx.x];
-    static_cast<T *>(beta ? p.dbeta : p.dgamma)[c] = ftn_from_float<T>(t);
+    out[c] = ftn_from_float<T>(t);
   }
 }
 

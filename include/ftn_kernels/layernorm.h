@@ -71,10 +71,11 @@ typedef struct FtnLayerNormParamGradParams {
 
 /* Backward, stage two: dgamma[c] = sum over k of partial_gamma[k, c] and
  * dbeta[c] likewise, in a fixed order (deterministic), fp32 accumulation.
- * blockIdx.y = 0 sums gamma, 1 sums beta. Block (32, 32).
+ * blockIdx.y = 0 sums gamma, 1 sums beta; a NULL output is skipped.
+ * Block (32, 32).
  * Kernels ftn_layernorm_column_sum_{dtype} (output dtype). */
 typedef struct FtnLayerNormColumnSumParams {
-  void *dgamma;               /* [cols] */
+  void *dgamma;               /* [cols] or NULL */
   void *dbeta;                /* [cols] or NULL (then gridDim.y = 1) */
   const float *partial_gamma; /* [chunks, cols] */
   const float *partial_beta;  /* [chunks, cols] or NULL */
