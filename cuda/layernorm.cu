@@ -3,7 +3,11 @@
 // Statistics are fp32 whatever the storage dtype and always two-pass: the
 // mean first, then the sum of squared deviations from it (never
 // E[x^2] - E[x]^2, which loses everything to cancellation when |mean| >> std).
-// Variance is biased (divide by cols); rstd = rsqrt(var + eps).
+// Variance is biased (divide by cols); rstd = rsqrt(var + eps). The mean is
+// taken of x - pivot (pivot = the row's first element; exact subtraction for
+// nearby values), so x - mean = (x - pivot) - shift stays accurate to fp32
+// relative to the row's spread even under a large common offset; the saved
+// mean is pivot + shift rounded to fp32.
 //
 // Three row paths, chosen by the plan (src/core/plan/layernorm.rs) from cols:
 //   warp   (cols <= 1024): one warp per row, 4 rows per 128-thread block; the
@@ -140,37 +144,37 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
   const T *x = static_cast<const T *>(p.x) + row * p.cols;
   T *y = static_cast<T *>(p.y) + row * p.cols;
   const bool rms = p.kind == FTN_NORM_RMS;
+  const float pivot = rms ? 0.0f : ftn_to_float(x[0]);
   float v[ITEMS];
   float s = 0.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
       load<T, V>(x + col, v + c * V);
-    } else {
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[c * V + k] = 0.0f;
+      for (int k = 0; k < V; ++k) {
+        v[c * V + k] -= pivot;
+        s += v[c * V + k];
+      }
     }
-#pragma unroll
-    for (int k = 0; k < V; ++k) s += v[c * V + k];
   }
   const float inv_n = 1.0f / (float)n;
-  // (RMSNorm needs no mean, but a uniform reduction keeps the code simple.)
-  const float mean = rms ? 0.0f : group_sum<WARP>(s, red) * inv_n;
+  const float shift = rms ? 0.0f : group_sum<WARP>(s, red) * inv_n;
   float q = 0.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float d = v[c * V + k] - mean;
-        q += d * d;
+        v[c * V + k] -= shift;  // x - mean
+        q += v[c * V + k] * v[c * V + k];
       }
     }
   }
   q = group_sum<WARP>(q, red);
   const float rstd = rsqrtf(q * inv_n + p.eps);
   if (t == 0) {
-    if (p.mean != nullptr) p.mean[row] = mean;
+    if (p.mean != nullptr) p.mean[row] = pivot + shift;
     if (p.rstd != nullptr) p.rstd[row] = rstd;
   }
   const T *gamma = static_cast<const T *>(p.gamma);
@@ -188,7 +192,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
       }
       float o[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) o[k] = (v[c * V + k] - mean) * rstd * g[k] + b[k];
+      for (int k = 0; k < V; ++k) o[k] = v[c * V + k] * rstd * g[k] + b[k];
       store<T, V>(y + col, o);
     }
   }
@@ -225,16 +229,18 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
   if (row < p.rows) {
     const T *x = static_cast<const T *>(p.x) + row * n;
     T *y = static_cast<T *>(p.y) + row * n;
-    float mean = 0.0f;
+    // mean = pivot + shift; x - mean is computed as (x - pivot) - shift.
+    const float pivot = rms ? 0.0f : ftn_to_float(x[0]);
+    float shift = 0.0f;
     if (!rms) {
       float s = 0.0f;
       for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
         float v[V];
         load<T, V>(x + col, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) s += v[k];
+        for (int k = 0; k < V; ++k) s += v[k] - pivot;
       }
-      mean = group_sum<false>(s, red) * inv_n;
+      shift = group_sum<false>(s, red) * inv_n;
     }
     float q = 0.0f;
     for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
@@ -242,14 +248,14 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
       load<T, V>(x + col, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float d = v[k] - mean;
+        const float d = (v[k] - pivot) - shift;
         q += d * d;
       }
     }
     q = group_sum<false>(q, red);
     const float rstd = rsqrtf(q * inv_n + p.eps);
     if (threadIdx.x == 0) {
-      if (p.mean != nullptr) p.mean[row] = mean;
+      if (p.mean != nullptr) p.mean[row] = pivot + shift;
       if (p.rstd != nullptr) p.rstd[row] = rstd;
     }
     for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
@@ -257,7 +263,7 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
       load<T, V>(x + col, v);
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
-      for (int k = 0; k < V; ++k) o[k] = (v[k] - mean) * rstd * g[k];
+      for (int k = 0; k < V; ++k) o[k] = ((v[k] - pivot) - shift) * rstd * g[k];
       if (beta != nullptr) {
         float b[V];
         load<T, V>(beta + col, b);
@@ -424,11 +430,12 @@ FTN_DEVICE void param_grad(const FtnLayerNormParamGradParams &p) {
   if (unit * V < p.cols) param_grad_columns<T, V>(p, unit * V);
 }
 
-// Block (32, 32): column blockIdx.x*32 + threadIdx.x; thread row ty sums
-// chunks ty, ty+32, ... in order, then ty == 0 adds the 32 sums in order.
+// Block (32, R), R <= 32: column blockIdx.x*32 + threadIdx.x; thread row ty
+// sums chunks ty, ty+R, ... in order, then ty == 0 adds the R sums in order.
+// The plan picks R from the chunk count, so the order is fixed per shape.
 template <typename T>
 FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33]) {
-  FTN_ASSERT(blockDim.x == 32 && blockDim.y == 32);
+  FTN_ASSERT(blockDim.x == 32 && blockDim.y <= 32);
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   const bool beta = blockIdx.y == 1;
   const float *partial = beta ? p.partial_beta : p.partial_gamma;
@@ -436,13 +443,13 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   if (out == nullptr) return;  // the whole block: this gradient is not wanted
   float s = 0.0f;
   if (c < p.cols) {
-    for (int64_t k = threadIdx.y; k < p.chunks; k += 32) s += partial[k * p.cols + c];
+    for (int64_t k = threadIdx.y; k < p.chunks; k += blockDim.y) s += partial[k * p.cols + c];
   }
   red[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < p.cols) {
     float t = 0.0f;
-    for (int k = 0; k < 32; ++k) t += red[k][threadIdx.x];
+    for (unsigned k = 0; k < blockDim.y; ++k) t += red[k][threadIdx.x];
     out[c] = ftn_from_float<T>(t);
   }
 }

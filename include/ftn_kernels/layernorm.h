@@ -72,7 +72,7 @@ typedef struct FtnLayerNormParamGradParams {
 /* Backward, stage two: dgamma[c] = sum over k of partial_gamma[k, c] and
  * dbeta[c] likewise, in a fixed order (deterministic), fp32 accumulation.
  * blockIdx.y = 0 sums gamma, 1 sums beta; a NULL output is skipped.
- * Block (32, 32).
+ * Block (32, R) with 1 <= R <= 32 (R threads split the chunks).
  * Kernels ftn_layernorm_column_sum_{dtype} (output dtype). */
 typedef struct FtnLayerNormColumnSumParams {
   void *dgamma;               /* [cols] or NULL */

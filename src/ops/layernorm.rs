@@ -300,14 +300,19 @@ impl Norm {
         // Parameter gradients first: they read dy, which dx may not alias
         // here (Rust borrows), but keeping this order costs nothing.
         if dgamma.is_some() || dbeta.is_some() {
-            let pg = plan::param_grads(rows, hidden, es, self.vectorize && aligned, dbeta.is_some());
+            let pg =
+                plan::param_grads(rows, hidden, es, self.vectorize && aligned, dbeta.is_some());
             let part = validate::elements(op, pg.chunks as usize, self.hidden)?;
             let count = if dbeta.is_some() { 2 } else { 1 };
-            let bytes = part
-                .checked_mul(4 * count)
-                .ok_or_else(|| Error::invalid(op, "hidden", "a workspace that fits", self.hidden))?;
+            let bytes = part.checked_mul(4 * count).ok_or_else(|| {
+                Error::invalid(op, "hidden", "a workspace that fits", self.hidden)
+            })?;
             let ws = stream.workspace(bytes)?;
-            let partial_beta = if dbeta.is_some() { ws + part as u64 * 4 } else { 0 };
+            let partial_beta = if dbeta.is_some() {
+                ws + part as u64 * 4
+            } else {
+                0
+            };
             let params = FtnLayerNormParamGradParams {
                 partial_gamma: ws as *mut f32,
                 partial_beta: partial_beta as *mut f32,
@@ -502,8 +507,7 @@ impl RmsNorm {
         dx: &mut DeviceBuffer<T>,
         dgamma: Option<&mut DeviceBuffer<T>>,
     ) -> Result<()> {
-        self.norm().backward(
-            RMS_BWD, stream, dy, x, None, rstd, gamma, dx, dgamma, None,
-        )
+        self.norm()
+            .backward(RMS_BWD, stream, dy, x, None, rstd, gamma, dx, dgamma, None)
     }
 }

@@ -80,6 +80,24 @@ pub fn backward(
     zero_centered: bool,
     rms: bool,
 ) -> Backward {
+    let (mean, rstd): (Vec<f64>, Vec<f64>) =
+        x.chunks(hidden).map(|r| row_stats(r, eps, rms)).unzip();
+    backward_with_stats(dy, x, hidden, gamma, &mean, &rstd, zero_centered, rms)
+}
+
+/// Gradients given the per-row statistics the forward saved (what the
+/// kernels' backward takes): `xhat = (x - mean) * rstd` (RMSNorm: mean 0).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_with_stats(
+    dy: &[f64],
+    x: &[f64],
+    hidden: usize,
+    gamma: Option<&[f64]>,
+    mean: &[f64],
+    rstd: &[f64],
+    zero_centered: bool,
+    rms: bool,
+) -> Backward {
     let g = effective_gamma(gamma, zero_centered, hidden);
     let n = hidden as f64;
     let mut out = Backward {
@@ -87,8 +105,9 @@ pub fn backward(
         dgamma: vec![0.0; hidden],
         dbeta: vec![0.0; hidden],
     };
-    for (row, drow) in x.chunks(hidden).zip(dy.chunks(hidden)) {
-        let (mean, rstd) = row_stats(row, eps, rms);
+    for (r, (row, drow)) in x.chunks(hidden).zip(dy.chunks(hidden)).enumerate() {
+        let mean = if rms { 0.0 } else { mean[r] };
+        let rstd = rstd[r];
         let xhat: Vec<f64> = row.iter().map(|&v| (v - mean) * rstd).collect();
         let dxhat: Vec<f64> = drow.iter().zip(&g).map(|(&d, &gc)| d * gc).collect();
         let m1 = if rms {
@@ -147,7 +166,11 @@ mod tests {
                     p[i] += h;
                     m[i] -= h;
                     let fd = (loss(&p, &gamma, &beta) - loss(&m, &gamma, &beta)) / (2.0 * h);
-                    assert!((fd - bw.dx[i]).abs() < 1e-6, "dx[{i}] rms={rms}: {fd} vs {}", bw.dx[i]);
+                    assert!(
+                        (fd - bw.dx[i]).abs() < 1e-6,
+                        "dx[{i}] rms={rms}: {fd} vs {}",
+                        bw.dx[i]
+                    );
                 }
                 for c in 0..4 {
                     let (mut p, mut m) = (gamma, gamma);

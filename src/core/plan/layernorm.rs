@@ -124,6 +124,8 @@ pub struct ParamGradPlan {
 /// Minimum rows per chunk, and the chunk count aimed at.
 pub const MIN_ROWS_PER_CHUNK: u64 = 16;
 pub const TARGET_CHUNKS: u64 = 256;
+/// Threads that split the chunks of one column in stage two, at most.
+pub const REDUCE_SPLIT: u64 = 8;
 /// Threads of a stage-one block at most.
 pub const PARAM_GRAD_THREADS: u64 = 256;
 
@@ -152,7 +154,7 @@ pub fn param_grads(
         chunks,
         reduce_cfg: LaunchConfig {
             grid: [div_ceil(hidden.max(1), 32) as u32, 1 + with_beta as u32, 1],
-            block: [32, 32, 1],
+            block: [32, chunks.min(REDUCE_SPLIT) as u32, 1],
             dynamic_smem_bytes: 0,
         },
     }
@@ -164,7 +166,22 @@ mod tests {
     use crate::core::launch::DeviceLimits;
 
     const HIDDEN: &[u64] = &[
-        1, 2, 7, 31, 33, 127, 1000, 1024, 1025, 4096, 4097, 8192, 12288, 12289, 65536, 1 << 20,
+        1,
+        2,
+        7,
+        31,
+        33,
+        127,
+        1000,
+        1024,
+        1025,
+        4096,
+        4097,
+        8192,
+        12288,
+        12289,
+        65536,
+        1 << 20,
     ];
 
     #[test]
@@ -243,6 +260,7 @@ mod tests {
                 assert!(DeviceLimits::SM90.check("k", &p.reduce_cfg).is_ok());
                 assert!(p.reduce_cfg.grid[0] as u64 * 32 >= h);
                 assert_eq!(p.reduce_cfg.grid[1], 2);
+                assert_eq!(p.reduce_cfg.block[1] as u64, p.chunks.min(REDUCE_SPLIT));
             }
         }
         assert_eq!(param_grads(9, 9, 4, true, false).reduce_cfg.grid[1], 1);
