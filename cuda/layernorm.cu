@@ -10,17 +10,20 @@
 // mean is pivot + shift rounded to fp32.
 //
 // Three row paths, chosen by the plan (src/core/plan/layernorm.rs) from cols:
-//   warp   (cols <= 1024): one warp per row, 4 rows per 128-thread block; the
-//          row lives in registers (32 fp32 per lane), reductions are shuffles.
-//   block  (cols <= 16384): one block per row (32..1024 threads, <= 16 fp32
+//   warp   (cols <= 1024): one warp per row, 4 rows per 128-thread block, a
+//          grid-stride loop over rows; the row lives in registers (32 fp32
+//          per lane), reductions are shuffles.
+//   block  (cols <= 12288): one block per row (32..512 threads, <= 24 fp32
 //          per thread in registers); warp shuffles then a shared-memory step.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it).
+// Block and global launches use a 2-D grid, one row per block (no row loop:
+// the compiler would hoist every gamma/beta load out of it and spill).
 // With 16-byte-aligned pointers and cols % (16 / sizeof(T)) == 0 every access
 // is one 128-bit load/store (`vec` > 1); otherwise scalar accesses.
-// Rows are walked with a grid stride, so any row count works.
+// ptxas (sm_80, sm_90a): zero spills in every kernel.
 //
-// Forward floor:  reads rows*cols*sizeof(T), writes rows*cols*sizeof(T) and
+// Forward floor: reads rows*cols*sizeof(T), writes rows*cols*sizeof(T) and
 //   8*rows bytes of statistics (gamma/beta: 2*cols*sizeof(T), cached).
 //   The global path reads x three times (twice more from L2 when it fits).
 //   ~10 FLOP per element: HBM-bound.
@@ -31,8 +34,12 @@
 //   (ftn_layernorm_param_grad_*) re-reads dy and x column-wise, each thread
 //   owning `vec` adjacent columns of a chunk of rows, and writes fp32 partial
 //   sums per chunk: 2*rows*cols*sizeof(T) + 2*chunks*cols*4 bytes. Stage two
-//   (ftn_layernorm_column_sum_*) sums the chunks in a fixed tree order:
+//   (ftn_layernorm_column_sum_*) sums the chunks in a fixed order:
 //   reads 2*chunks*cols*4, writes 2*cols*sizeof(T) bytes.
+//   So the whole backward moves ~5*rows*cols*sizeof(T) against a fused floor
+//   of 3*rows*cols*sizeof(T): accumulating dgamma/dbeta in registers inside
+//   the row kernels would need two more register copies of the row and
+//   spills on the block path; a fused variant is future work.
 #include "ftn_dtype.cuh"
 
 namespace {
