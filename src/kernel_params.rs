@@ -8,6 +8,8 @@
 
 pub const FTN_GELU_TANH: u32 = 0;
 pub const FTN_GELU_ERF: u32 = 1;
+pub const FTN_NORM_LAYER: u32 = 0;
+pub const FTN_NORM_RMS: u32 = 1;
 pub const FTN_MT_F32: u32 = 0;
 pub const FTN_MT_F16: u32 = 1;
 pub const FTN_MT_BF16: u32 = 2;
@@ -101,6 +103,171 @@ const _: () = {
         [::core::mem::offset_of!(FtnColumnSumParams, chunks) - 16usize];
     ["Offset of field: FtnColumnSumParams::cols"]
         [::core::mem::offset_of!(FtnColumnSumParams, cols) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnLayerNormFwdParams {
+    pub y: *mut ::core::ffi::c_void,
+    pub x: *const ::core::ffi::c_void,
+    pub gamma: *const ::core::ffi::c_void,
+    pub beta: *const ::core::ffi::c_void,
+    pub mean: *mut f32,
+    pub rstd: *mut f32,
+    pub rows: i64,
+    pub cols: i64,
+    pub eps: f32,
+    pub kind: u32,
+    pub zero_centered_gamma: u32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnLayerNormFwdParams"][::core::mem::size_of::<FtnLayerNormFwdParams>() - 80usize];
+    ["Alignment of FtnLayerNormFwdParams"]
+        [::core::mem::align_of::<FtnLayerNormFwdParams>() - 8usize];
+    ["Offset of field: FtnLayerNormFwdParams::y"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, y) - 0usize];
+    ["Offset of field: FtnLayerNormFwdParams::x"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, x) - 8usize];
+    ["Offset of field: FtnLayerNormFwdParams::gamma"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, gamma) - 16usize];
+    ["Offset of field: FtnLayerNormFwdParams::beta"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, beta) - 24usize];
+    ["Offset of field: FtnLayerNormFwdParams::mean"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, mean) - 32usize];
+    ["Offset of field: FtnLayerNormFwdParams::rstd"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, rstd) - 40usize];
+    ["Offset of field: FtnLayerNormFwdParams::rows"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, rows) - 48usize];
+    ["Offset of field: FtnLayerNormFwdParams::cols"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, cols) - 56usize];
+    ["Offset of field: FtnLayerNormFwdParams::eps"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, eps) - 64usize];
+    ["Offset of field: FtnLayerNormFwdParams::kind"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, kind) - 68usize];
+    ["Offset of field: FtnLayerNormFwdParams::zero_centered_gamma"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, zero_centered_gamma) - 72usize];
+    ["Offset of field: FtnLayerNormFwdParams::vec"]
+        [::core::mem::offset_of!(FtnLayerNormFwdParams, vec) - 76usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnLayerNormBwdParams {
+    pub dx: *mut ::core::ffi::c_void,
+    pub dy: *const ::core::ffi::c_void,
+    pub x: *const ::core::ffi::c_void,
+    pub gamma: *const ::core::ffi::c_void,
+    pub mean: *const f32,
+    pub rstd: *const f32,
+    pub rows: i64,
+    pub cols: i64,
+    pub kind: u32,
+    pub zero_centered_gamma: u32,
+    pub vec: u32,
+    pub reserved: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnLayerNormBwdParams"][::core::mem::size_of::<FtnLayerNormBwdParams>() - 80usize];
+    ["Alignment of FtnLayerNormBwdParams"]
+        [::core::mem::align_of::<FtnLayerNormBwdParams>() - 8usize];
+    ["Offset of field: FtnLayerNormBwdParams::dx"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, dx) - 0usize];
+    ["Offset of field: FtnLayerNormBwdParams::dy"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, dy) - 8usize];
+    ["Offset of field: FtnLayerNormBwdParams::x"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, x) - 16usize];
+    ["Offset of field: FtnLayerNormBwdParams::gamma"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, gamma) - 24usize];
+    ["Offset of field: FtnLayerNormBwdParams::mean"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, mean) - 32usize];
+    ["Offset of field: FtnLayerNormBwdParams::rstd"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, rstd) - 40usize];
+    ["Offset of field: FtnLayerNormBwdParams::rows"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, rows) - 48usize];
+    ["Offset of field: FtnLayerNormBwdParams::cols"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, cols) - 56usize];
+    ["Offset of field: FtnLayerNormBwdParams::kind"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, kind) - 64usize];
+    ["Offset of field: FtnLayerNormBwdParams::zero_centered_gamma"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, zero_centered_gamma) - 68usize];
+    ["Offset of field: FtnLayerNormBwdParams::vec"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, vec) - 72usize];
+    ["Offset of field: FtnLayerNormBwdParams::reserved"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, reserved) - 76usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnLayerNormParamGradParams {
+    pub partial_gamma: *mut f32,
+    pub partial_beta: *mut f32,
+    pub dy: *const ::core::ffi::c_void,
+    pub x: *const ::core::ffi::c_void,
+    pub mean: *const f32,
+    pub rstd: *const f32,
+    pub rows: i64,
+    pub cols: i64,
+    pub rows_per_chunk: i64,
+    pub kind: u32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnLayerNormParamGradParams"]
+        [::core::mem::size_of::<FtnLayerNormParamGradParams>() - 80usize];
+    ["Alignment of FtnLayerNormParamGradParams"]
+        [::core::mem::align_of::<FtnLayerNormParamGradParams>() - 8usize];
+    ["Offset of field: FtnLayerNormParamGradParams::partial_gamma"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, partial_gamma) - 0usize];
+    ["Offset of field: FtnLayerNormParamGradParams::partial_beta"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, partial_beta) - 8usize];
+    ["Offset of field: FtnLayerNormParamGradParams::dy"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, dy) - 16usize];
+    ["Offset of field: FtnLayerNormParamGradParams::x"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, x) - 24usize];
+    ["Offset of field: FtnLayerNormParamGradParams::mean"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, mean) - 32usize];
+    ["Offset of field: FtnLayerNormParamGradParams::rstd"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, rstd) - 40usize];
+    ["Offset of field: FtnLayerNormParamGradParams::rows"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, rows) - 48usize];
+    ["Offset of field: FtnLayerNormParamGradParams::cols"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, cols) - 56usize];
+    ["Offset of field: FtnLayerNormParamGradParams::rows_per_chunk"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, rows_per_chunk) - 64usize];
+    ["Offset of field: FtnLayerNormParamGradParams::kind"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, kind) - 72usize];
+    ["Offset of field: FtnLayerNormParamGradParams::vec"]
+        [::core::mem::offset_of!(FtnLayerNormParamGradParams, vec) - 76usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnLayerNormColumnSumParams {
+    pub dgamma: *mut ::core::ffi::c_void,
+    pub dbeta: *mut ::core::ffi::c_void,
+    pub partial_gamma: *const f32,
+    pub partial_beta: *const f32,
+    pub chunks: i64,
+    pub cols: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnLayerNormColumnSumParams"]
+        [::core::mem::size_of::<FtnLayerNormColumnSumParams>() - 48usize];
+    ["Alignment of FtnLayerNormColumnSumParams"]
+        [::core::mem::align_of::<FtnLayerNormColumnSumParams>() - 8usize];
+    ["Offset of field: FtnLayerNormColumnSumParams::dgamma"]
+        [::core::mem::offset_of!(FtnLayerNormColumnSumParams, dgamma) - 0usize];
+    ["Offset of field: FtnLayerNormColumnSumParams::dbeta"]
+        [::core::mem::offset_of!(FtnLayerNormColumnSumParams, dbeta) - 8usize];
+    ["Offset of field: FtnLayerNormColumnSumParams::partial_gamma"]
+        [::core::mem::offset_of!(FtnLayerNormColumnSumParams, partial_gamma) - 16usize];
+    ["Offset of field: FtnLayerNormColumnSumParams::partial_beta"]
+        [::core::mem::offset_of!(FtnLayerNormColumnSumParams, partial_beta) - 24usize];
+    ["Offset of field: FtnLayerNormColumnSumParams::chunks"]
+        [::core::mem::offset_of!(FtnLayerNormColumnSumParams, chunks) - 32usize];
+    ["Offset of field: FtnLayerNormColumnSumParams::cols"]
+        [::core::mem::offset_of!(FtnLayerNormColumnSumParams, cols) - 40usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

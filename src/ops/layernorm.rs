@@ -1,1 +1,513 @@
-//! (in progress: issue 3) Typed op for cuda/layernorm.cu.
+//! LayerNorm and RMSNorm, forward and backward (kernels: `cuda/layernorm.cu`,
+//! oracle: [`crate::reference::layernorm`]).
+//!
+//! Both normalise every row of a row-major `[rows, hidden]` matrix over its
+//! `hidden` columns, with fp32 statistics and arithmetic for fp32, fp16 and
+//! bf16 storage. Any `hidden >= 1` works (a warp-per-row path up to 1024, a
+//! block-per-row path up to 12288, a path through global memory beyond).
+//!
+//! * LayerNorm: `y = (x - mean) * rsqrt(var + eps) * g + beta`, biased
+//!   variance (divide by `hidden`), computed two-pass (never
+//!   `E[x^2] - E[x]^2`).
+//! * RMSNorm: `y = x * rsqrt(mean(x^2) + eps) * g`.
+//!
+//! `g` is `gamma`, or `gamma + 1` with `zero_centered_gamma`, or 1 when no
+//! gamma is given; a missing beta is 0. The forward saves `mean` (LayerNorm)
+//! and `rstd = rsqrt(var + eps)` per row, fp32, for the backward.
+//! The backward gives `dx` and, if asked, `dgamma` (gradient of the stored
+//! gamma, so the same with zero-centred gamma) and `dbeta`. Those two are
+//! reduced over rows without float atomics, in a fixed order: bitwise
+//! identical across runs for a given shape.
+//!
+//! `eps` must be finite and `> 0` (with `eps = 0` a constant row would give
+//! an infinite rstd).
+//!
+//! ```no_run
+//! use ferrotron::{Device, ops::LayerNorm};
+//! let dev = Device::emu();
+//! let stream = dev.new_stream()?;
+//! let x = dev.upload(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 7.0])?;
+//! let gamma = dev.upload(&[1.0f32, 1.0, 2.0])?;
+//! let mut y = dev.alloc_zeros::<f32>(6)?;
+//! let mut mean = dev.alloc_zeros::<f32>(2)?;
+//! let mut rstd = dev.alloc_zeros::<f32>(2)?;
+//! LayerNorm::new(2, 3).forward(&stream, &x, Some(&gamma), None, &mut y, &mut mean, &mut rstd)?;
+//! println!("{:?}", y.to_host()?);
+//! # Ok::<(), ferrotron::Error>(())
+//! ```
+
+use super::{all_aligned16, check_buffer};
+use crate::backend::{DeviceBuffer, Stream};
+use crate::core::dtype::FloatElement;
+use crate::core::plan::layernorm::{self as plan, RowPath};
+use crate::core::{validate, DType, Result};
+use crate::kernel_params::{
+    FtnLayerNormBwdParams, FtnLayerNormColumnSumParams, FtnLayerNormFwdParams,
+    FtnLayerNormParamGradParams, FTN_NORM_LAYER, FTN_NORM_RMS,
+};
+use crate::kernels::{self, Kernel};
+use crate::Error;
+
+/// The default `eps` (Megatron, Apex, PyTorch).
+pub const DEFAULT_EPS: f32 = 1e-5;
+
+/// LayerNorm over the last dimension of a `[rows, hidden]` matrix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerNorm {
+    pub rows: usize,
+    pub hidden: usize,
+    /// Added to the variance; finite and `> 0`. Default [`DEFAULT_EPS`].
+    pub eps: f32,
+    /// Scale by `gamma + 1` (gamma stored centred on zero).
+    pub zero_centered_gamma: bool,
+    /// Use 128-bit accesses where the data allows (default). `false` forces
+    /// the scalar path: for comparisons in benches and tests.
+    pub vectorize: bool,
+}
+
+/// RMSNorm over the last dimension of a `[rows, hidden]` matrix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNorm {
+    pub rows: usize,
+    pub hidden: usize,
+    /// Added to `mean(x^2)`; finite and `> 0`. Default [`DEFAULT_EPS`].
+    pub eps: f32,
+    /// Scale by `gamma + 1` (gamma stored centred on zero).
+    pub zero_centered_gamma: bool,
+    /// As [`LayerNorm::vectorize`].
+    pub vectorize: bool,
+}
+
+const LN_FWD: &str = "layer_norm_forward";
+const LN_BWD: &str = "layer_norm_backward";
+const RMS_FWD: &str = "rms_norm_forward";
+const RMS_BWD: &str = "rms_norm_backward";
+
+macro_rules! per_dtype {
+    ($d:expr, $f32:ident, $f16:ident, $bf16:ident) => {
+        match $d {
+            DType::F16 => &kernels::$f16,
+            DType::BF16 => &kernels::$bf16,
+            _ => &kernels::$f32,
+        }
+    };
+}
+
+fn fwd_kernel(d: DType, path: RowPath) -> &'static Kernel<FtnLayerNormFwdParams> {
+    match path {
+        RowPath::Warp => per_dtype!(
+            d,
+            FTN_LAYERNORM_FWD_WARP_F32,
+            FTN_LAYERNORM_FWD_WARP_F16,
+            FTN_LAYERNORM_FWD_WARP_BF16
+        ),
+        RowPath::Block => per_dtype!(
+            d,
+            FTN_LAYERNORM_FWD_BLOCK_F32,
+            FTN_LAYERNORM_FWD_BLOCK_F16,
+            FTN_LAYERNORM_FWD_BLOCK_BF16
+        ),
+        RowPath::Global => per_dtype!(
+            d,
+            FTN_LAYERNORM_FWD_GLOBAL_F32,
+            FTN_LAYERNORM_FWD_GLOBAL_F16,
+            FTN_LAYERNORM_FWD_GLOBAL_BF16
+        ),
+    }
+}
+
+fn bwd_kernel(d: DType, path: RowPath) -> &'static Kernel<FtnLayerNormBwdParams> {
+    match path {
+        RowPath::Warp => per_dtype!(
+            d,
+            FTN_LAYERNORM_BWD_WARP_F32,
+            FTN_LAYERNORM_BWD_WARP_F16,
+            FTN_LAYERNORM_BWD_WARP_BF16
+        ),
+        RowPath::Block => per_dtype!(
+            d,
+            FTN_LAYERNORM_BWD_BLOCK_F32,
+            FTN_LAYERNORM_BWD_BLOCK_F16,
+            FTN_LAYERNORM_BWD_BLOCK_BF16
+        ),
+        RowPath::Global => per_dtype!(
+            d,
+            FTN_LAYERNORM_BWD_GLOBAL_F32,
+            FTN_LAYERNORM_BWD_GLOBAL_F16,
+            FTN_LAYERNORM_BWD_GLOBAL_BF16
+        ),
+    }
+}
+
+fn param_grad_kernel(d: DType) -> &'static Kernel<FtnLayerNormParamGradParams> {
+    per_dtype!(
+        d,
+        FTN_LAYERNORM_PARAM_GRAD_F32,
+        FTN_LAYERNORM_PARAM_GRAD_F16,
+        FTN_LAYERNORM_PARAM_GRAD_BF16
+    )
+}
+
+fn column_sum_kernel(d: DType) -> &'static Kernel<FtnLayerNormColumnSumParams> {
+    per_dtype!(
+        d,
+        FTN_LAYERNORM_COLUMN_SUM_F32,
+        FTN_LAYERNORM_COLUMN_SUM_F16,
+        FTN_LAYERNORM_COLUMN_SUM_BF16
+    )
+}
+
+/// What LayerNorm and RMSNorm share.
+#[derive(Clone, Copy)]
+struct Norm {
+    rows: usize,
+    hidden: usize,
+    eps: f32,
+    zero_centered_gamma: bool,
+    vectorize: bool,
+    rms: bool,
+}
+
+impl Norm {
+    fn kind(&self) -> u32 {
+        if self.rms {
+            FTN_NORM_RMS
+        } else {
+            FTN_NORM_LAYER
+        }
+    }
+
+    /// Checks the shape and eps; returns `rows * hidden`.
+    fn check_shape(&self, op: &'static str, check_eps: bool) -> Result<usize> {
+        validate::positive(op, "hidden", self.hidden)?;
+        let n = validate::elements(op, self.rows, self.hidden)?;
+        let bytes_ok = n
+            .checked_mul(4)
+            .is_some_and(|b| b <= isize::MAX as usize && n <= i64::MAX as usize);
+        if !bytes_ok {
+            return Err(Error::invalid(
+                op,
+                "rows * hidden",
+                "a matrix whose fp32 size fits in isize",
+                n,
+            ));
+        }
+        if check_eps && !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(Error::invalid(op, "eps", "a finite value > 0", self.eps));
+        }
+        Ok(n)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward<T: FloatElement>(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+        x: &DeviceBuffer<T>,
+        gamma: Option<&DeviceBuffer<T>>,
+        beta: Option<&DeviceBuffer<T>>,
+        y: &mut DeviceBuffer<T>,
+        mean: Option<&mut DeviceBuffer<f32>>,
+        rstd: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let n = self.check_shape(op, true)?;
+        check_buffer(op, "x", stream, x, n)?;
+        check_buffer(op, "y", stream, y, n)?;
+        if let Some(g) = gamma {
+            check_buffer(op, "gamma", stream, g, self.hidden)?;
+        }
+        if let Some(b) = beta {
+            check_buffer(op, "beta", stream, b, self.hidden)?;
+        }
+        if let Some(m) = mean.as_deref() {
+            check_buffer(op, "mean", stream, m, self.rows)?;
+        }
+        check_buffer(op, "rstd", stream, rstd, self.rows)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let gamma_addr = gamma.map_or(0, DeviceBuffer::addr);
+        let beta_addr = beta.map_or(0, DeviceBuffer::addr);
+        let p = plan::rows(
+            self.rows as u64,
+            self.hidden as u64,
+            T::DTYPE.size(),
+            self.vectorize && all_aligned16(&[x.addr(), y.addr(), gamma_addr, beta_addr]),
+        );
+        let params = FtnLayerNormFwdParams {
+            y: y.addr() as *mut _,
+            x: x.addr() as *const _,
+            gamma: gamma_addr as *const _,
+            beta: beta_addr as *const _,
+            mean: mean.map_or(0, |m| m.addr()) as *mut f32,
+            rstd: rstd.addr() as *mut f32,
+            rows: self.rows as i64,
+            cols: self.hidden as i64,
+            eps: self.eps,
+            kind: self.kind(),
+            zero_centered_gamma: self.zero_centered_gamma as u32,
+            vec: p.vec,
+        };
+        stream.launch(fwd_kernel(T::DTYPE, p.path), p.cfg, params)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward<T: FloatElement>(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+        dy: &DeviceBuffer<T>,
+        x: &DeviceBuffer<T>,
+        mean: Option<&DeviceBuffer<f32>>,
+        rstd: &DeviceBuffer<f32>,
+        gamma: Option<&DeviceBuffer<T>>,
+        dx: &mut DeviceBuffer<T>,
+        dgamma: Option<&mut DeviceBuffer<T>>,
+        dbeta: Option<&mut DeviceBuffer<T>>,
+    ) -> Result<()> {
+        let n = self.check_shape(op, false)?;
+        check_buffer(op, "dy", stream, dy, n)?;
+        check_buffer(op, "x", stream, x, n)?;
+        check_buffer(op, "dx", stream, dx, n)?;
+        if let Some(m) = mean {
+            check_buffer(op, "mean", stream, m, self.rows)?;
+        }
+        check_buffer(op, "rstd", stream, rstd, self.rows)?;
+        if let Some(g) = gamma {
+            check_buffer(op, "gamma", stream, g, self.hidden)?;
+        }
+        if let Some(g) = dgamma.as_deref() {
+            check_buffer(op, "dgamma", stream, g, self.hidden)?;
+        }
+        if let Some(b) = dbeta.as_deref() {
+            check_buffer(op, "dbeta", stream, b, self.hidden)?;
+        }
+        if n == 0 {
+            // No rows: the parameter gradients are zero.
+            if let Some(g) = dgamma {
+                stream.fill_bytes(g, 0)?;
+            }
+            if let Some(b) = dbeta {
+                stream.fill_bytes(b, 0)?;
+            }
+            return Ok(());
+        }
+        let mean_addr = mean.map_or(0, DeviceBuffer::addr);
+        let gamma_addr = gamma.map_or(0, DeviceBuffer::addr);
+        let aligned = all_aligned16(&[dy.addr(), x.addr(), dx.addr(), gamma_addr]);
+        let (rows, hidden, es) = (self.rows as u64, self.hidden as u64, T::DTYPE.size());
+
+        // Parameter gradients first: they read dy, which dx may not alias
+        // here (Rust borrows), but keeping this order costs nothing.
+        if dgamma.is_some() || dbeta.is_some() {
+            let pg =
+                plan::param_grads(rows, hidden, es, self.vectorize && aligned, dbeta.is_some());
+            let part = validate::elements(op, pg.chunks as usize, self.hidden)?;
+            let count = if dbeta.is_some() { 2 } else { 1 };
+            let bytes = part.checked_mul(4 * count).ok_or_else(|| {
+                Error::invalid(op, "hidden", "a workspace that fits", self.hidden)
+            })?;
+            let ws = stream.workspace(bytes)?;
+            let partial_beta = if dbeta.is_some() {
+                ws + part as u64 * 4
+            } else {
+                0
+            };
+            let params = FtnLayerNormParamGradParams {
+                partial_gamma: ws as *mut f32,
+                partial_beta: partial_beta as *mut f32,
+                dy: dy.addr() as *const _,
+                x: x.addr() as *const _,
+                mean: mean_addr as *const f32,
+                rstd: rstd.addr() as *const f32,
+                rows: self.rows as i64,
+                cols: self.hidden as i64,
+                rows_per_chunk: pg.rows_per_chunk as i64,
+                kind: self.kind(),
+                vec: pg.vec,
+            };
+            stream.launch(param_grad_kernel(T::DTYPE), pg.cfg, params)?;
+            let sum = FtnLayerNormColumnSumParams {
+                dgamma: dgamma.map_or(0, |g| g.addr()) as *mut _,
+                dbeta: dbeta.map_or(0, |b| b.addr()) as *mut _,
+                partial_gamma: ws as *const f32,
+                partial_beta: partial_beta as *const f32,
+                chunks: pg.chunks as i64,
+                cols: self.hidden as i64,
+            };
+            stream.launch(column_sum_kernel(T::DTYPE), pg.reduce_cfg, sum)?;
+        }
+
+        let p = plan::rows(rows, hidden, es, self.vectorize && aligned);
+        let params = FtnLayerNormBwdParams {
+            dx: dx.addr() as *mut _,
+            dy: dy.addr() as *const _,
+            x: x.addr() as *const _,
+            gamma: gamma_addr as *const _,
+            mean: mean_addr as *const f32,
+            rstd: rstd.addr() as *const f32,
+            rows: self.rows as i64,
+            cols: self.hidden as i64,
+            kind: self.kind(),
+            zero_centered_gamma: self.zero_centered_gamma as u32,
+            vec: p.vec,
+            reserved: 0,
+        };
+        stream.launch(bwd_kernel(T::DTYPE, p.path), p.cfg, params)
+    }
+}
+
+impl LayerNorm {
+    /// `[rows, hidden]`, eps 1e-5, plain gamma, vectorised.
+    pub fn new(rows: usize, hidden: usize) -> Self {
+        LayerNorm {
+            rows,
+            hidden,
+            eps: DEFAULT_EPS,
+            zero_centered_gamma: false,
+            vectorize: true,
+        }
+    }
+
+    pub fn with_eps(self, eps: f32) -> Self {
+        LayerNorm { eps, ..self }
+    }
+
+    pub fn with_zero_centered_gamma(self, zero_centered_gamma: bool) -> Self {
+        LayerNorm {
+            zero_centered_gamma,
+            ..self
+        }
+    }
+
+    pub fn with_vectorize(self, vectorize: bool) -> Self {
+        LayerNorm { vectorize, ..self }
+    }
+
+    fn norm(&self) -> Norm {
+        Norm {
+            rows: self.rows,
+            hidden: self.hidden,
+            eps: self.eps,
+            zero_centered_gamma: self.zero_centered_gamma,
+            vectorize: self.vectorize,
+            rms: false,
+        }
+    }
+
+    /// `y = (x - mean) * rstd * g + beta`; writes `mean[rows]` and
+    /// `rstd[rows]` (fp32) for [`LayerNorm::backward`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        x: &DeviceBuffer<T>,
+        gamma: Option<&DeviceBuffer<T>>,
+        beta: Option<&DeviceBuffer<T>>,
+        y: &mut DeviceBuffer<T>,
+        mean: &mut DeviceBuffer<f32>,
+        rstd: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        self.norm()
+            .forward(LN_FWD, stream, x, gamma, beta, y, Some(mean), rstd)
+    }
+
+    /// `dx`, and if given `dgamma = sum_rows dy * xhat`, `dbeta = sum_rows dy`
+    /// (deterministic). `mean`, `rstd` come from the forward on the same `x`;
+    /// `gamma` is the forward's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        dy: &DeviceBuffer<T>,
+        x: &DeviceBuffer<T>,
+        mean: &DeviceBuffer<f32>,
+        rstd: &DeviceBuffer<f32>,
+        gamma: Option<&DeviceBuffer<T>>,
+        dx: &mut DeviceBuffer<T>,
+        dgamma: Option<&mut DeviceBuffer<T>>,
+        dbeta: Option<&mut DeviceBuffer<T>>,
+    ) -> Result<()> {
+        self.norm().backward(
+            LN_BWD,
+            stream,
+            dy,
+            x,
+            Some(mean),
+            rstd,
+            gamma,
+            dx,
+            dgamma,
+            dbeta,
+        )
+    }
+}
+
+impl RmsNorm {
+    /// `[rows, hidden]`, eps 1e-5, plain gamma, vectorised.
+    pub fn new(rows: usize, hidden: usize) -> Self {
+        RmsNorm {
+            rows,
+            hidden,
+            eps: DEFAULT_EPS,
+            zero_centered_gamma: false,
+            vectorize: true,
+        }
+    }
+
+    pub fn with_eps(self, eps: f32) -> Self {
+        RmsNorm { eps, ..self }
+    }
+
+    pub fn with_zero_centered_gamma(self, zero_centered_gamma: bool) -> Self {
+        RmsNorm {
+            zero_centered_gamma,
+            ..self
+        }
+    }
+
+    pub fn with_vectorize(self, vectorize: bool) -> Self {
+        RmsNorm { vectorize, ..self }
+    }
+
+    fn norm(&self) -> Norm {
+        Norm {
+            rows: self.rows,
+            hidden: self.hidden,
+            eps: self.eps,
+            zero_centered_gamma: self.zero_centered_gamma,
+            vectorize: self.vectorize,
+            rms: true,
+        }
+    }
+
+    /// `y = x * rstd * g`; writes `rstd[rows]` (fp32) for
+    /// [`RmsNorm::backward`].
+    pub fn forward<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        x: &DeviceBuffer<T>,
+        gamma: Option<&DeviceBuffer<T>>,
+        y: &mut DeviceBuffer<T>,
+        rstd: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        self.norm()
+            .forward(RMS_FWD, stream, x, gamma, None, y, None, rstd)
+    }
+
+    /// `dx`, and if given `dgamma = sum_rows dy * x * rstd` (deterministic).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        dy: &DeviceBuffer<T>,
+        x: &DeviceBuffer<T>,
+        rstd: &DeviceBuffer<f32>,
+        gamma: Option<&DeviceBuffer<T>>,
+        dx: &mut DeviceBuffer<T>,
+        dgamma: Option<&mut DeviceBuffer<T>>,
+    ) -> Result<()> {
+        self.norm()
+            .backward(RMS_BWD, stream, dy, x, None, rstd, gamma, dx, dgamma, None)
+    }
+}

@@ -8,6 +8,7 @@ pub mod multi_tensor;
 pub mod softmax;
 
 pub use bias_gelu::{BiasGelu, Gelu};
+pub use layernorm::{LayerNorm, RmsNorm};
 
 use crate::backend::{DeviceBuffer, Stream};
 use crate::core::{validate, Element, Result};

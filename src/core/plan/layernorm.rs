@@ -1,1 +1,277 @@
-//! (in progress: issue 3) Launch plans for cuda/layernorm.cu.
+//! Plans for the LayerNorm / RMSNorm kernels (`cuda/layernorm.cu`).
+//!
+//! The row path depends on the hidden size alone (the register budget per
+//! thread is the same fp32 count for every storage dtype); the access width
+//! depends on the dtype and on alignment; the chunking of the parameter
+//! gradients on the row count alone, so dgamma/dbeta are bitwise
+//! reproducible for a shape.
+
+use super::{div_ceil, vector_width};
+use crate::core::launch::LaunchConfig;
+
+/// How one row is normalised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowPath {
+    /// One warp per row, the row in registers (`hidden <= WARP_MAX_HIDDEN`).
+    Warp,
+    /// One block per row, the row in registers (`hidden <= BLOCK_MAX_HIDDEN`).
+    Block,
+    /// One block per row, nothing cached: passes over global memory.
+    Global,
+}
+
+/// fp32 values per lane in the warp path (`kWarpItems` in the kernel).
+pub const WARP_ITEMS: u64 = 32;
+/// Rows (warps) per block in the warp path (`kWarpRows`).
+pub const WARP_ROWS: u32 = 4;
+/// fp32 values per thread in the block path (`kBlockItems`).
+pub const BLOCK_ITEMS: u64 = 24;
+/// Most threads of a block-path block (`kBlockThreads`, its launch bound).
+pub const BLOCK_THREADS: u32 = 512;
+/// Threads of a global-path block.
+pub const GLOBAL_THREADS: u32 = 1024;
+/// Widest row of the warp path.
+pub const WARP_MAX_HIDDEN: u64 = 32 * WARP_ITEMS;
+/// Widest row of the block path.
+pub const BLOCK_MAX_HIDDEN: u64 = BLOCK_THREADS as u64 * BLOCK_ITEMS;
+/// Blocks of a grid-stride warp-path launch.
+pub const MAX_WARP_BLOCKS: u64 = 1 << 16;
+/// Columns of the grid in x for block-per-row launches (rows spill into y).
+pub const ROW_GRID_X: u64 = 1 << 16;
+/// Most rows a block-per-row launch can cover (`ROW_GRID_X * 65535`).
+pub const MAX_BLOCK_ROWS: u64 = ROW_GRID_X * 65535;
+
+/// Forward and input-gradient launch of one path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowPlan {
+    pub path: RowPath,
+    pub cfg: LaunchConfig,
+    /// Elements per 128-bit access (1 = scalar path).
+    pub vec: u32,
+}
+
+/// The row path for a hidden size.
+pub const fn path(hidden: u64) -> RowPath {
+    if hidden <= WARP_MAX_HIDDEN {
+        RowPath::Warp
+    } else if hidden <= BLOCK_MAX_HIDDEN {
+        RowPath::Block
+    } else {
+        RowPath::Global
+    }
+}
+
+/// Access width: 128-bit when every pointer is 16-byte aligned and rows
+/// start on a vector boundary (`hidden % vec == 0`).
+pub fn vec_width(hidden: u64, elem_size: usize, aligned16: bool) -> u32 {
+    let v = vector_width(elem_size, aligned16);
+    if hidden % v as u64 == 0 {
+        v
+    } else {
+        1
+    }
+}
+
+/// Grid covering `rows` rows one block each (x fastest).
+fn row_grid(rows: u64) -> [u32; 3] {
+    let rows = rows.max(1);
+    let x = rows.min(ROW_GRID_X);
+    let y = div_ceil(rows, x).min(u32::MAX as u64);
+    [x as u32, y as u32, 1]
+}
+
+/// Plan of the forward and of the input gradient (same shape of launch).
+/// `rows` above [`MAX_BLOCK_ROWS`] on the block/global paths give a grid
+/// the launch check rejects.
+pub fn rows(rows: u64, hidden: u64, elem_size: usize, aligned16: bool) -> RowPlan {
+    let vec = vec_width(hidden, elem_size, aligned16);
+    let path = path(hidden);
+    let cfg = match path {
+        RowPath::Warp => LaunchConfig::linear(
+            div_ceil(rows.max(1), WARP_ROWS as u64).min(MAX_WARP_BLOCKS) as u32,
+            32 * WARP_ROWS,
+        ),
+        RowPath::Block => {
+            // Aim at ~8 values per thread; at most BLOCK_ITEMS.
+            let threads = (div_ceil(div_ceil(hidden, 8), 32) * 32).clamp(32, BLOCK_THREADS as u64);
+            LaunchConfig {
+                grid: row_grid(rows),
+                block: [threads as u32, 1, 1],
+                dynamic_smem_bytes: 0,
+            }
+        }
+        RowPath::Global => LaunchConfig {
+            grid: row_grid(rows),
+            block: [GLOBAL_THREADS, 1, 1],
+            dynamic_smem_bytes: 0,
+        },
+    };
+    RowPlan { path, cfg, vec }
+}
+
+/// The parameter-gradient reduction: stage one tiles (column groups) x
+/// (row chunks); stage two sums the chunks per column in a fixed order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamGradPlan {
+    pub cfg: LaunchConfig,
+    pub vec: u32,
+    pub rows_per_chunk: u64,
+    pub chunks: u64,
+    /// Stage two, `gridDim.y` = 1 (gamma only) or 2 (gamma and beta).
+    pub reduce_cfg: LaunchConfig,
+}
+
+/// Minimum rows per chunk, and the chunk count aimed at.
+pub const MIN_ROWS_PER_CHUNK: u64 = 16;
+pub const TARGET_CHUNKS: u64 = 256;
+/// Threads that split the chunks of one column in stage two, at most.
+pub const REDUCE_SPLIT: u64 = 8;
+/// Threads of a stage-one block at most.
+pub const PARAM_GRAD_THREADS: u64 = 256;
+
+/// `with_beta`: also reduce dbeta (LayerNorm with a beta gradient).
+pub fn param_grads(
+    rows: u64,
+    hidden: u64,
+    elem_size: usize,
+    aligned16: bool,
+    with_beta: bool,
+) -> ParamGradPlan {
+    let vec = vec_width(hidden, elem_size, aligned16);
+    let col_units = div_ceil(hidden, vec as u64).max(1);
+    let threads = (div_ceil(col_units, 32) * 32).min(PARAM_GRAD_THREADS);
+    let col_blocks = div_ceil(col_units, threads);
+    let rows_per_chunk = div_ceil(rows, TARGET_CHUNKS).max(MIN_ROWS_PER_CHUNK);
+    let chunks = div_ceil(rows, rows_per_chunk).max(1);
+    ParamGradPlan {
+        cfg: LaunchConfig {
+            grid: [col_blocks as u32, chunks as u32, 1],
+            block: [threads as u32, 1, 1],
+            dynamic_smem_bytes: 0,
+        },
+        vec,
+        rows_per_chunk,
+        chunks,
+        reduce_cfg: LaunchConfig {
+            grid: [div_ceil(hidden.max(1), 32) as u32, 1 + with_beta as u32, 1],
+            block: [32, chunks.min(REDUCE_SPLIT) as u32, 1],
+            dynamic_smem_bytes: 0,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::launch::DeviceLimits;
+
+    const HIDDEN: &[u64] = &[
+        1,
+        2,
+        7,
+        31,
+        33,
+        127,
+        1000,
+        1024,
+        1025,
+        4096,
+        4097,
+        8192,
+        12288,
+        12289,
+        65536,
+        1 << 20,
+    ];
+
+    #[test]
+    fn path_depends_on_hidden_only() {
+        assert_eq!(path(1), RowPath::Warp);
+        assert_eq!(path(1024), RowPath::Warp);
+        assert_eq!(path(1025), RowPath::Block);
+        assert_eq!(path(12288), RowPath::Block);
+        assert_eq!(path(12289), RowPath::Global);
+        assert_eq!(path(65536), RowPath::Global);
+        for &h in HIDDEN {
+            for es in [2, 4] {
+                let a = rows(5, h, es, true);
+                let b = rows(5, h, es, false);
+                assert_eq!(a.path, b.path);
+                assert_eq!(a.cfg, b.cfg);
+                assert_eq!(b.vec, 1);
+            }
+        }
+    }
+
+    #[test]
+    fn vector_width_needs_alignment_and_whole_vectors() {
+        assert_eq!(vec_width(1024, 4, true), 4);
+        assert_eq!(vec_width(1024, 2, true), 8);
+        assert_eq!(vec_width(1028, 2, true), 1);
+        assert_eq!(vec_width(1028, 4, true), 4);
+        assert_eq!(vec_width(7, 4, true), 1);
+        assert_eq!(vec_width(1024, 2, false), 1);
+    }
+
+    #[test]
+    fn row_plans_fit_the_kernels_and_the_device() {
+        for &h in HIDDEN {
+            for &r in &[1u64, 3, 4, 5, 1000, 70_000, 1 << 26] {
+                for es in [2usize, 4] {
+                    let p = rows(r, h, es, true);
+                    assert!(DeviceLimits::SM90.check("k", &p.cfg).is_ok(), "{r}x{h}");
+                    let threads = p.cfg.threads_per_block();
+                    match p.path {
+                        RowPath::Warp => {
+                            assert_eq!(threads, 128);
+                            assert!(h <= 32 * WARP_ITEMS);
+                        }
+                        RowPath::Block => {
+                            assert!(threads % 32 == 0 && threads <= BLOCK_THREADS as u64);
+                            assert!(threads * BLOCK_ITEMS >= h, "{h}: {threads}");
+                            // The kernel's chunks hold whole vectors.
+                            assert_eq!(BLOCK_ITEMS % p.vec as u64, 0);
+                        }
+                        RowPath::Global => assert_eq!(threads, 1024),
+                    }
+                    if p.path != RowPath::Warp {
+                        let covered = p.cfg.grid[0] as u64 * p.cfg.grid[1] as u64;
+                        assert!(covered >= r && covered - r < p.cfg.grid[0] as u64);
+                    }
+                }
+            }
+        }
+        // Too many rows for one launch: the launch check reports it.
+        let p = rows(MAX_BLOCK_ROWS + 1, 5000, 2, true);
+        assert!(DeviceLimits::SM90.check("k", &p.cfg).is_err());
+    }
+
+    #[test]
+    fn param_grad_plans_cover_every_row_and_column() {
+        for &h in HIDDEN {
+            for &r in &[1u64, 15, 16, 17, 1000, 4097, 100_000] {
+                let p = param_grads(r, h, 2, true, true);
+                assert!(p.chunks * p.rows_per_chunk >= r);
+                assert!((p.chunks - 1) * p.rows_per_chunk < r.max(1));
+                let covered = p.cfg.grid[0] as u64 * p.cfg.block[0] as u64 * p.vec as u64;
+                assert!(covered >= h);
+                assert_eq!(h % p.vec as u64, 0);
+                assert!(DeviceLimits::SM90.check("k", &p.cfg).is_ok());
+                assert!(DeviceLimits::SM90.check("k", &p.reduce_cfg).is_ok());
+                assert!(p.reduce_cfg.grid[0] as u64 * 32 >= h);
+                assert_eq!(p.reduce_cfg.grid[1], 2);
+                assert_eq!(p.reduce_cfg.block[1] as u64, p.chunks.min(REDUCE_SPLIT));
+            }
+        }
+        assert_eq!(param_grads(9, 9, 4, true, false).reduce_cfg.grid[1], 1);
+    }
+
+    #[test]
+    fn chunking_depends_on_rows_only() {
+        let a = param_grads(10_000, 512, 2, true, true);
+        let b = param_grads(10_000, 512, 4, false, false);
+        assert_eq!(a.rows_per_chunk, b.rows_per_chunk);
+        assert_eq!(a.chunks, b.chunks);
+        assert_ne!(a.vec, b.vec);
+    }
+}

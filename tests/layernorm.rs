@@ -1,0 +1,637 @@
+//! LayerNorm and RMSNorm against the float64 oracle: every dtype, hidden
+//! sizes over all three row paths (warp, block, global) including primes and
+//! non-multiples of the vector width, with and without gamma/beta,
+//! zero-centred gamma, a large common offset (catches one-pass variance),
+//! tiny magnitudes, scalar and vector access, saved statistics, dx/dgamma/
+//! dbeta, bitwise-reproducible parameter gradients, and argument checks.
+
+mod common;
+
+use common::{assert_close, devices, rel_err, to_f64, tolerance, Rng};
+use ferrotron::core::dtype::FloatElement;
+use ferrotron::ops::{LayerNorm, RmsNorm};
+use ferrotron::reference::layernorm as oracle;
+use ferrotron::{DType, Device, DeviceBuffer, Stream};
+use half::{bf16, f16};
+
+/// Every hidden size the task lists: 1, tiny, primes and near-powers of two
+/// around the vector widths, the warp/block/global boundaries, 65536.
+const HIDDEN: &[usize] = &[1, 2, 7, 31, 33, 127, 1000, 1024, 4097, 12288, 65536];
+
+/// Rows per case: enough for several warps / chunks on small rows, few on
+/// big ones (the emulator runs every thread).
+fn rows_for(hidden: usize) -> usize {
+    match hidden {
+        0..=127 => 37,
+        128..=1024 => 9,
+        1025..=12288 => 3,
+        _ => 2,
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    rows: usize,
+    hidden: usize,
+    rms: bool,
+    gamma: bool,
+    beta: bool,
+    zero_centered: bool,
+    vectorize: bool,
+    /// x = offset + scale * N(0, 1).
+    offset: f64,
+    scale: f64,
+    eps: f32,
+}
+
+impl Case {
+    fn new(rows: usize, hidden: usize, rms: bool) -> Case {
+        Case {
+            rows,
+            hidden,
+            rms,
+            gamma: true,
+            beta: !rms,
+            zero_centered: false,
+            vectorize: true,
+            offset: 0.0,
+            scale: 1.0,
+            eps: 1e-5,
+        }
+    }
+}
+
+fn poisoned<T: FloatElement>(stream: &Stream, n: usize) -> DeviceBuffer<T> {
+    let mut b = stream.device().alloc_zeros::<T>(n).unwrap();
+    stream.fill_bytes(&mut b, 0xFF).unwrap(); // NaN in every float format
+    b
+}
+
+/// Saved statistics within fp32 accuracy of the f64 ones: the mean relative
+/// to the row's scale (|mean| + spread), rstd relative to itself.
+fn check_stats(what: &str, seed: u64, got: &[f32], want: &[f64], scale: &[f64], tol: f64) {
+    for (r, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let err = (g as f64 - w).abs();
+        assert!(
+            err <= tol * s,
+            "{what}: row {r}: {g} vs {w} (err {err:e} > {tol:e} * {s:e}, seed {seed})"
+        );
+    }
+}
+
+/// Forward and backward of one case; returns nothing, asserts everything.
+fn run_case<T: FloatElement>(dev: &Device, c: Case) {
+    let (mut rng, seed) = Rng::new((c.rows * 7919 + c.hidden * 31 + c.rms as usize) as u64);
+    let stream = dev.new_stream().unwrap();
+    let n = c.rows * c.hidden;
+    let x: Vec<T> = (0..n)
+        .map(|_| T::from_f64(c.offset + c.scale * rng.normal()))
+        .collect();
+    let xf = to_f64(&x);
+    // Zero-centred gamma is stored near 0 (the effective scale is gamma + 1).
+    let gscale = if c.zero_centered { 0.2 } else { 1.0 };
+    let (g, gf) = rng.tensor::<T>(c.hidden, gscale);
+    let (b, bf) = rng.tensor::<T>(c.hidden, 1.0);
+    let (dy, dyf) = rng.tensor::<T>(n, 1.0);
+    let xd = dev.upload(&x).unwrap();
+    let gd = dev.upload(&g).unwrap();
+    let bd = dev.upload(&b).unwrap();
+    let dyd = dev.upload(&dy).unwrap();
+    let gamma = c.gamma.then_some(&gd);
+    let beta = c.beta.then_some(&bd);
+    let what = format!("{c:?} {} on {dev:?}", T::DTYPE);
+
+    // Forward.
+    let mut y = poisoned::<T>(&stream, n);
+    let mut mean = poisoned::<f32>(&stream, c.rows);
+    let mut rstd = poisoned::<f32>(&stream, c.rows);
+    if c.rms {
+        RmsNorm::new(c.rows, c.hidden)
+            .with_eps(c.eps)
+            .with_zero_centered_gamma(c.zero_centered)
+            .with_vectorize(c.vectorize)
+            .forward(&stream, &xd, gamma, &mut y, &mut rstd)
+            .unwrap();
+    } else {
+        LayerNorm::new(c.rows, c.hidden)
+            .with_eps(c.eps)
+            .with_zero_centered_gamma(c.zero_centered)
+            .with_vectorize(c.vectorize)
+            .forward(&stream, &xd, gamma, beta, &mut y, &mut mean, &mut rstd)
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let reference = oracle::forward(
+        &xf,
+        c.hidden,
+        c.gamma.then_some(&gf[..]),
+        c.beta.then_some(&bf[..]),
+        c.eps as f64,
+        c.zero_centered,
+        c.rms,
+    );
+    assert_close(
+        &format!("y {what}"),
+        T::DTYPE,
+        seed,
+        &to_f64(&y.to_host().unwrap()),
+        &reference.y,
+    );
+    let rstd_h = rstd.to_host().unwrap();
+    check_stats(
+        &format!("rstd {what}"),
+        seed,
+        &rstd_h,
+        &reference.rstd,
+        &reference.rstd,
+        1e-5,
+    );
+    let mean_h = mean.to_host().unwrap();
+    if !c.rms {
+        let spread: Vec<f64> = reference
+            .mean
+            .iter()
+            .zip(&reference.rstd)
+            .map(|(m, r)| m.abs() + 1.0 / r)
+            .collect();
+        check_stats(
+            &format!("mean {what}"),
+            seed,
+            &mean_h,
+            &reference.mean,
+            &spread,
+            1e-6,
+        );
+    } else {
+        // RMSNorm does not touch `mean`: still the poison.
+        assert!(mean_h.iter().all(|m| m.is_nan()), "{what}: mean written");
+    }
+
+    // Backward, given the statistics the forward saved.
+    let saved_mean: Vec<f64> = mean_h.iter().map(|&m| m as f64).collect();
+    let saved_rstd: Vec<f64> = rstd_h.iter().map(|&r| r as f64).collect();
+    let rb = oracle::backward_with_stats(
+        &dyf,
+        &xf,
+        c.hidden,
+        c.gamma.then_some(&gf[..]),
+        &saved_mean,
+        &saved_rstd,
+        c.zero_centered,
+        c.rms,
+    );
+    let run_bwd = || {
+        let mut dx = poisoned::<T>(&stream, n);
+        let mut dg = poisoned::<T>(&stream, c.hidden);
+        let mut db = poisoned::<T>(&stream, c.hidden);
+        if c.rms {
+            RmsNorm::new(c.rows, c.hidden)
+                .with_zero_centered_gamma(c.zero_centered)
+                .with_vectorize(c.vectorize)
+                .backward(&stream, &dyd, &xd, &rstd, gamma, &mut dx, Some(&mut dg))
+                .unwrap();
+        } else {
+            LayerNorm::new(c.rows, c.hidden)
+                .with_zero_centered_gamma(c.zero_centered)
+                .with_vectorize(c.vectorize)
+                .backward(
+                    &stream,
+                    &dyd,
+                    &xd,
+                    &mean,
+                    &rstd,
+                    gamma,
+                    &mut dx,
+                    Some(&mut dg),
+                    Some(&mut db),
+                )
+                .unwrap();
+        }
+        stream.synchronize().unwrap();
+        (
+            dx.to_host().unwrap(),
+            dg.to_host().unwrap(),
+            db.to_host().unwrap(),
+        )
+    };
+    let (dx, dg, db) = run_bwd();
+    // dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)) cancels for
+    // tiny rows (hidden = 1: RMSNorm's dx is ~eps/x^2 of its first term), so
+    // its error is measured against the larger of ||dx|| and ||rstd*g*dy||.
+    let first_term: f64 = dyf
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            let col = i % c.hidden;
+            let g = match (c.gamma, c.zero_centered) {
+                (false, _) => 1.0,
+                (true, zc) => gf[col] + if zc { 1.0 } else { 0.0 },
+            };
+            let t = saved_rstd[i / c.hidden] * g * d;
+            t * t
+        })
+        .sum::<f64>()
+        .sqrt();
+    let dx_num: f64 = to_f64(&dx)
+        .iter()
+        .zip(&rb.dx)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt();
+    let dx_den = rb
+        .dx
+        .iter()
+        .map(|v| v * v)
+        .sum::<f64>()
+        .sqrt()
+        .max(first_term);
+    let dx_err = dx_num / dx_den;
+    assert!(
+        dx_err <= tolerance(T::DTYPE),
+        "dx {what}: relative error {dx_err:e} > {:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})",
+        tolerance(T::DTYPE)
+    );
+    assert_close(
+        &format!("dgamma {what}"),
+        T::DTYPE,
+        seed,
+        &to_f64(&dg),
+        &rb.dgamma,
+    );
+    if !c.rms {
+        assert_close(
+            &format!("dbeta {what}"),
+            T::DTYPE,
+            seed,
+            &to_f64(&db),
+            &rb.dbeta,
+        );
+    } else {
+        assert!(
+            to_f64(&db).iter().all(|v| v.is_nan()),
+            "{what}: dbeta written"
+        );
+    }
+    // Deterministic parameter gradients: bitwise identical on a second run.
+    let (_, dg2, db2) = run_bwd();
+    let bytes = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
+    assert!(
+        bytes(&dg) == bytes(&dg2),
+        "dgamma differs between two runs: {what} (seed {seed})"
+    );
+    if !c.rms {
+        assert!(
+            bytes(&db) == bytes(&db2),
+            "dbeta differs between two runs: {what} (seed {seed})"
+        );
+    }
+}
+
+/// Every hidden size, both kinds, gamma (and beta) on, vector access.
+fn sizes_all<T: FloatElement>(test: &str) {
+    for dev in devices(test, HIDDEN.len() * 2) {
+        for &h in HIDDEN {
+            for rms in [false, true] {
+                run_case::<T>(&dev, Case::new(rows_for(h), h, rms));
+            }
+        }
+    }
+}
+
+/// Without gamma/beta, only one of them, zero-centred gamma, scalar path,
+/// on one size per row path.
+fn variants_all<T: FloatElement>(test: &str) {
+    let sizes = [33usize, 1000, 4097, 16_411];
+    let mut cases = Vec::new();
+    for &h in &sizes {
+        let rows = rows_for(h);
+        for rms in [false, true] {
+            let base = Case::new(rows, h, rms);
+            cases.push(Case {
+                gamma: false,
+                beta: false,
+                ..base
+            });
+            cases.push(Case {
+                zero_centered: true,
+                ..base
+            });
+            cases.push(Case {
+                vectorize: false,
+                ..base
+            });
+            if !rms {
+                cases.push(Case {
+                    gamma: false,
+                    ..base
+                });
+                cases.push(Case {
+                    beta: false,
+                    zero_centered: true,
+                    ..base
+                });
+            }
+        }
+    }
+    for dev in devices(test, cases.len()) {
+        for &c in &cases {
+            run_case::<T>(&dev, c);
+        }
+    }
+}
+
+/// A large common offset (one-pass variance loses it all) and tiny values.
+fn magnitudes_all<T: FloatElement>(test: &str) {
+    // The offset is as large as the storage format resolves the N(0, s) part.
+    let (offset, scale) = match T::DTYPE {
+        DType::F32 => (1e4, 1.0),
+        DType::F16 => (1e3, 4.0),
+        _ => (1e3, 16.0),
+    };
+    let mut cases = Vec::new();
+    for &h in &[127usize, 1024, 4097, 65536] {
+        for rms in [false, true] {
+            let base = Case::new(rows_for(h), h, rms);
+            if !rms {
+                cases.push(Case {
+                    offset,
+                    scale,
+                    ..base
+                });
+            }
+            cases.push(Case {
+                scale: 1e-3,
+                eps: 1e-12,
+                ..base
+            });
+        }
+    }
+    for dev in devices(test, cases.len()) {
+        for &c in &cases {
+            run_case::<T>(&dev, c);
+        }
+    }
+}
+
+#[test]
+fn sizes_f32() {
+    sizes_all::<f32>("sizes_f32");
+}
+#[test]
+fn sizes_f16() {
+    sizes_all::<f16>("sizes_f16");
+}
+#[test]
+fn sizes_bf16() {
+    sizes_all::<bf16>("sizes_bf16");
+}
+#[test]
+fn variants_f32() {
+    variants_all::<f32>("variants_f32");
+}
+#[test]
+fn variants_f16() {
+    variants_all::<f16>("variants_f16");
+}
+#[test]
+fn variants_bf16() {
+    variants_all::<bf16>("variants_bf16");
+}
+#[test]
+fn magnitudes_f32() {
+    magnitudes_all::<f32>("magnitudes_f32");
+}
+#[test]
+fn magnitudes_f16() {
+    magnitudes_all::<f16>("magnitudes_f16");
+}
+#[test]
+fn magnitudes_bf16() {
+    magnitudes_all::<bf16>("magnitudes_bf16");
+}
+
+/// Many rows: several parameter-gradient chunks and a multi-block warp grid.
+#[test]
+fn many_rows_several_chunks() {
+    for dev in devices("many_rows_several_chunks", 2) {
+        run_case::<bf16>(&dev, Case::new(1100, 40, false));
+        run_case::<f32>(&dev, Case::new(600, 72, true));
+    }
+}
+
+/// The two-pass variance keeps a 1e4 offset with unit spread to fp32
+/// accuracy; one-pass E[x^2] - E[x]^2 in fp32 would be off by O(1).
+#[test]
+fn large_offset_keeps_the_variance() {
+    let dev = Device::emu();
+    let stream = dev.new_stream().unwrap();
+    let (mut rng, seed) = Rng::new(99);
+    for h in [1000usize, 8000, 20_000] {
+        let x: Vec<f32> = (0..h).map(|_| (1e4 + rng.normal()) as f32).collect();
+        let xd = dev.upload(&x).unwrap();
+        let mut y = dev.alloc_zeros::<f32>(h).unwrap();
+        let mut mean = dev.alloc_zeros::<f32>(1).unwrap();
+        let mut rstd = dev.alloc_zeros::<f32>(1).unwrap();
+        LayerNorm::new(1, h)
+            .forward(&stream, &xd, None, None, &mut y, &mut mean, &mut rstd)
+            .unwrap();
+        let xf: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let (_, r) = oracle::row_stats(&xf, 1e-5, false);
+        let got = rstd.to_host().unwrap()[0] as f64;
+        assert!(
+            (got - r).abs() <= 1e-5 * r,
+            "hidden {h}: rstd {got} vs {r} (seed {seed})"
+        );
+        let yv = to_f64(&y.to_host().unwrap());
+        let var: f64 = yv.iter().map(|v| v * v).sum::<f64>() / h as f64;
+        assert!((var - 1.0).abs() < 1e-3, "hidden {h}: var(y) = {var}");
+    }
+}
+
+/// A row of 2^20 columns: the global path far past any on-chip size.
+#[test]
+fn one_row_of_a_million() {
+    let dev = Device::emu();
+    let c = Case::new(1, 1 << 20, false);
+    run_case::<f32>(&dev, c);
+}
+
+#[test]
+fn empty_batches_are_no_ops_with_zero_parameter_gradients() {
+    let dev = Device::emu();
+    let stream = dev.new_stream().unwrap();
+    let x = dev.alloc_zeros::<f32>(0).unwrap();
+    let mut y = dev.alloc_zeros::<f32>(0).unwrap();
+    let mut m = dev.alloc_zeros::<f32>(0).unwrap();
+    let mut r = dev.alloc_zeros::<f32>(0).unwrap();
+    let g = dev.upload(&[1.0f32; 4]).unwrap();
+    let op = LayerNorm::new(0, 4);
+    op.forward(&stream, &x, Some(&g), None, &mut y, &mut m, &mut r)
+        .unwrap();
+    let mut dx = dev.alloc_zeros::<f32>(0).unwrap();
+    let mut dg = dev.upload(&[f32::NAN; 4]).unwrap();
+    let mut db = dev.upload(&[f32::NAN; 4]).unwrap();
+    op.backward(
+        &stream,
+        &x,
+        &x,
+        &m,
+        &r,
+        Some(&g),
+        &mut dx,
+        Some(&mut dg),
+        Some(&mut db),
+    )
+    .unwrap();
+    assert_eq!(dg.to_host().unwrap(), vec![0.0; 4]);
+    assert_eq!(db.to_host().unwrap(), vec![0.0; 4]);
+}
+
+/// dbeta alone (no dgamma) and dx alone.
+#[test]
+fn partial_gradient_requests() {
+    let dev = Device::emu();
+    let stream = dev.new_stream().unwrap();
+    let (rows, h) = (5usize, 77usize);
+    let (mut rng, seed) = Rng::new(7);
+    let (x, xf) = rng.tensor::<f32>(rows * h, 1.0);
+    let (dy, dyf) = rng.tensor::<f32>(rows * h, 1.0);
+    let (xd, dyd) = (dev.upload(&x).unwrap(), dev.upload(&dy).unwrap());
+    let op = LayerNorm::new(rows, h);
+    let mut y = dev.alloc_zeros::<f32>(rows * h).unwrap();
+    let mut m = dev.alloc_zeros::<f32>(rows).unwrap();
+    let mut r = dev.alloc_zeros::<f32>(rows).unwrap();
+    op.forward(&stream, &xd, None, None, &mut y, &mut m, &mut r)
+        .unwrap();
+    let rb = oracle::backward(&dyf, &xf, h, None, 1e-5, false, false);
+    let mut dx = poisoned::<f32>(&stream, rows * h);
+    let mut db = poisoned::<f32>(&stream, h);
+    op.backward(
+        &stream,
+        &dyd,
+        &xd,
+        &m,
+        &r,
+        None,
+        &mut dx,
+        None,
+        Some(&mut db),
+    )
+    .unwrap();
+    assert_close(
+        "dbeta only",
+        DType::F32,
+        seed,
+        &to_f64(&db.to_host().unwrap()),
+        &rb.dbeta,
+    );
+    assert_close(
+        "dx",
+        DType::F32,
+        seed,
+        &to_f64(&dx.to_host().unwrap()),
+        &rb.dx,
+    );
+    let mut dx2 = poisoned::<f32>(&stream, rows * h);
+    op.backward(&stream, &dyd, &xd, &m, &r, None, &mut dx2, None, None)
+        .unwrap();
+    let e = rel_err(&to_f64(&dx2.to_host().unwrap()), &rb.dx);
+    assert!(e <= tolerance(DType::F32), "dx alone: {e:e} (seed {seed})");
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let dev = Device::emu();
+    let stream = dev.new_stream().unwrap();
+    let x = dev.alloc_zeros::<f32>(12).unwrap();
+    let mut y = dev.alloc_zeros::<f32>(12).unwrap();
+    let mut short = dev.alloc_zeros::<f32>(11).unwrap();
+    let g3 = dev.alloc_zeros::<f32>(3).unwrap();
+    let g4 = dev.alloc_zeros::<f32>(4).unwrap();
+    let mut m3 = dev.alloc_zeros::<f32>(3).unwrap();
+    let mut r3 = dev.alloc_zeros::<f32>(3).unwrap();
+    let mut r2 = dev.alloc_zeros::<f32>(2).unwrap();
+    let op = LayerNorm::new(3, 4);
+    let err = |r: ferrotron::Result<()>| r.unwrap_err().to_string();
+
+    let e = err(op.forward(&stream, &x, None, None, &mut short, &mut m3, &mut r3));
+    assert!(
+        e.contains("`y`") && e.contains("exactly 12") && e.contains("11"),
+        "{e}"
+    );
+    let e = err(op.forward(&stream, &x, Some(&g3), None, &mut y, &mut m3, &mut r3));
+    assert!(
+        e.contains("`gamma`") && e.contains("exactly 4") && e.contains("3"),
+        "{e}"
+    );
+    let e = err(op.forward(&stream, &x, Some(&g4), Some(&g3), &mut y, &mut m3, &mut r3));
+    assert!(e.contains("`beta`"), "{e}");
+    let e = err(op.forward(&stream, &x, None, None, &mut y, &mut m3, &mut r2));
+    assert!(e.contains("`rstd`") && e.contains("exactly 3"), "{e}");
+    for eps in [0.0f32, -1e-5, f32::NAN, f32::INFINITY] {
+        let e = err(op
+            .with_eps(eps)
+            .forward(&stream, &x, None, None, &mut y, &mut m3, &mut r3));
+        assert!(
+            e.contains("`eps`") && e.contains("finite value > 0"),
+            "{eps}: {e}"
+        );
+    }
+    let e = err(LayerNorm::new(12, 0).forward(&stream, &x, None, None, &mut y, &mut m3, &mut r3));
+    assert!(e.contains("`hidden`"), "{e}");
+    let e =
+        err(LayerNorm::new(usize::MAX, 2)
+            .forward(&stream, &x, None, None, &mut y, &mut m3, &mut r3));
+    assert!(e.contains("overflows"), "{e}");
+    let e = err(LayerNorm::new(usize::MAX / 2, 2)
+        .forward(&stream, &x, None, None, &mut y, &mut m3, &mut r3));
+    assert!(e.contains("rows * hidden"), "{e}");
+
+    let (m, r) = (m3, r3);
+    let mut dg3 = dev.alloc_zeros::<f32>(3).unwrap();
+    let mut dg4 = dev.alloc_zeros::<f32>(4).unwrap();
+    let e = err(op.backward(&stream, &x, &short, &m, &r, None, &mut y, None, None));
+    assert!(e.contains("`x`"), "{e}");
+    let e = err(op.backward(&stream, &short, &x, &m, &r, None, &mut y, None, None));
+    assert!(e.contains("`dy`"), "{e}");
+    let e = err(op.backward(&stream, &x, &x, &r2, &r, None, &mut y, None, None));
+    assert!(e.contains("`mean`"), "{e}");
+    let e = err(op.backward(&stream, &x, &x, &m, &r, None, &mut y, Some(&mut dg3), None));
+    assert!(e.contains("`dgamma`"), "{e}");
+    let e = err(op.backward(
+        &stream,
+        &x,
+        &x,
+        &m,
+        &r,
+        None,
+        &mut y,
+        Some(&mut dg4),
+        Some(&mut dg3),
+    ));
+    assert!(e.contains("`dbeta`"), "{e}");
+    let e = err(op.backward(&stream, &x, &x, &m, &r, Some(&g3), &mut y, None, None));
+    assert!(e.contains("`gamma`"), "{e}");
+
+    let rms = RmsNorm::new(3, 4);
+    let e = err(rms.forward(&stream, &x, Some(&g3), &mut y, &mut r2));
+    assert!(
+        e.contains("rms_norm_forward") && e.contains("`gamma`"),
+        "{e}"
+    );
+    let e = err(rms
+        .with_eps(0.0)
+        .forward(&stream, &x, None, &mut y, &mut r2));
+    assert!(e.contains("`eps`"), "{e}");
+    let e = err(rms.backward(&stream, &x, &x, &r2, None, &mut y, None));
+    assert!(
+        e.contains("rms_norm_backward") && e.contains("`rstd`"),
+        "{e}"
+    );
+
+    let other = Device::emu();
+    let foreign = other.alloc_zeros::<f32>(12).unwrap();
+    let mut r3 = dev.alloc_zeros::<f32>(3).unwrap();
+    let e = err(rms.forward(&stream, &foreign, None, &mut y, &mut r3));
+    assert!(e.contains("different device"), "{e}");
+}
