@@ -137,3 +137,31 @@ fn cuda_is_an_error_not_a_panic_without_a_gpu() {
     // An ordinal past the end is always an error.
     assert!(Device::cuda(1 << 20).is_err());
 }
+
+#[test]
+fn borrowed_memory_is_validated_and_never_freed() {
+    let dev = Device::emu();
+    let s = dev.new_stream().unwrap();
+    let mut host = vec![0.5f32; 64];
+    let mut out = vec![0.0f32; 64];
+    // SAFETY: the emulator's device memory is host memory; both vectors
+    // outlive the views and the synchronize below.
+    let (x, mut y) = unsafe {
+        (
+            ferrotron::DeviceBuffer::<f32>::from_raw_parts(&dev, host.as_mut_ptr() as u64, 64)
+                .unwrap(),
+            ferrotron::DeviceBuffer::<f32>::from_raw_parts(&dev, out.as_mut_ptr() as u64, 64)
+                .unwrap(),
+        )
+    };
+    BiasGelu::new(8, 8).forward(&s, &x, None, &mut y).unwrap();
+    s.synchronize().unwrap();
+    drop((x, y));
+    assert!((out[0] - 0.345714).abs() < 1e-5, "{}", out[0]);
+    // SAFETY: the calls must fail before touching memory.
+    unsafe {
+        assert!(ferrotron::DeviceBuffer::<f32>::from_raw_parts(&dev, 0, 4).is_err());
+        assert!(ferrotron::DeviceBuffer::<f32>::from_raw_parts(&dev, 0x1002, 4).is_err());
+        assert!(ferrotron::DeviceBuffer::<f32>::from_raw_parts(&dev, 0x1000, usize::MAX).is_err());
+    }
+}

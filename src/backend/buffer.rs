@@ -7,6 +7,8 @@ use super::{emu, Device, DeviceImpl};
 use crate::core::{Element, Error, Result};
 
 pub(crate) enum Memory {
+    /// Memory someone else owns (C callers' pointers): never freed here.
+    Borrowed(u64),
     Emu(emu::EmuMemory),
     #[cfg(feature = "cuda")]
     Cuda(super::cuda::CudaMemory),
@@ -62,6 +64,45 @@ impl<T: Element> DeviceBuffer<T> {
         })
     }
 
+    /// A non-owning view of `len` elements at device address `addr` (a host
+    /// address under the emulator), for memory allocated elsewhere — C
+    /// callers, other frameworks. Dropping it frees nothing and waits for
+    /// nothing. Every typed op validates it like any other buffer.
+    ///
+    /// # Safety
+    /// `addr` must be valid for reads and writes of `len` elements of `T` on
+    /// `device`, aligned for `T`, for as long as any work using the view is
+    /// pending; it must not be 0 unless `len` is 0.
+    pub unsafe fn from_raw_parts(device: &Device, addr: u64, len: usize) -> Result<Self> {
+        byte_len::<T>("DeviceBuffer::from_raw_parts", len)?;
+        if addr == 0 && len > 0 {
+            return Err(Error::invalid(
+                "DeviceBuffer::from_raw_parts",
+                "addr",
+                "a non-null address",
+                "NULL",
+            ));
+        }
+        if addr % std::mem::align_of::<T>() as u64 != 0 {
+            return Err(Error::invalid(
+                "DeviceBuffer::from_raw_parts",
+                "addr",
+                format!(
+                    "an address aligned to {} bytes for {}",
+                    std::mem::align_of::<T>(),
+                    T::DTYPE
+                ),
+                format!("{addr:#x}"),
+            ));
+        }
+        Ok(DeviceBuffer {
+            device: device.clone(),
+            mem: Some(Memory::Borrowed(addr)),
+            len,
+            _t: PhantomData,
+        })
+    }
+
     /// A buffer holding a copy of `data`; returns once the copy is done.
     pub fn from_host(device: &Device, data: &[T]) -> Result<Self> {
         let mut buf = Self::zeros(device, data.len())?;
@@ -96,6 +137,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// This is what kernel parameter structs and the C ABI carry.
     pub fn addr(&self) -> u64 {
         match self.mem.as_ref() {
+            Some(Memory::Borrowed(a)) => *a,
             Some(Memory::Emu(m)) => m.addr(),
             #[cfg(feature = "cuda")]
             Some(Memory::Cuda(m)) => m.addr(),
@@ -192,12 +234,14 @@ impl<T: Element> Drop for DeviceBuffer<T> {
         // Like cudaFree: wait for the device's queued work, which may still
         // use this memory, then free. Errors stay with their streams.
         match (&self.device.inner.imp, self.mem.take()) {
+            (_, Some(Memory::Borrowed(_))) | (_, None) => {}
             (DeviceImpl::Emu(e), Some(m)) => {
                 e.wait_idle();
                 drop(m);
             }
             #[cfg(feature = "cuda")]
             (DeviceImpl::Cuda(c), Some(Memory::Cuda(m))) => c.free(m),
+            #[cfg(feature = "cuda")]
             _ => {}
         }
     }
