@@ -471,3 +471,36 @@ const _: () = {
     ["Offset of field: FtnGradScalerUpdateParams::reset_found_inf"]
         [::core::mem::offset_of!(FtnGradScalerUpdateParams, reset_found_inf) - 36usize];
 };
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnCopy2dParams {
+    pub dst: *mut ::core::ffi::c_void,
+    pub src: *const ::core::ffi::c_void,
+    pub rows: i64,
+    pub row_bytes: i64,
+    pub dst_pitch: i64,
+    pub src_pitch: i64,
+    pub vec: u32,
+    pub reserved: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnCopy2dParams"][::core::mem::size_of::<FtnCopy2dParams>() - 56usize];
+    ["Alignment of FtnCopy2dParams"][::core::mem::align_of::<FtnCopy2dParams>() - 8usize];
+    ["Offset of field: FtnCopy2dParams::dst"]
+        [::core::mem::offset_of!(FtnCopy2dParams, dst) - 0usize];
+    ["Offset of field: FtnCopy2dParams::src"]
+        [::core::mem::offset_of!(FtnCopy2dParams, src) - 8usize];
+    ["Offset of field: FtnCopy2dParams::rows"]
+        [::core::mem::offset_of!(FtnCopy2dParams, rows) - 16usize];
+    ["Offset of field: FtnCopy2dParams::row_bytes"]
+        [::core::mem::offset_of!(FtnCopy2dParams, row_bytes) - 24usize];
+    ["Offset of field: FtnCopy2dParams::dst_pitch"]
+        [::core::mem::offset_of!(FtnCopy2dParams, dst_pitch) - 32usize];
+    ["Offset of field: FtnCopy2dParams::src_pitch"]
+        [::core::mem::offset_of!(FtnCopy2dParams, src_pitch) - 40usize];
+    ["Offset of field: FtnCopy2dParams::vec"]
+        [::core::mem::offset_of!(FtnCopy2dParams, vec) - 48usize];
+    ["Offset of field: FtnCopy2dParams::reserved"]
+        [::core::mem::offset_of!(FtnCopy2dParams, reserved) - 52usize];
+};

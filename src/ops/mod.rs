@@ -2,6 +2,7 @@
 //! fill the kernel's parameter struct, enqueue it on a stream.
 
 pub mod bias_gelu;
+pub mod copy;
 pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
