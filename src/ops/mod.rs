@@ -8,6 +8,7 @@ pub mod multi_tensor;
 pub mod softmax;
 
 pub use bias_gelu::{BiasGelu, Gelu};
+pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
 
 use crate::backend::{DeviceBuffer, Stream};
 use crate::core::{validate, Element, Result};
