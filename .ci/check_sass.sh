@@ -23,7 +23,9 @@ if [[ ! -x "$tools/cuobjdump" || ! -x "$tools/nvdisasm" ]]; then
   python3 -m pip install -q --disable-pip-version-check --target "$CACHE/sass" \
     nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 fi
-tools=$(dirname "$(find "$CACHE/sass" -path '*/bin/cuobjdump' | head -n 1)")
+cuobjdump_bin=$(find -L "$CACHE/sass" -path '*/bin/cuobjdump' | head -n 1)
+[[ -n "$cuobjdump_bin" ]] || { echo "check_sass.sh: cuobjdump not found under $CACHE/sass" >&2; exit 2; }
+tools=$(dirname "$cuobjdump_bin")
 export PATH="$tools:$PATH"  # cuobjdump -sass runs nvdisasm from PATH
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ftn_sass.XXXXXX")
