@@ -14,6 +14,10 @@ pub const FTN_MT_F32: u32 = 0;
 pub const FTN_MT_F16: u32 = 1;
 pub const FTN_MT_BF16: u32 = 2;
 pub const FTN_MT_THREADS: u32 = 256;
+pub const FTN_GEMM_EPI_NONE: u32 = 0;
+pub const FTN_GEMM_EPI_BIAS: u32 = 1;
+pub const FTN_GEMM_EPI_BIAS_GELU: u32 = 2;
+pub const FTN_GEMM_EPI_DGELU: u32 = 3;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FtnBiasGeluFwdParams {
@@ -470,6 +474,113 @@ const _: () = {
         [::core::mem::offset_of!(FtnGradScalerUpdateParams, hysteresis) - 32usize];
     ["Offset of field: FtnGradScalerUpdateParams::reset_found_inf"]
         [::core::mem::offset_of!(FtnGradScalerUpdateParams, reset_found_inf) - 36usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnGemmParams {
+    pub d: *mut ::core::ffi::c_void,
+    pub a: *const ::core::ffi::c_void,
+    pub b: *const ::core::ffi::c_void,
+    pub c: *const ::core::ffi::c_void,
+    pub bias: *const ::core::ffi::c_void,
+    pub aux: *mut ::core::ffi::c_void,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub batch: i64,
+    pub lda: i64,
+    pub ldb: i64,
+    pub ldc: i64,
+    pub ldd: i64,
+    pub ld_aux: i64,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+    pub stride_d: i64,
+    pub stride_aux: i64,
+    pub alpha: f32,
+    pub beta: f32,
+    pub trans_a: u32,
+    pub trans_b: u32,
+    pub epilogue: u32,
+    pub gelu: u32,
+    pub aligned: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnGemmParams"][::core::mem::size_of::<FtnGemmParams>() - 192usize];
+    ["Alignment of FtnGemmParams"][::core::mem::align_of::<FtnGemmParams>() - 8usize];
+    ["Offset of field: FtnGemmParams::d"][::core::mem::offset_of!(FtnGemmParams, d) - 0usize];
+    ["Offset of field: FtnGemmParams::a"][::core::mem::offset_of!(FtnGemmParams, a) - 8usize];
+    ["Offset of field: FtnGemmParams::b"][::core::mem::offset_of!(FtnGemmParams, b) - 16usize];
+    ["Offset of field: FtnGemmParams::c"][::core::mem::offset_of!(FtnGemmParams, c) - 24usize];
+    ["Offset of field: FtnGemmParams::bias"]
+        [::core::mem::offset_of!(FtnGemmParams, bias) - 32usize];
+    ["Offset of field: FtnGemmParams::aux"][::core::mem::offset_of!(FtnGemmParams, aux) - 40usize];
+    ["Offset of field: FtnGemmParams::m"][::core::mem::offset_of!(FtnGemmParams, m) - 48usize];
+    ["Offset of field: FtnGemmParams::n"][::core::mem::offset_of!(FtnGemmParams, n) - 56usize];
+    ["Offset of field: FtnGemmParams::k"][::core::mem::offset_of!(FtnGemmParams, k) - 64usize];
+    ["Offset of field: FtnGemmParams::batch"]
+        [::core::mem::offset_of!(FtnGemmParams, batch) - 72usize];
+    ["Offset of field: FtnGemmParams::lda"][::core::mem::offset_of!(FtnGemmParams, lda) - 80usize];
+    ["Offset of field: FtnGemmParams::ldb"][::core::mem::offset_of!(FtnGemmParams, ldb) - 88usize];
+    ["Offset of field: FtnGemmParams::ldc"][::core::mem::offset_of!(FtnGemmParams, ldc) - 96usize];
+    ["Offset of field: FtnGemmParams::ldd"][::core::mem::offset_of!(FtnGemmParams, ldd) - 104usize];
+    ["Offset of field: FtnGemmParams::ld_aux"]
+        [::core::mem::offset_of!(FtnGemmParams, ld_aux) - 112usize];
+    ["Offset of field: FtnGemmParams::stride_a"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_a) - 120usize];
+    ["Offset of field: FtnGemmParams::stride_b"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_b) - 128usize];
+    ["Offset of field: FtnGemmParams::stride_c"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_c) - 136usize];
+    ["Offset of field: FtnGemmParams::stride_d"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_d) - 144usize];
+    ["Offset of field: FtnGemmParams::stride_aux"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_aux) - 152usize];
+    ["Offset of field: FtnGemmParams::alpha"]
+        [::core::mem::offset_of!(FtnGemmParams, alpha) - 160usize];
+    ["Offset of field: FtnGemmParams::beta"]
+        [::core::mem::offset_of!(FtnGemmParams, beta) - 164usize];
+    ["Offset of field: FtnGemmParams::trans_a"]
+        [::core::mem::offset_of!(FtnGemmParams, trans_a) - 168usize];
+    ["Offset of field: FtnGemmParams::trans_b"]
+        [::core::mem::offset_of!(FtnGemmParams, trans_b) - 172usize];
+    ["Offset of field: FtnGemmParams::epilogue"]
+        [::core::mem::offset_of!(FtnGemmParams, epilogue) - 176usize];
+    ["Offset of field: FtnGemmParams::gelu"]
+        [::core::mem::offset_of!(FtnGemmParams, gelu) - 180usize];
+    ["Offset of field: FtnGemmParams::aligned"]
+        [::core::mem::offset_of!(FtnGemmParams, aligned) - 184usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnColumnPartialsParams {
+    pub partial: *mut f32,
+    pub x: *const ::core::ffi::c_void,
+    pub rows: i64,
+    pub cols: i64,
+    pub ld: i64,
+    pub rows_per_chunk: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnColumnPartialsParams"]
+        [::core::mem::size_of::<FtnColumnPartialsParams>() - 48usize];
+    ["Alignment of FtnColumnPartialsParams"]
+        [::core::mem::align_of::<FtnColumnPartialsParams>() - 8usize];
+    ["Offset of field: FtnColumnPartialsParams::partial"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, partial) - 0usize];
+    ["Offset of field: FtnColumnPartialsParams::x"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, x) - 8usize];
+    ["Offset of field: FtnColumnPartialsParams::rows"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, rows) - 16usize];
+    ["Offset of field: FtnColumnPartialsParams::cols"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, cols) - 24usize];
+    ["Offset of field: FtnColumnPartialsParams::ld"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, ld) - 32usize];
+    ["Offset of field: FtnColumnPartialsParams::rows_per_chunk"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, rows_per_chunk) - 40usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -9,6 +9,7 @@ pub mod multi_tensor;
 pub mod softmax;
 
 pub use bias_gelu::{BiasGelu, Gelu};
+pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
 pub use layernorm::{LayerNorm, RmsNorm};
 
 use crate::backend::{DeviceBuffer, Stream};
