@@ -53,6 +53,8 @@ struct Case {
     scale: f32,
     /// Standard deviation of the logits before scaling.
     spread: f64,
+    /// Added to the logits before scaling.
+    offset: f64,
     /// Standard deviation of the upstream gradient dy.
     grad_spread: f64,
     /// Check the backward pass (off only for ill-conditioned rows, see
@@ -69,6 +71,7 @@ impl Case {
             path: None,
             scale: 0.5,
             spread: 2.0,
+            offset: 0.0,
             grad_spread: 1.0,
             backward: true,
         }
@@ -91,7 +94,15 @@ fn run_case<T: FloatElement>(dev: &Device, c: &Case) {
     } else {
         c.spread
     };
-    let (x, xf) = rng.tensor::<T>(n, spread);
+    let (x, xf): (Vec<T>, Vec<f64>) = {
+        let (x, _) = rng.tensor::<T>(n, spread);
+        let x: Vec<T> = x
+            .iter()
+            .map(|v| T::from_f64(v.to_f64() + c.offset))
+            .collect();
+        let f = to_f64(&x);
+        (x, f)
+    };
     let mask_host = match c.mode {
         Mode::Padding => padding_mask(&mut rng, b, sq, sk),
         Mode::PaddingBroadcast => padding_mask(&mut rng, 1, sq, sk),
@@ -270,6 +281,26 @@ fn huge_and_tiny_magnitudes() {
                 c.grad_spread = grad_spread;
                 c.backward = scale <= 1.0;
                 run_all_dtypes(dev, &c);
+            }
+        }
+    }
+}
+
+/// Masked logits are *replaced* by -10000 after scaling (not -inf, not
+/// added): with scaled logits near -10000 the masked columns keep a
+/// visible share of the probability.
+#[test]
+fn masked_logits_become_minus_10000() {
+    for dev in devices("masked_logits_become_minus_10000", 1) {
+        for path in [SoftmaxPath::Warp, SoftmaxPath::Block, SoftmaxPath::Long] {
+            for sk in [7usize, 40] {
+                let mut c = Case::new(2, 1, 3, sk, Mode::Padding);
+                c.scale = 2.0;
+                c.offset = -5000.0;
+                c.spread = 1.0;
+                c.path = Some(path);
+                run_case::<f32>(&dev, &c);
+                run_case::<bf16>(&dev, &c);
             }
         }
     }
