@@ -44,7 +44,7 @@ pub fn forward(x: &[f64], shape: Shape, scale: f64, mask: Mask<'_>) -> Vec<f64> 
             Mask::Padding(m) => {
                 let mb = if m.len() == sq * sk { 0 } else { batch };
                 let mr = &m[(mb * sq + i) * sk..][..sk];
-                any = mr.iter().any(|&b| b == 0);
+                any = mr.contains(&0);
                 for ((v, &x), &mk) in v.iter_mut().zip(xr).zip(mr) {
                     *v = if mk != 0 { -10000.0 } else { scale * x };
                 }
