@@ -162,30 +162,53 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
 // ---------------------------------------------------------------- forward
 
 // Warp path: lane l holds columns (c*32 + l)*V + k, c < CHUNKS, k < V.
+// Columns fit in 32 bits (sk <= 1024); chunk offsets are compile-time.
 template <typename T, int CHUNKS, int V>
 FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
   const T *x = static_cast<const T *>(p.x);
   T *y = static_cast<T *>(p.y);
-  const int lane = threadIdx.x & 31;
+  const int sk = (int)p.sk;
+  const int first = (int)(threadIdx.x & 31) * V;
   const int64_t warps = blockDim.x >> 5;
   for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < p.rows;
        r += (int64_t)gridDim.x * warps) {
     const SmRowMask m = sm_row_mask(p, r);
-    const T *xr = x + r * p.sk;
-    T *yr = y + r * p.sk;
+    const int limit = (int)m.limit;
+    const T *xr = x + r * p.sk + first;
+    T *yr = y + r * p.sk + first;
+    const uint8_t *pad = m.pad == nullptr ? nullptr : m.pad + first;
     float v[CHUNKS][V];
-    bool any = m.pad == nullptr;
+    bool any = pad == nullptr;
     float mx = SM_NEG_INF;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-      const int64_t col0 = (int64_t)(c * 32 + lane) * V;
-      sm_logits<T, V>(p, xr, m, col0, v[c], any);  // col0 >= limit: -inf
+      const int col0 = first + c * 32 * V;
+      if (col0 < limit) {
+        sm_load<T, V>(xr + c * 32 * V, v[c]);
+        uint8_t mk[V];
+        if (pad != nullptr) {
+          sm_load_mask<V>(pad + c * 32 * V, mk);
+        } else {
 #pragma unroll
-      for (int k = 0; k < V; ++k) mx = mx > v[c][k] ? mx : v[c][k];
+          for (int k = 0; k < V; ++k) mk[k] = 0;
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          v[c][k] *= p.scale;
+          if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
+          any |= mk[k] == 0;
+          if (col0 + k >= limit) v[c][k] = SM_NEG_INF;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[c][k] = SM_NEG_INF;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
     }
     mx = sm_warp_allreduce<SmMaxOp>(mx);
-    if (m.pad != nullptr) any = __any_sync(0xffffffffu, any);
+    if (pad != nullptr) any = __any_sync(0xffffffffu, any);
     float sum = 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
@@ -199,11 +222,10 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
     const float inv = any ? 1.0f / sum : 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-      const int64_t col0 = (int64_t)(c * 32 + lane) * V;
-      if (col0 < p.sk) {
+      if (first + c * 32 * V < sk) {
 #pragma unroll
         for (int k = 0; k < V; ++k) v[c][k] *= inv;
-        sm_store<T, V>(yr + col0, v[c]);
+        sm_store<T, V>(yr + c * 32 * V, v[c]);
       }
     }
   }
@@ -325,26 +347,31 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
 
 // ---------------------------------------------------------------- backward
 
-template <typename T, int CHUNKS, int V>
-FTN_DEVICE void sm_bwd_warp_impl(const FtnSoftmaxBwdParams &p) {
-  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
+// Rows held in registers: thread `first` column, chunk c at first + c*stride.
+// Shared by the warp path (stride 32*V, rows per warp) and the block path
+// (stride blockDim.x*V, one row per block); columns fit in 32 bits.
+template <typename T, int CHUNKS, int V, bool BLOCK>
+FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
   const T *y = static_cast<const T *>(p.y);
   const T *dy = static_cast<const T *>(p.dy);
   T *dx = static_cast<T *>(p.dx);
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = blockDim.x >> 5;
-  for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < p.rows;
-       r += (int64_t)gridDim.x * warps) {
-    const int64_t off = r * p.sk;
+  const int sk = (int)p.sk;
+  const int lanes = BLOCK ? (int)blockDim.x : 32;
+  const int stride = lanes * V;
+  const int first = (int)(BLOCK ? threadIdx.x : (threadIdx.x & 31)) * V;
+  const int64_t row0 = BLOCK ? (int64_t)blockIdx.x
+                             : (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t row_step = BLOCK ? (int64_t)gridDim.x : (int64_t)gridDim.x * (blockDim.x >> 5);
+  for (int64_t r = row0; r < p.rows; r += row_step) {
+    const int64_t off = r * p.sk + first;
     float yv[CHUNKS][V];
     float gv[CHUNKS][V];
     float dot = 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-      const int64_t col0 = (int64_t)(c * 32 + lane) * V;
-      if (col0 < p.sk) {
-        sm_load<T, V>(y + off + col0, yv[c]);
-        sm_load<T, V>(dy + off + col0, gv[c]);
+      if (first + c * stride < sk) {
+        sm_load<T, V>(y + off + c * stride, yv[c]);
+        sm_load<T, V>(dy + off + c * stride, gv[c]);
       } else {
 #pragma unroll
         for (int k = 0; k < V; ++k) yv[c][k] = gv[c][k] = 0.0f;
@@ -352,55 +379,33 @@ FTN_DEVICE void sm_bwd_warp_impl(const FtnSoftmaxBwdParams &p) {
 #pragma unroll
       for (int k = 0; k < V; ++k) dot += yv[c][k] * gv[c][k];
     }
-    dot = sm_warp_allreduce<SmSumOp>(dot);
+    if constexpr (BLOCK) {
+      dot = sm_block_allreduce<SmSumOp>(dot, red);
+    } else {
+      dot = sm_warp_allreduce<SmSumOp>(dot);
+    }
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-      const int64_t col0 = (int64_t)(c * 32 + lane) * V;
-      if (col0 < p.sk) {
+      if (first + c * stride < sk) {
 #pragma unroll
         for (int k = 0; k < V; ++k) gv[c][k] = p.scale * (gv[c][k] * yv[c][k] - yv[c][k] * dot);
-        sm_store<T, V>(dx + off + col0, gv[c]);
+        sm_store<T, V>(dx + off + c * stride, gv[c]);
       }
     }
   }
 }
 
 template <typename T, int CHUNKS, int V>
+FTN_DEVICE void sm_bwd_warp_impl(const FtnSoftmaxBwdParams &p) {
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
+  sm_bwd_rows<T, CHUNKS, V, false>(p, nullptr);
+}
+
+template <typename T, int CHUNKS, int V>
 FTN_DEVICE void sm_bwd_block_impl(const FtnSoftmaxBwdParams &p) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * blockDim.x);
   FTN_SHARED(float, red, [32]);
-  const T *y = static_cast<const T *>(p.y);
-  const T *dy = static_cast<const T *>(p.dy);
-  T *dx = static_cast<T *>(p.dx);
-  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const int64_t off = r * p.sk;
-    float yv[CHUNKS][V];
-    float gv[CHUNKS][V];
-    float dot = 0.0f;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-      const int64_t col0 = ((int64_t)c * blockDim.x + threadIdx.x) * V;
-      if (col0 < p.sk) {
-        sm_load<T, V>(y + off + col0, yv[c]);
-        sm_load<T, V>(dy + off + col0, gv[c]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < V; ++k) yv[c][k] = gv[c][k] = 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < V; ++k) dot += yv[c][k] * gv[c][k];
-    }
-    dot = sm_block_allreduce<SmSumOp>(dot, red);
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-      const int64_t col0 = ((int64_t)c * blockDim.x + threadIdx.x) * V;
-      if (col0 < p.sk) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) gv[c][k] = p.scale * (gv[c][k] * yv[c][k] - yv[c][k] * dot);
-        sm_store<T, V>(dx + off + col0, gv[c]);
-      }
-    }
-  }
+  sm_bwd_rows<T, CHUNKS, V, true>(p, red);
 }
 
 template <typename T, int V> FTN_DEVICE void sm_bwd_long_impl(const FtnSoftmaxBwdParams &p) {
