@@ -12,12 +12,14 @@
 //          values in registers (N is a template argument, so the arrays are
 //          registers, never local memory). Reductions are warp shuffles.
 //          Several rows per block, grid-stride over rows.
-//   block  (sk <= 16*blockDim.x <= 16384): one block per row, 16 values per
-//          thread in registers, reductions through 32 floats of shared memory.
+//   block  (sk <= 32*blockDim.x <= 16384, blockDim.x <= 512): one block per
+//          row, 32 values per thread in registers (64 in backward: y and dy),
+//          reductions through 32 floats of shared memory.
 //   long   (any sk): one block per row, two streaming passes. Forward pass 1
 //          keeps an online (max, sum of exp) per thread, merged across the
 //          block; pass 2 re-reads x and writes y. Backward pass 1 forms
-//          sum(dy*y), pass 2 re-reads and writes dx. The second read of a row
+//          sum(dy*y), pass 2 re-reads and writes dx. In place is safe: each
+//          element is read and then written by the same thread in pass 2. The second read of a row
 //          (<= 256 KiB per block for sk = 65536 fp32) is normally an L2 hit.
 // With 16-byte-aligned pointers and sk % vec == 0 every access is one 128-bit
 // load/store of vec = 16/sizeof(T) elements (mask: vec bytes); else scalar.

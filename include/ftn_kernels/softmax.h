@@ -16,8 +16,9 @@
  * every column is masked is written as zeros. Causal: columns > i are written
  * as exact zeros. y may alias x (in place).
  * Kernels ftn_softmax_fwd_{warp1,warp2,warp4,warp8,warp16,warp32,block,long}_
- * {f32,f16,bf16}: warpN holds N values per lane (sk <= 32*N), block holds 16
- * values per thread (sk <= 16*blockDim.x), long streams the row twice. */
+ * {f32,f16,bf16}: warpN holds N values per lane (sk <= 32*N, 128 threads =
+ * 4 rows per block), block holds 32 values per thread (sk <= 32*blockDim.x,
+ * blockDim.x <= 512), long (<= 1024 threads) streams the row twice. */
 typedef struct FtnSoftmaxFwdParams {
   void *y;               /* [rows, sk] */
   const void *x;         /* [rows, sk] */
