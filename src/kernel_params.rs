@@ -8,6 +8,9 @@
 
 pub const FTN_GELU_TANH: u32 = 0;
 pub const FTN_GELU_ERF: u32 = 1;
+pub const FTN_SOFTMAX_MASK_NONE: u32 = 0;
+pub const FTN_SOFTMAX_MASK_PADDING: u32 = 1;
+pub const FTN_SOFTMAX_MASK_CAUSAL: u32 = 2;
 pub const FTN_NORM_LAYER: u32 = 0;
 pub const FTN_NORM_RMS: u32 = 1;
 pub const FTN_MT_F32: u32 = 0;
@@ -107,6 +110,78 @@ const _: () = {
         [::core::mem::offset_of!(FtnColumnSumParams, chunks) - 16usize];
     ["Offset of field: FtnColumnSumParams::cols"]
         [::core::mem::offset_of!(FtnColumnSumParams, cols) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnSoftmaxFwdParams {
+    pub y: *mut ::core::ffi::c_void,
+    pub x: *const ::core::ffi::c_void,
+    pub mask: *const u8,
+    pub rows: i64,
+    pub sk: i64,
+    pub sq: i64,
+    pub rows_per_batch: i64,
+    pub mask_batch_stride: i64,
+    pub scale: f32,
+    pub mask_mode: u32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnSoftmaxFwdParams"][::core::mem::size_of::<FtnSoftmaxFwdParams>() - 80usize];
+    ["Alignment of FtnSoftmaxFwdParams"][::core::mem::align_of::<FtnSoftmaxFwdParams>() - 8usize];
+    ["Offset of field: FtnSoftmaxFwdParams::y"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, y) - 0usize];
+    ["Offset of field: FtnSoftmaxFwdParams::x"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, x) - 8usize];
+    ["Offset of field: FtnSoftmaxFwdParams::mask"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, mask) - 16usize];
+    ["Offset of field: FtnSoftmaxFwdParams::rows"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, rows) - 24usize];
+    ["Offset of field: FtnSoftmaxFwdParams::sk"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, sk) - 32usize];
+    ["Offset of field: FtnSoftmaxFwdParams::sq"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, sq) - 40usize];
+    ["Offset of field: FtnSoftmaxFwdParams::rows_per_batch"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, rows_per_batch) - 48usize];
+    ["Offset of field: FtnSoftmaxFwdParams::mask_batch_stride"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, mask_batch_stride) - 56usize];
+    ["Offset of field: FtnSoftmaxFwdParams::scale"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, scale) - 64usize];
+    ["Offset of field: FtnSoftmaxFwdParams::mask_mode"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, mask_mode) - 68usize];
+    ["Offset of field: FtnSoftmaxFwdParams::vec"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, vec) - 72usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnSoftmaxBwdParams {
+    pub dx: *mut ::core::ffi::c_void,
+    pub y: *const ::core::ffi::c_void,
+    pub dy: *const ::core::ffi::c_void,
+    pub rows: i64,
+    pub sk: i64,
+    pub scale: f32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnSoftmaxBwdParams"][::core::mem::size_of::<FtnSoftmaxBwdParams>() - 48usize];
+    ["Alignment of FtnSoftmaxBwdParams"][::core::mem::align_of::<FtnSoftmaxBwdParams>() - 8usize];
+    ["Offset of field: FtnSoftmaxBwdParams::dx"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, dx) - 0usize];
+    ["Offset of field: FtnSoftmaxBwdParams::y"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, y) - 8usize];
+    ["Offset of field: FtnSoftmaxBwdParams::dy"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, dy) - 16usize];
+    ["Offset of field: FtnSoftmaxBwdParams::rows"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, rows) - 24usize];
+    ["Offset of field: FtnSoftmaxBwdParams::sk"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, sk) - 32usize];
+    ["Offset of field: FtnSoftmaxBwdParams::scale"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, scale) - 40usize];
+    ["Offset of field: FtnSoftmaxBwdParams::vec"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, vec) - 44usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -34,14 +34,13 @@ fn apply(
         let x = dev.upload(&tensor(c.rank(), rows, cols)).unwrap();
         let shape = if backward {
             // The backward maps the forward's output shape back.
-            let dual_in = match m {
+            match m {
                 Mapping::ScatterToTp => (rows, cols * tp),
                 Mapping::GatherFromTp => (rows, cols / tp),
                 Mapping::ScatterToSp | Mapping::ReduceScatterToSp => (rows * tp, cols),
                 Mapping::GatherFromSp => (rows / tp, cols),
                 _ => (rows, cols),
-            };
-            dual_in
+            }
         } else {
             m.forward_shape(rows, cols, tp)
         };

@@ -11,6 +11,7 @@ pub mod softmax;
 pub use bias_gelu::{BiasGelu, Gelu};
 pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
 pub use layernorm::{LayerNorm, RmsNorm};
+pub use softmax::{ScaleMaskSoftmax, SoftmaxMask};
 
 use crate::backend::{DeviceBuffer, Stream};
 use crate::core::{validate, Element, Result};
