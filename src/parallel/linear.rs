@@ -93,7 +93,11 @@ pub fn shard_cols<T: Copy>(
     check_shard("shard_cols", full.len(), rows, cols, tp, rank, cols)?;
     let w = cols / tp;
     Ok((0..rows)
-        .flat_map(|i| full[i * cols + rank * w..i * cols + (rank + 1) * w].iter().copied())
+        .flat_map(|i| {
+            full[i * cols + rank * w..i * cols + (rank + 1) * w]
+                .iter()
+                .copied()
+        })
         .collect())
 }
 
@@ -217,13 +221,23 @@ fn wgrad<T: TpElement>(
     match grad {
         WeightGrad::Store(w) => g.run(
             stream,
-            GemmInputs { a: dy, b: x, bias: None, c: None },
+            GemmInputs {
+                a: dy,
+                b: x,
+                bias: None,
+                c: None,
+            },
             Aux::None,
             &mut **w,
         ),
         WeightGrad::Accumulate(m) => g.beta(1.0).run(
             stream,
-            GemmInputs::<T, f32> { a: dy, b: x, bias: None, c: None },
+            GemmInputs::<T, f32> {
+                a: dy,
+                b: x,
+                bias: None,
+                c: None,
+            },
             Aux::None,
             &mut **m,
         ),
@@ -327,8 +341,9 @@ impl<T: TpElement> ColumnParallelLinear<T> {
                 "both on",
             ));
         }
-        let w = shard_rows(full_weight, out_features, in_features, tp, r)
-            .map_err(|_| Error::invalid(COL, "full_weight", "out * in elements", full_weight.len()))?;
+        let w = shard_rows(full_weight, out_features, in_features, tp, r).map_err(|_| {
+            Error::invalid(COL, "full_weight", "out * in elements", full_weight.len())
+        })?;
         let dev = comm.device();
         let bias = match (options.bias, full_bias) {
             (true, Some(b)) => {
@@ -337,7 +352,12 @@ impl<T: TpElement> ColumnParallelLinear<T> {
             }
             (false, None) => None,
             (true, None) => {
-                return Err(Error::invalid(COL, "full_bias", "a bias (options.bias)", "None"))
+                return Err(Error::invalid(
+                    COL,
+                    "full_bias",
+                    "a bias (options.bias)",
+                    "None",
+                ))
             }
             (false, Some(_)) => {
                 return Err(Error::invalid(
@@ -411,7 +431,13 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         self.check_comm(comm, tokens)?;
         let (inp, op) = (self.in_features, self.out_per_rank());
         let rows = self.input_rows(tokens);
-        exact(COL, "input", input.len(), product(COL, "input", rows, inp)?, "[rows, in]")?;
+        exact(
+            COL,
+            "input",
+            input.len(),
+            product(COL, "input", rows, inp)?,
+            "[rows, in]",
+        )?;
         let out_n = product(COL, "output", tokens, self.output_cols())?;
         exact(COL, "output", output.len(), out_n, "[tokens, out columns]")?;
         let local_n = product(COL, "output", tokens, op)?;
@@ -429,7 +455,9 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         let dev = comm.device().clone();
         let gathered;
         let x = if self.options.sequence_parallel {
-            let mut g = self.scratch.view(&dev, 0, product(COL, "input", tokens, inp)?)?;
+            let mut g = self
+                .scratch
+                .view(&dev, 0, product(COL, "input", tokens, inp)?)?;
             comm.all_gather(stream, input, &mut g)?;
             gathered = g;
             &gathered
@@ -485,7 +513,13 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         exact(COL, "input", input.len(), in_n, "[rows, in]")?;
         exact(COL, "grad_input", grad_input.len(), in_n, "[rows, in]")?;
         let out_n = product(COL, "grad_output", tokens, self.output_cols())?;
-        exact(COL, "grad_output", grad_output.len(), out_n, "[tokens, out columns]")?;
+        exact(
+            COL,
+            "grad_output",
+            grad_output.len(),
+            out_n,
+            "[tokens, out columns]",
+        )?;
         let local_n = product(COL, "grad_output", tokens, op)?;
         if self.options.activation.is_none() && pre.is_some() {
             return Err(Error::invalid(
@@ -512,7 +546,13 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         let mut dy = grad_output;
         if self.options.gather_output {
             let mut s = self.scratch.view(&dev, 1, local_n)?;
-            Mapping::GatherFromTp.backward(comm, stream, grad_output, &mut s, (tokens, self.out_features))?;
+            Mapping::GatherFromTp.backward(
+                comm,
+                stream,
+                grad_output,
+                &mut s,
+                (tokens, self.out_features),
+            )?;
             split = s;
             dy = &split;
         }
@@ -533,7 +573,9 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         let gathered;
         let mut ag = None;
         if self.options.sequence_parallel {
-            let mut g = self.scratch.view(&dev, 0, product(COL, "input", tokens, inp)?)?;
+            let mut g = self
+                .scratch
+                .view(&dev, 0, product(COL, "input", tokens, inp)?)?;
             ag = Some(start_comm(comm, stream, overlap && sp, |s| {
                 comm.all_gather(s, input, &mut g).map(drop)
             })?);
@@ -544,10 +586,17 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         // dgrad, then its reduction on the communication stream.
         let dgrad = Gemm::new(tokens, inp, op);
         let reduce = if self.options.sequence_parallel {
-            let mut partial = self.scratch.view(&dev, 3, product(COL, "input", tokens, inp)?)?;
+            let mut partial = self
+                .scratch
+                .view(&dev, 3, product(COL, "input", tokens, inp)?)?;
             dgrad.run(
                 stream,
-                GemmInputs { a: dy, b: &self.weight, bias: None, c: None },
+                GemmInputs {
+                    a: dy,
+                    b: &self.weight,
+                    bias: None,
+                    c: None,
+                },
                 Aux::None,
                 &mut partial,
             )?;
@@ -555,17 +604,24 @@ impl<T: TpElement> ColumnParallelLinear<T> {
                 stream.wait_event(h)?;
             }
             start_comm(comm, stream, overlap && sp, |s| {
-                comm.reduce_scatter(s, &partial, grad_input, ReduceOp::Sum).map(drop)
+                comm.reduce_scatter(s, &partial, grad_input, ReduceOp::Sum)
+                    .map(drop)
             })?
         } else {
             dgrad.run(
                 stream,
-                GemmInputs { a: dy, b: &self.weight, bias: None, c: None },
+                GemmInputs {
+                    a: dy,
+                    b: &self.weight,
+                    bias: None,
+                    c: None,
+                },
                 Aux::None,
                 grad_input,
             )?;
             start_comm(comm, stream, overlap && tp > 1, |s| {
-                comm.all_reduce_in_place(s, grad_input, ReduceOp::Sum).map(drop)
+                comm.all_reduce_in_place(s, grad_input, ReduceOp::Sum)
+                    .map(drop)
             })?
         };
 
@@ -642,8 +698,9 @@ impl<T: TpElement> RowParallelLinear<T> {
                 "input_is_parallel off",
             ));
         }
-        let w = shard_cols(full_weight, out_features, in_features, tp, r)
-            .map_err(|_| Error::invalid(ROW, "full_weight", "out * in elements", full_weight.len()))?;
+        let w = shard_cols(full_weight, out_features, in_features, tp, r).map_err(|_| {
+            Error::invalid(ROW, "full_weight", "out * in elements", full_weight.len())
+        })?;
         let dev = comm.device();
         let bias = match (options.bias, full_bias) {
             (true, Some(b)) => {
@@ -652,7 +709,12 @@ impl<T: TpElement> RowParallelLinear<T> {
             }
             (false, None) => None,
             (true, None) => {
-                return Err(Error::invalid(ROW, "full_bias", "a bias (options.bias)", "None"))
+                return Err(Error::invalid(
+                    ROW,
+                    "full_bias",
+                    "a bias (options.bias)",
+                    "None",
+                ))
             }
             (false, Some(_)) => {
                 return Err(Error::invalid(
@@ -685,7 +747,10 @@ impl<T: TpElement> RowParallelLinear<T> {
             return Err(Error::invalid(
                 ROW,
                 "comm",
-                format!("rank {} of the {}-rank communicator the layer was built for", self.rank, self.tp),
+                format!(
+                    "rank {} of the {}-rank communicator the layer was built for",
+                    self.rank, self.tp
+                ),
                 format!("rank {} of {}", comm.rank(), comm.size()),
             ));
         }
@@ -732,8 +797,16 @@ impl<T: TpElement> RowParallelLinear<T> {
         let split;
         let mut x = input;
         if !self.options.input_is_parallel {
-            let mut s = self.scratch.view(&dev, 0, product(ROW, "input", tokens, ip)?)?;
-            Mapping::ScatterToTp.forward(comm, stream, input, &mut s, (tokens, self.in_features))?;
+            let mut s = self
+                .scratch
+                .view(&dev, 0, product(ROW, "input", tokens, ip)?)?;
+            Mapping::ScatterToTp.forward(
+                comm,
+                stream,
+                input,
+                &mut s,
+                (tokens, self.in_features),
+            )?;
             split = s;
             x = &split;
         }
@@ -744,7 +817,11 @@ impl<T: TpElement> RowParallelLinear<T> {
             .filter(|_| !self.options.skip_bias_add && self.rank == 0);
         let gemm = Gemm::new(tokens, out, ip)
             .trans_b(true)
-            .epilogue(if bias.is_some() { Epilogue::Bias } else { Epilogue::None });
+            .epilogue(if bias.is_some() {
+                Epilogue::Bias
+            } else {
+                Epilogue::None
+            });
         let inputs = GemmInputs {
             a: x,
             b: &self.weight,
@@ -752,7 +829,9 @@ impl<T: TpElement> RowParallelLinear<T> {
             c: None,
         };
         if self.options.sequence_parallel {
-            let mut partial = self.scratch.view(&dev, 1, product(ROW, "output", tokens, out)?)?;
+            let mut partial = self
+                .scratch
+                .view(&dev, 1, product(ROW, "output", tokens, out)?)?;
             gemm.run(stream, inputs, Aux::None, &mut partial)?;
             comm.reduce_scatter(stream, &partial, output, ReduceOp::Sum)?;
         } else {
@@ -785,7 +864,13 @@ impl<T: TpElement> RowParallelLinear<T> {
         let (ip, out, tp) = (self.in_per_rank(), self.out_features, self.tp);
         let in_n = product(ROW, "input", tokens, self.input_cols())?;
         exact(ROW, "input", input.len(), in_n, "[tokens, in columns]")?;
-        exact(ROW, "grad_input", grad_input.len(), in_n, "[tokens, in columns]")?;
+        exact(
+            ROW,
+            "grad_input",
+            grad_input.len(),
+            in_n,
+            "[tokens, in columns]",
+        )?;
         let go_n = product(ROW, "grad_output", self.output_rows(tokens), out)?;
         exact(ROW, "grad_output", grad_output.len(), go_n, "[rows, out]")?;
         let local_n = product(ROW, "input", tokens, ip)?;
@@ -800,7 +885,12 @@ impl<T: TpElement> RowParallelLinear<T> {
             }
             exact(ROW, "dgelu", pre.len(), local_n, "[tokens, in/tp]")?;
         }
-        check_grads(ROW, &grads, self.weight.len(), self.bias.as_ref().map(|_| out))?;
+        check_grads(
+            ROW,
+            &grads,
+            self.weight.len(),
+            self.bias.as_ref().map(|_| out),
+        )?;
         let dev = comm.device().clone();
         let overlap = self.options.overlap && tp > 1;
 
@@ -808,7 +898,9 @@ impl<T: TpElement> RowParallelLinear<T> {
         let gathered;
         let mut dy = grad_output;
         if self.options.sequence_parallel {
-            let mut g = self.scratch.view(&dev, 2, product(ROW, "grad_output", tokens, out)?)?;
+            let mut g = self
+                .scratch
+                .view(&dev, 2, product(ROW, "grad_output", tokens, out)?)?;
             comm.all_gather(stream, grad_output, &mut g)?;
             gathered = g;
             dy = &gathered;
@@ -818,7 +910,13 @@ impl<T: TpElement> RowParallelLinear<T> {
         let mut x = input;
         if !self.options.input_is_parallel {
             let mut s = self.scratch.view(&dev, 0, local_n)?;
-            Mapping::ScatterToTp.forward(comm, stream, input, &mut s, (tokens, self.in_features))?;
+            Mapping::ScatterToTp.forward(
+                comm,
+                stream,
+                input,
+                &mut s,
+                (tokens, self.in_features),
+            )?;
             split = s;
             x = &split;
         }

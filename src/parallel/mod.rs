@@ -4,5 +4,5 @@
 //!
 //! [`Communicator`]: crate::comm::Communicator
 
-pub mod mappings;
 pub mod linear;
+pub mod mappings;
