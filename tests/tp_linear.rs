@@ -584,6 +584,157 @@ fn invalid_arguments_are_errors() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`output`") && e.contains("exactly 6"), "{e}");
-        let _ = DType::BF16;
     });
+}
+
+/// The TP MLP block: column (fused bias+GeLU, pre-activation saved) → row
+/// (dgrad fused with the GeLU backward), sequence parallelism on and off.
+#[test]
+fn tp_mlp_block_matches_unsharded() {
+    const FFN: usize = 36;
+    for (tp, sp) in [
+        (1usize, false),
+        (2, false),
+        (4, false),
+        (2, true),
+        (4, true),
+    ] {
+        let (mut rng, seed) = Rng::new(31 + tp as u64);
+        let (x, xf) = rng.tensor::<bf16>(TOKENS * IN, 1.0);
+        let (w1, w1f) = rng.tensor::<bf16>(FFN * IN, 0.3);
+        let (b1, b1f) = rng.tensor::<bf16>(FFN, 0.5);
+        let (w2, w2f) = rng.tensor::<bf16>(IN * FFN, 0.3);
+        let (b2, b2f) = rng.tensor::<bf16>(IN, 0.5);
+        let (dy, dyf) = rng.tensor::<bf16>(TOKENS * IN, 1.0);
+        // Reference.
+        let g = Gelu::Tanh;
+        let mut pre = mm_bt(&xf, &w1f, TOKENS, FFN, IN);
+        for (i, p) in pre.iter_mut().enumerate() {
+            *p += b1f[i % FFN];
+        }
+        let h: Vec<f64> = pre.iter().map(|&p| gelu(g, p)).collect();
+        let mut y = mm_bt(&h, &w2f, TOKENS, IN, FFN);
+        for (i, v) in y.iter_mut().enumerate() {
+            *v += b2f[i % IN];
+        }
+        let dh = mm(&dyf, &w2f, TOKENS, FFN, IN);
+        let dpre: Vec<f64> = dh
+            .iter()
+            .zip(&pre)
+            .map(|(&d, &p)| d * gelu_grad(g, p))
+            .collect();
+        let dx = mm(&dpre, &w1f, TOKENS, IN, FFN);
+        let dw1 = mm_at(&dpre, &xf, FFN, IN, TOKENS);
+        let db1 = col_sums(&dpre, TOKENS, FFN);
+        let dw2 = mm_at(&dyf, &h, IN, FFN, TOKENS);
+        let db2 = col_sums(&dyf, TOKENS, IN);
+
+        let outs = run_ranks(tp, |c| {
+            let r = c.rank();
+            let dev = c.device().clone();
+            let s = dev.new_stream().unwrap();
+            let fp = FFN / tp;
+            let rows = if sp { TOKENS / tp } else { TOKENS };
+            let co = ColumnOptions {
+                activation: Some(g),
+                sequence_parallel: sp,
+                ..Default::default()
+            };
+            let ro = RowOptions {
+                sequence_parallel: sp,
+                ..Default::default()
+            };
+            let mut fc1 = ColumnParallelLinear::from_full(&c, IN, FFN, &w1, Some(&b1), co).unwrap();
+            let mut fc2 = RowParallelLinear::from_full(&c, FFN, IN, &w2, Some(&b2), ro).unwrap();
+            let xs = dev
+                .upload(&if sp {
+                    sr(&x, TOKENS, IN, tp, r)
+                } else {
+                    x.clone()
+                })
+                .unwrap();
+            let dys = dev
+                .upload(&if sp {
+                    sr(&dy, TOKENS, IN, tp, r)
+                } else {
+                    dy.clone()
+                })
+                .unwrap();
+            let mut hbuf = poisoned::<bf16>(&c, TOKENS * fp);
+            let mut pbuf = poisoned::<bf16>(&c, TOKENS * fp);
+            let mut ybuf = poisoned::<bf16>(&c, rows * IN);
+            let mut dhbuf = poisoned::<bf16>(&c, TOKENS * fp);
+            let mut dxbuf = poisoned::<bf16>(&c, rows * IN);
+            let mut gw1 = dev.alloc_zeros::<f32>(fp * IN).unwrap();
+            let mut gw2 = dev.alloc_zeros::<f32>(IN * fp).unwrap();
+            let mut gb1 = poisoned::<bf16>(&c, fp);
+            let mut gb2 = poisoned::<bf16>(&c, IN);
+            c.stream().synchronize().unwrap();
+            fc1.forward(&c, &s, &xs, &mut hbuf, Some(&mut pbuf), TOKENS)
+                .unwrap();
+            fc2.forward(&c, &s, &hbuf, &mut ybuf, TOKENS).unwrap();
+            let grads2 = LinearGrads {
+                weight: WeightGrad::Accumulate(&mut gw2),
+                bias: Some(&mut gb2),
+            };
+            fc2.backward(
+                &c,
+                &s,
+                &hbuf,
+                &dys,
+                Some((g, &pbuf)),
+                &mut dhbuf,
+                grads2,
+                TOKENS,
+            )
+            .unwrap();
+            let grads1 = LinearGrads {
+                weight: WeightGrad::Accumulate(&mut gw1),
+                bias: Some(&mut gb1),
+            };
+            fc1.backward(&c, &s, &xs, &dhbuf, None, &mut dxbuf, grads1, TOKENS)
+                .unwrap();
+            s.synchronize().unwrap();
+            let f = |b: &DeviceBuffer<f32>| -> Vec<f64> {
+                b.to_host().unwrap().iter().map(|&v| v as f64).collect()
+            };
+            let t = |b: &DeviceBuffer<bf16>| to_f64(&b.to_host().unwrap());
+            [t(&ybuf), t(&dxbuf), f(&gw1), t(&gb1), f(&gw2), t(&gb2)]
+        });
+        let dt = DType::BF16;
+        for (r, [oy, odx, ogw1, ogb1, ogw2, ogb2]) in outs.into_iter().enumerate() {
+            let what = |n: &str| format!("mlp tp={tp} sp={sp} rank {r}: {n}");
+            let rows_of = |v: &[f64], cols| {
+                if sp {
+                    sr(v, TOKENS, cols, tp, r)
+                } else {
+                    v.to_vec()
+                }
+            };
+            assert_close(&what("output"), dt, seed, &oy, &rows_of(&y, IN));
+            assert_close(&what("grad_input"), dt, seed, &odx, &rows_of(&dx, IN));
+            assert_close(
+                &what("fc1 weight grad"),
+                dt,
+                seed,
+                &ogw1,
+                &sr(&dw1, FFN, IN, tp, r),
+            );
+            assert_close(
+                &what("fc1 bias grad"),
+                dt,
+                seed,
+                &ogb1,
+                &sr(&db1, FFN, 1, tp, r),
+            );
+            assert_close(
+                &what("fc2 weight grad"),
+                dt,
+                seed,
+                &ogw2,
+                &sc(&dw2, IN, FFN, tp, r),
+            );
+            assert_close(&what("fc2 bias grad"), dt, seed, &ogb2, &db2);
+        }
+    }
 }
