@@ -180,8 +180,8 @@ fn check_column<T: TpElement>(tp: usize, o: ColumnOptions, fuse: bool, salt: u64
     let add_bias = o.bias && !o.skip_bias_add;
     let mut pre = mm_bt(&d.x.1, &d.w.1, TOKENS, OUT, IN);
     if add_bias {
-        for i in 0..TOKENS * OUT {
-            pre[i] += d.b.1[i % OUT];
+        for (i, p) in pre.iter_mut().enumerate() {
+            *p += d.b.1[i % OUT];
         }
     }
     let (y, dpre) = match o.activation {
@@ -310,8 +310,8 @@ fn check_row<T: TpElement>(tp: usize, o: RowOptions, fuse: bool, salt: u64) {
     let dt = T::DTYPE;
     let mut y = mm_bt(&d.x.1, &d.w.1, TOKENS, OUT, IN);
     if o.bias && !o.skip_bias_add {
-        for i in 0..TOKENS * OUT {
-            y[i] += d.b.1[i % OUT];
+        for (i, v) in y.iter_mut().enumerate() {
+            *v += d.b.1[i % OUT];
         }
     }
     let dx = mm(&d.dy.1, &d.w.1, TOKENS, IN, OUT);
