@@ -4,4 +4,5 @@
 //!
 //! [`Communicator`]: crate::comm::Communicator
 
+pub mod linear;
 pub mod mappings;
