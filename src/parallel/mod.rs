@@ -5,3 +5,4 @@
 //! [`Communicator`]: crate::comm::Communicator
 
 pub mod mappings;
+pub mod vocab;
