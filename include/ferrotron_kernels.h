@@ -19,5 +19,6 @@
 #include "ftn_kernels/multi_tensor.h"
 #include "ftn_kernels/gemm.h"
 #include "ftn_kernels/copy.h"
+#include "ftn_kernels/vocab_parallel.h"
 
 #endif /* FERROTRON_KERNELS_H */

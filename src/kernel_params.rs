@@ -690,3 +690,210 @@ const _: () = {
     ["Offset of field: FtnCopy2dParams::reserved"]
         [::core::mem::offset_of!(FtnCopy2dParams, reserved) - 52usize];
 };
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabEmbedFwdParams {
+    pub out: *mut ::core::ffi::c_void,
+    pub weight: *const ::core::ffi::c_void,
+    pub ids: *const ::core::ffi::c_void,
+    pub tokens: i64,
+    pub hidden: i64,
+    pub vocab_start: i64,
+    pub shard_rows: i64,
+    pub ids_i64: u32,
+    pub pad_: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabEmbedFwdParams"][::core::mem::size_of::<FtnVocabEmbedFwdParams>() - 64usize];
+    ["Alignment of FtnVocabEmbedFwdParams"]
+        [::core::mem::align_of::<FtnVocabEmbedFwdParams>() - 8usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::out"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, out) - 0usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::weight"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, weight) - 8usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::ids"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, ids) - 16usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, tokens) - 24usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::hidden"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, hidden) - 32usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::vocab_start"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, vocab_start) - 40usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::shard_rows"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, shard_rows) - 48usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::ids_i64"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, ids_i64) - 56usize];
+    ["Offset of field: FtnVocabEmbedFwdParams::pad_"]
+        [::core::mem::offset_of!(FtnVocabEmbedFwdParams, pad_) - 60usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabEmbedBwdParams {
+    pub dweight: *mut f32,
+    pub dy: *const ::core::ffi::c_void,
+    pub ids: *const ::core::ffi::c_void,
+    pub tokens: i64,
+    pub hidden: i64,
+    pub vocab_start: i64,
+    pub shard_rows: i64,
+    pub ids_i64: u32,
+    pub accumulate: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabEmbedBwdParams"][::core::mem::size_of::<FtnVocabEmbedBwdParams>() - 64usize];
+    ["Alignment of FtnVocabEmbedBwdParams"]
+        [::core::mem::align_of::<FtnVocabEmbedBwdParams>() - 8usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::dweight"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, dweight) - 0usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::dy"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, dy) - 8usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::ids"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, ids) - 16usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, tokens) - 24usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::hidden"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, hidden) - 32usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::vocab_start"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, vocab_start) - 40usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::shard_rows"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, shard_rows) - 48usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::ids_i64"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, ids_i64) - 56usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::accumulate"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, accumulate) - 60usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabCeMaxParams {
+    pub row_max: *mut f32,
+    pub logits: *const ::core::ffi::c_void,
+    pub tokens: i64,
+    pub cols: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabCeMaxParams"][::core::mem::size_of::<FtnVocabCeMaxParams>() - 32usize];
+    ["Alignment of FtnVocabCeMaxParams"][::core::mem::align_of::<FtnVocabCeMaxParams>() - 8usize];
+    ["Offset of field: FtnVocabCeMaxParams::row_max"]
+        [::core::mem::offset_of!(FtnVocabCeMaxParams, row_max) - 0usize];
+    ["Offset of field: FtnVocabCeMaxParams::logits"]
+        [::core::mem::offset_of!(FtnVocabCeMaxParams, logits) - 8usize];
+    ["Offset of field: FtnVocabCeMaxParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabCeMaxParams, tokens) - 16usize];
+    ["Offset of field: FtnVocabCeMaxParams::cols"]
+        [::core::mem::offset_of!(FtnVocabCeMaxParams, cols) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabCeStatsParams {
+    pub sums: *mut f32,
+    pub row_max: *const f32,
+    pub logits: *const ::core::ffi::c_void,
+    pub labels: *const ::core::ffi::c_void,
+    pub tokens: i64,
+    pub cols: i64,
+    pub vocab_start: i64,
+    pub ids_i64: u32,
+    pub with_logit_sum: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabCeStatsParams"][::core::mem::size_of::<FtnVocabCeStatsParams>() - 64usize];
+    ["Alignment of FtnVocabCeStatsParams"]
+        [::core::mem::align_of::<FtnVocabCeStatsParams>() - 8usize];
+    ["Offset of field: FtnVocabCeStatsParams::sums"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, sums) - 0usize];
+    ["Offset of field: FtnVocabCeStatsParams::row_max"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, row_max) - 8usize];
+    ["Offset of field: FtnVocabCeStatsParams::logits"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, logits) - 16usize];
+    ["Offset of field: FtnVocabCeStatsParams::labels"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, labels) - 24usize];
+    ["Offset of field: FtnVocabCeStatsParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, tokens) - 32usize];
+    ["Offset of field: FtnVocabCeStatsParams::cols"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, cols) - 40usize];
+    ["Offset of field: FtnVocabCeStatsParams::vocab_start"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, vocab_start) - 48usize];
+    ["Offset of field: FtnVocabCeStatsParams::ids_i64"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, ids_i64) - 56usize];
+    ["Offset of field: FtnVocabCeStatsParams::with_logit_sum"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, with_logit_sum) - 60usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabCeLossParams {
+    pub loss: *mut f32,
+    pub row_max: *const f32,
+    pub sums: *const f32,
+    pub tokens: i64,
+    pub smoothing: f32,
+    pub inv_vocab: f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabCeLossParams"][::core::mem::size_of::<FtnVocabCeLossParams>() - 40usize];
+    ["Alignment of FtnVocabCeLossParams"][::core::mem::align_of::<FtnVocabCeLossParams>() - 8usize];
+    ["Offset of field: FtnVocabCeLossParams::loss"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, loss) - 0usize];
+    ["Offset of field: FtnVocabCeLossParams::row_max"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, row_max) - 8usize];
+    ["Offset of field: FtnVocabCeLossParams::sums"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, sums) - 16usize];
+    ["Offset of field: FtnVocabCeLossParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, tokens) - 24usize];
+    ["Offset of field: FtnVocabCeLossParams::smoothing"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, smoothing) - 32usize];
+    ["Offset of field: FtnVocabCeLossParams::inv_vocab"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, inv_vocab) - 36usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabCeBwdParams {
+    pub grad: *mut ::core::ffi::c_void,
+    pub logits: *const ::core::ffi::c_void,
+    pub labels: *const ::core::ffi::c_void,
+    pub row_max: *const f32,
+    pub sums: *const f32,
+    pub dloss: *const f32,
+    pub tokens: i64,
+    pub cols: i64,
+    pub vocab_start: i64,
+    pub smoothing: f32,
+    pub inv_vocab: f32,
+    pub ids_i64: u32,
+    pub pad_: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabCeBwdParams"][::core::mem::size_of::<FtnVocabCeBwdParams>() - 88usize];
+    ["Alignment of FtnVocabCeBwdParams"][::core::mem::align_of::<FtnVocabCeBwdParams>() - 8usize];
+    ["Offset of field: FtnVocabCeBwdParams::grad"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, grad) - 0usize];
+    ["Offset of field: FtnVocabCeBwdParams::logits"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, logits) - 8usize];
+    ["Offset of field: FtnVocabCeBwdParams::labels"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, labels) - 16usize];
+    ["Offset of field: FtnVocabCeBwdParams::row_max"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, row_max) - 24usize];
+    ["Offset of field: FtnVocabCeBwdParams::sums"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, sums) - 32usize];
+    ["Offset of field: FtnVocabCeBwdParams::dloss"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, dloss) - 40usize];
+    ["Offset of field: FtnVocabCeBwdParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, tokens) - 48usize];
+    ["Offset of field: FtnVocabCeBwdParams::cols"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, cols) - 56usize];
+    ["Offset of field: FtnVocabCeBwdParams::vocab_start"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, vocab_start) - 64usize];
+    ["Offset of field: FtnVocabCeBwdParams::smoothing"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, smoothing) - 72usize];
+    ["Offset of field: FtnVocabCeBwdParams::inv_vocab"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, inv_vocab) - 76usize];
+    ["Offset of field: FtnVocabCeBwdParams::ids_i64"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, ids_i64) - 80usize];
+    ["Offset of field: FtnVocabCeBwdParams::pad_"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, pad_) - 84usize];
+};

@@ -6,3 +6,4 @@
 
 pub mod linear;
 pub mod mappings;
+pub mod vocab;

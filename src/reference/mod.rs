@@ -6,3 +6,4 @@ pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;
+pub mod vocab_parallel;

@@ -1,0 +1,638 @@
+//! Megatron-Core's `VocabParallelEmbedding` and vocab-parallel cross-entropy
+//! (kernels: `cuda/vocab_parallel.cu`, oracle:
+//! [`crate::reference::vocab_parallel`]).
+//!
+//! The vocabulary is padded to a multiple of `128 * tp`
+//! ([`padded_vocab_size`]); rank `r` of the tensor-parallel communicator owns
+//! vocab rows `[r * V / tp, (r + 1) * V / tp)` of the padded vocabulary `V`.
+//!
+//! * Embedding forward: local lookup (ids outside this rank's rows give zero
+//!   rows), then all-reduce SUM. Backward: the dense fp32 weight-gradient
+//!   shard `[V / tp, hidden]` from the (replicated) output gradient; no
+//!   communication, deterministic (no float atomics).
+//! * Cross-entropy over logits sharded along the vocab dim (`[tokens, V / tp]`
+//!   per rank), fp32 math: local row max, all-reduce MAX; sum of exp, target
+//!   logit (0 off-shard) and, with label smoothing, sum of logits, all-reduce
+//!   SUM; `loss = log(sum exp) - target`. Backward (local):
+//!   `grad = dloss * (softmax - onehot)`.
+//!
+//! Label smoothing `eps` follows the formula
+//! `loss = (1 - eps) * nll + eps * mean over the V vocab entries of -log p`,
+//! gradient `dloss * (softmax - (1 - eps) * onehot - eps / V)`. (Megatron's
+//! code feeds this formula `eps * K / (K - 1)` in place of `eps`; pass that
+//! value to reproduce it.) Labels outside `[0, V)` have no target on any rank:
+//! their loss is `log(sum exp)` and their gradient the softmax.
+
+use crate::backend::{DeviceBuffer, Stream};
+use crate::comm::{CommElement, Communicator, ReduceOp};
+use crate::core::dtype::FloatElement;
+use crate::core::{validate, Element, Error, LaunchConfig, Result};
+use crate::kernel_params::{
+    FtnVocabCeBwdParams, FtnVocabCeLossParams, FtnVocabCeMaxParams, FtnVocabCeStatsParams,
+    FtnVocabEmbedBwdParams, FtnVocabEmbedFwdParams,
+};
+use crate::kernels::{self, Kernel};
+use crate::DType;
+
+/// Rows of the vocabulary are padded to a multiple of this times `tp`.
+pub const VOCAB_PAD_MULTIPLE: usize = 128;
+
+/// The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
+/// `make_vocab_size_divisible_by = 128`). `None` if `tp == 0` or on overflow.
+pub fn padded_vocab_size(vocab: usize, tp: usize) -> Option<usize> {
+    let m = VOCAB_PAD_MULTIPLE.checked_mul(tp)?;
+    if m == 0 {
+        return None;
+    }
+    vocab.div_ceil(m).checked_mul(m)
+}
+
+/// Rows `[start, start + rows)` of the padded vocabulary owned by `rank` of `tp`.
+pub fn vocab_range(vocab: usize, tp: usize, rank: usize) -> Option<(usize, usize)> {
+    let rows = padded_vocab_size(vocab, tp)? / tp;
+    (rank < tp).then(|| (rank * rows, rows))
+}
+
+/// Rank `rank`'s shard `[V / tp, hidden]` of a full embedding table
+/// `full = [vocab, hidden]` (row-major): the rows it owns, padding rows
+/// (ids `>= vocab`) zero. Deterministic, so tests compare with the unsharded
+/// table.
+pub fn shard_vocab_rows<T: Element>(
+    full: &[T],
+    vocab: usize,
+    hidden: usize,
+    tp: usize,
+    rank: usize,
+) -> Result<Vec<T>> {
+    const OP: &str = "shard_vocab_rows";
+    let n = validate::elements(OP, vocab, hidden)?;
+    if full.len() != n {
+        return Err(Error::invalid(
+            OP,
+            "full",
+            format!("exactly vocab * hidden = {vocab}x{hidden} = {n} elements"),
+            full.len(),
+        ));
+    }
+    let (start, rows) = vocab_range(vocab, tp, rank).ok_or_else(|| {
+        Error::invalid(
+            OP,
+            "rank",
+            format!("a rank in 0..tp with tp >= 1 (tp = {tp})"),
+            rank,
+        )
+    })?;
+    let zero: T = bytemuck::Zeroable::zeroed();
+    let mut out = vec![zero; validate::elements(OP, rows, hidden)?];
+    let end = (start + rows).min(vocab);
+    if end > start {
+        out[..(end - start) * hidden].copy_from_slice(&full[start * hidden..end * hidden]);
+    }
+    Ok(out)
+}
+
+/// Token-id and label element types: `i32` or `i64`.
+pub trait TokenId: Element + CommElement {
+    #[doc(hidden)]
+    const IS_I64: bool;
+}
+
+impl TokenId for i32 {
+    const IS_I64: bool = false;
+}
+
+impl TokenId for i64 {
+    const IS_I64: bool = true;
+}
+
+const THREADS: u32 = 256;
+/// Cap on grid-stride launches.
+const MAX_BLOCKS: usize = 4096;
+/// Largest grid.x.
+const MAX_GRID_X: usize = (1 << 31) - 1;
+
+fn grid_stride(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
+    LaunchConfig::linear(blocks as u32, THREADS)
+}
+
+fn check_len<T: Element>(
+    op: &'static str,
+    arg: &'static str,
+    stream: &Stream,
+    buf: &DeviceBuffer<T>,
+    len: usize,
+    what: &str,
+) -> Result<()> {
+    stream.device().check_same(op, arg, buf.device())?;
+    if buf.len() != len {
+        return Err(Error::invalid(
+            op,
+            arg,
+            format!("exactly {len} elements ({what})"),
+            format!("a buffer of {} elements", buf.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn fits_i64(op: &'static str, arg: &'static str, v: usize) -> Result<()> {
+    if v > i64::MAX as usize {
+        return Err(Error::invalid(op, arg, "at most i64::MAX", v));
+    }
+    Ok(())
+}
+
+macro_rules! by_dtype {
+    ($d:expr, $f32:ident, $f16:ident, $bf16:ident) => {
+        match $d {
+            DType::F16 => &kernels::$f16,
+            DType::BF16 => &kernels::$bf16,
+            _ => &kernels::$f32,
+        }
+    };
+}
+
+fn embed_fwd_kernel(d: DType) -> &'static Kernel<FtnVocabEmbedFwdParams> {
+    by_dtype!(
+        d,
+        FTN_VOCAB_EMBED_FWD_F32,
+        FTN_VOCAB_EMBED_FWD_F16,
+        FTN_VOCAB_EMBED_FWD_BF16
+    )
+}
+fn embed_bwd_kernel(d: DType) -> &'static Kernel<FtnVocabEmbedBwdParams> {
+    by_dtype!(
+        d,
+        FTN_VOCAB_EMBED_BWD_F32,
+        FTN_VOCAB_EMBED_BWD_F16,
+        FTN_VOCAB_EMBED_BWD_BF16
+    )
+}
+fn ce_max_kernel(d: DType) -> &'static Kernel<FtnVocabCeMaxParams> {
+    by_dtype!(
+        d,
+        FTN_VOCAB_CE_MAX_F32,
+        FTN_VOCAB_CE_MAX_F16,
+        FTN_VOCAB_CE_MAX_BF16
+    )
+}
+fn ce_stats_kernel(d: DType) -> &'static Kernel<FtnVocabCeStatsParams> {
+    by_dtype!(
+        d,
+        FTN_VOCAB_CE_STATS_F32,
+        FTN_VOCAB_CE_STATS_F16,
+        FTN_VOCAB_CE_STATS_BF16
+    )
+}
+fn ce_bwd_kernel(d: DType) -> &'static Kernel<FtnVocabCeBwdParams> {
+    by_dtype!(
+        d,
+        FTN_VOCAB_CE_BWD_F32,
+        FTN_VOCAB_CE_BWD_F16,
+        FTN_VOCAB_CE_BWD_BF16
+    )
+}
+
+/// `VocabParallelEmbedding`: a `[vocab, hidden]` table whose padded rows are
+/// split over the ranks of a tensor-parallel communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VocabParallelEmbedding {
+    /// Unpadded vocabulary size.
+    pub vocab: usize,
+    pub hidden: usize,
+}
+
+const EMB_FWD: &str = "vocab_parallel_embedding_forward";
+const EMB_BWD: &str = "vocab_parallel_embedding_backward";
+
+impl VocabParallelEmbedding {
+    pub fn new(vocab: usize, hidden: usize) -> Self {
+        VocabParallelEmbedding { vocab, hidden }
+    }
+
+    /// `(vocab_start, shard_rows)` of `rank` of `tp`.
+    pub fn shard(&self, tp: usize, rank: usize) -> Option<(usize, usize)> {
+        vocab_range(self.vocab, tp, rank)
+    }
+
+    fn layout(&self, op: &'static str, comm: &Communicator) -> Result<(usize, usize)> {
+        let (start, rows) = self.shard(comm.size(), comm.rank()).ok_or_else(|| {
+            Error::invalid(
+                op,
+                "vocab",
+                format!(
+                    "a size whose padding to 128 * {} fits in usize",
+                    comm.size()
+                ),
+                self.vocab,
+            )
+        })?;
+        validate::elements(op, rows, self.hidden)?;
+        fits_i64(op, "vocab", start + rows)?;
+        if rows > MAX_GRID_X {
+            return Err(Error::invalid(
+                op,
+                "vocab",
+                format!("at most {MAX_GRID_X} rows per rank"),
+                rows,
+            ));
+        }
+        Ok((start, rows))
+    }
+
+    /// `out[t, :] = weight[ids[t], :]` (zero for ids outside `[0, V)`), as the
+    /// all-reduce over `comm` of each rank's local lookup. `weight_shard` is
+    /// this rank's `[V / tp, hidden]` ([`shard_vocab_rows`]); `ids` and `out`
+    /// (`[tokens, hidden]`) are the same on every rank. Every rank of `comm`
+    /// must call it; returns when enqueued on `stream`.
+    pub fn forward<T: FloatElement + CommElement, I: TokenId>(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        ids: &DeviceBuffer<I>,
+        weight_shard: &DeviceBuffer<T>,
+        out: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        let (start, rows) = self.layout(EMB_FWD, comm)?;
+        let tokens = ids.len();
+        stream.device().check_same(EMB_FWD, "ids", ids.device())?;
+        let n = validate::elements(EMB_FWD, tokens, self.hidden)?;
+        fits_i64(EMB_FWD, "tokens * hidden", n)?;
+        check_len(
+            EMB_FWD,
+            "weight_shard",
+            stream,
+            weight_shard,
+            rows * self.hidden,
+            "[padded vocab / tp, hidden]",
+        )?;
+        check_len(
+            EMB_FWD,
+            "out",
+            stream,
+            out,
+            n,
+            "[tokens = ids.len(), hidden]",
+        )?;
+        if n > 0 {
+            let params = FtnVocabEmbedFwdParams {
+                out: out.addr() as *mut _,
+                weight: weight_shard.addr() as *const _,
+                ids: ids.addr() as *const _,
+                tokens: tokens as i64,
+                hidden: self.hidden as i64,
+                vocab_start: start as i64,
+                shard_rows: rows as i64,
+                ids_i64: I::IS_I64 as u32,
+                pad_: 0,
+            };
+            stream.launch(embed_fwd_kernel(T::DTYPE), grid_stride(n), params)?;
+        }
+        if comm.size() > 1 {
+            comm.all_reduce_in_place(stream, out, ReduceOp::Sum)?;
+        }
+        Ok(())
+    }
+
+    /// This rank's weight gradient: `dweight[v, :] (+)= sum over tokens t with
+    /// ids[t] == vocab_start + v of dy[t, :]`, fp32 (`[V / tp, hidden]`),
+    /// summed in token order (bitwise deterministic). `dy` is the gradient of
+    /// the forward's output (the same on every rank). `accumulate = true`
+    /// adds to `dweight` (a main_grad), `false` overwrites it. No
+    /// communication.
+    pub fn backward<T: FloatElement, I: TokenId>(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        ids: &DeviceBuffer<I>,
+        dy: &DeviceBuffer<T>,
+        dweight: &mut DeviceBuffer<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (start, rows) = self.layout(EMB_BWD, comm)?;
+        let tokens = ids.len();
+        stream.device().check_same(EMB_BWD, "ids", ids.device())?;
+        let n = validate::elements(EMB_BWD, tokens, self.hidden)?;
+        fits_i64(EMB_BWD, "tokens * hidden", n)?;
+        check_len(EMB_BWD, "dy", stream, dy, n, "[tokens = ids.len(), hidden]")?;
+        check_len(
+            EMB_BWD,
+            "dweight",
+            stream,
+            dweight,
+            rows * self.hidden,
+            "[padded vocab / tp, hidden]",
+        )?;
+        if rows == 0 || self.hidden == 0 {
+            return Ok(());
+        }
+        let params = FtnVocabEmbedBwdParams {
+            dweight: dweight.addr() as *mut f32,
+            dy: dy.addr() as *const _,
+            ids: ids.addr() as *const _,
+            tokens: tokens as i64,
+            hidden: self.hidden as i64,
+            vocab_start: start as i64,
+            shard_rows: rows as i64,
+            ids_i64: I::IS_I64 as u32,
+            accumulate: accumulate as u32,
+        };
+        stream.launch(
+            embed_bwd_kernel(T::DTYPE),
+            LaunchConfig::linear(rows as u32, THREADS),
+            params,
+        )
+    }
+}
+
+/// Vocab-parallel cross-entropy over `[tokens, shard_vocab]` logits per rank
+/// (the full padded vocabulary is `V = tp * shard_vocab`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VocabParallelCrossEntropy {
+    pub tokens: usize,
+    /// Vocab columns on each rank (`V / tp`).
+    pub shard_vocab: usize,
+    /// `eps` in `[0, 1)`; 0 disables label smoothing.
+    pub label_smoothing: f32,
+}
+
+/// What the forward keeps for the backward: the per-token fp32 statistics
+/// reduced over the ranks (row max; sum of exp, target logit[, sum of logits]).
+#[derive(Debug)]
+pub struct CrossEntropySaved {
+    row_max: DeviceBuffer<f32>,
+    sums: DeviceBuffer<f32>,
+    tokens: usize,
+}
+
+impl CrossEntropySaved {
+    /// Per-token maximum logit over the whole vocabulary `[tokens]`.
+    pub fn row_max(&self) -> &DeviceBuffer<f32> {
+        &self.row_max
+    }
+
+    /// `[k, tokens]`: row 0 sum of `exp(x - max)`, row 1 target logit, row 2
+    /// (with label smoothing) sum of the logits.
+    pub fn sums(&self) -> &DeviceBuffer<f32> {
+        &self.sums
+    }
+}
+
+const CE_FWD: &str = "vocab_parallel_cross_entropy_forward";
+const CE_BWD: &str = "vocab_parallel_cross_entropy_backward";
+
+impl VocabParallelCrossEntropy {
+    pub fn new(tokens: usize, shard_vocab: usize) -> Self {
+        VocabParallelCrossEntropy {
+            tokens,
+            shard_vocab,
+            label_smoothing: 0.0,
+        }
+    }
+
+    pub fn with_label_smoothing(self, label_smoothing: f32) -> Self {
+        VocabParallelCrossEntropy {
+            label_smoothing,
+            ..self
+        }
+    }
+
+    /// Validates the shape; returns `(elements, vocab_start, 1 / V)`.
+    fn check(&self, op: &'static str, comm: &Communicator) -> Result<(usize, usize, f32)> {
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return Err(Error::invalid(
+                op,
+                "label_smoothing",
+                "a value in [0, 1)",
+                self.label_smoothing,
+            ));
+        }
+        validate::positive(op, "shard_vocab", self.shard_vocab)?;
+        let n = validate::elements(op, self.tokens, self.shard_vocab)?;
+        fits_i64(op, "tokens * shard_vocab", n)?;
+        let vocab = self.shard_vocab.checked_mul(comm.size()).ok_or_else(|| {
+            Error::invalid(
+                op,
+                "shard_vocab",
+                "a full vocabulary that fits in usize",
+                self.shard_vocab,
+            )
+        })?;
+        fits_i64(op, "shard_vocab * tp", vocab)?;
+        if self.tokens > MAX_GRID_X {
+            return Err(Error::invalid(
+                op,
+                "tokens",
+                format!("at most {MAX_GRID_X}"),
+                self.tokens,
+            ));
+        }
+        Ok((
+            n,
+            comm.rank() * self.shard_vocab,
+            (1.0 / vocab as f64) as f32,
+        ))
+    }
+
+    fn smoothing(&self) -> bool {
+        self.label_smoothing != 0.0
+    }
+
+    /// Per-token loss `[tokens]` (fp32) of this rank's logits shard and the
+    /// (replicated) labels. Every rank of `comm` must call it; three
+    /// all-reduces (MAX, then one SUM over the packed sums). Returns the
+    /// statistics the backward needs; enqueued on `stream`.
+    pub fn forward<T: FloatElement, I: TokenId>(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        logits: &DeviceBuffer<T>,
+        labels: &DeviceBuffer<I>,
+        loss: &mut DeviceBuffer<f32>,
+    ) -> Result<CrossEntropySaved> {
+        let (n, start, inv_vocab) = self.check(CE_FWD, comm)?;
+        check_len(CE_FWD, "logits", stream, logits, n, "[tokens, shard_vocab]")?;
+        check_len(CE_FWD, "labels", stream, labels, self.tokens, "[tokens]")?;
+        check_len(CE_FWD, "loss", stream, loss, self.tokens, "[tokens]")?;
+        let dev = stream.device();
+        let rows = if self.smoothing() { 3 } else { 2 };
+        let mut row_max = dev.alloc_zeros::<f32>(self.tokens)?;
+        let mut sums = dev.alloc_zeros::<f32>(rows * self.tokens)?;
+        if self.tokens == 0 {
+            return Ok(CrossEntropySaved {
+                row_max,
+                sums,
+                tokens: 0,
+            });
+        }
+        let t = self.tokens as i64;
+        let rows_cfg = LaunchConfig::linear(self.tokens as u32, THREADS);
+        stream.launch(
+            ce_max_kernel(T::DTYPE),
+            rows_cfg,
+            FtnVocabCeMaxParams {
+                row_max: row_max.addr() as *mut f32,
+                logits: logits.addr() as *const _,
+                tokens: t,
+                cols: self.shard_vocab as i64,
+            },
+        )?;
+        if comm.size() > 1 {
+            comm.all_reduce_in_place(stream, &mut row_max, ReduceOp::Max)?;
+        }
+        stream.launch(
+            ce_stats_kernel(T::DTYPE),
+            rows_cfg,
+            FtnVocabCeStatsParams {
+                sums: sums.addr() as *mut f32,
+                row_max: row_max.addr() as *const f32,
+                logits: logits.addr() as *const _,
+                labels: labels.addr() as *const _,
+                tokens: t,
+                cols: self.shard_vocab as i64,
+                vocab_start: start as i64,
+                ids_i64: I::IS_I64 as u32,
+                with_logit_sum: self.smoothing() as u32,
+            },
+        )?;
+        if comm.size() > 1 {
+            comm.all_reduce_in_place(stream, &mut sums, ReduceOp::Sum)?;
+        }
+        stream.launch(
+            &kernels::FTN_VOCAB_CE_LOSS,
+            grid_stride(self.tokens),
+            FtnVocabCeLossParams {
+                loss: loss.addr() as *mut f32,
+                row_max: row_max.addr() as *const f32,
+                sums: sums.addr() as *const f32,
+                tokens: t,
+                smoothing: self.label_smoothing,
+                inv_vocab,
+            },
+        )?;
+        Ok(CrossEntropySaved {
+            row_max,
+            sums,
+            tokens: self.tokens,
+        })
+    }
+
+    /// This rank's logits gradient `[tokens, shard_vocab]`:
+    /// `dloss[t] * (softmax - (1 - eps) * onehot - eps / V)`. `logits`,
+    /// `labels` and `saved` are those of the forward; `dloss` is `[tokens]`
+    /// fp32. No communication.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: FloatElement, I: TokenId>(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        logits: &DeviceBuffer<T>,
+        labels: &DeviceBuffer<I>,
+        saved: &CrossEntropySaved,
+        dloss: &DeviceBuffer<f32>,
+        grad: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        let (n, ..) = self.check(CE_BWD, comm)?;
+        check_len(CE_BWD, "grad", stream, grad, n, "[tokens, shard_vocab]")?;
+        self.backward_unchecked(comm, stream, logits, labels, saved, dloss, grad.addr())
+    }
+
+    /// As [`Self::backward`], overwriting `logits` with the gradient.
+    pub fn backward_in_place<T: FloatElement, I: TokenId>(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        logits: &mut DeviceBuffer<T>,
+        labels: &DeviceBuffer<I>,
+        saved: &CrossEntropySaved,
+        dloss: &DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let addr = logits.addr();
+        self.backward_unchecked(comm, stream, logits, labels, saved, dloss, addr)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_unchecked<T: FloatElement, I: TokenId>(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        logits: &DeviceBuffer<T>,
+        labels: &DeviceBuffer<I>,
+        saved: &CrossEntropySaved,
+        dloss: &DeviceBuffer<f32>,
+        grad: u64,
+    ) -> Result<()> {
+        let (n, start, inv_vocab) = self.check(CE_BWD, comm)?;
+        check_len(CE_BWD, "logits", stream, logits, n, "[tokens, shard_vocab]")?;
+        check_len(CE_BWD, "labels", stream, labels, self.tokens, "[tokens]")?;
+        check_len(CE_BWD, "dloss", stream, dloss, self.tokens, "[tokens]")?;
+        let rows = if self.smoothing() { 3 } else { 2 };
+        if saved.tokens != self.tokens || saved.sums.len() != rows * self.tokens {
+            return Err(Error::invalid(
+                CE_BWD,
+                "saved",
+                format!(
+                    "the forward's statistics for {} tokens (label smoothing {})",
+                    self.tokens, self.label_smoothing
+                ),
+                format!("statistics for {} tokens", saved.tokens),
+            ));
+        }
+        stream
+            .device()
+            .check_same(CE_BWD, "saved", saved.row_max.device())?;
+        if n == 0 {
+            return Ok(());
+        }
+        stream.launch(
+            ce_bwd_kernel(T::DTYPE),
+            grid_stride(n),
+            FtnVocabCeBwdParams {
+                grad: grad as *mut _,
+                logits: logits.addr() as *const _,
+                labels: labels.addr() as *const _,
+                row_max: saved.row_max.addr() as *const f32,
+                sums: saved.sums.addr() as *const f32,
+                dloss: dloss.addr() as *const f32,
+                tokens: self.tokens as i64,
+                cols: self.shard_vocab as i64,
+                vocab_start: start as i64,
+                smoothing: self.label_smoothing,
+                inv_vocab,
+                ids_i64: I::IS_I64 as u32,
+                pad_: 0,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_and_ranges() {
+        assert_eq!(padded_vocab_size(50257, 1), Some(50304));
+        assert_eq!(padded_vocab_size(50257, 4), Some(50688));
+        assert_eq!(padded_vocab_size(256, 2), Some(256));
+        assert_eq!(padded_vocab_size(0, 2), Some(0));
+        assert_eq!(padded_vocab_size(10, 0), None);
+        assert_eq!(padded_vocab_size(usize::MAX, 2), None);
+        assert_eq!(vocab_range(300, 2, 1), Some((256, 256)));
+        assert_eq!(vocab_range(300, 2, 2), None);
+    }
+
+    #[test]
+    fn sharding_pads_with_zero_rows() {
+        let full: Vec<f32> = (0..300 * 2).map(|i| i as f32 + 1.0).collect();
+        let s1 = shard_vocab_rows(&full, 300, 2, 2, 1).unwrap();
+        assert_eq!(s1.len(), 256 * 2);
+        assert_eq!(&s1[..88], &full[512..600]);
+        assert!(s1[88..].iter().all(|&x| x == 0.0));
+        let s0 = shard_vocab_rows(&full, 300, 2, 2, 0).unwrap();
+        assert_eq!(&s0[..], &full[..512]);
+        assert!(shard_vocab_rows(&full, 300, 2, 2, 2).is_err());
+        assert!(shard_vocab_rows(&full[1..], 300, 2, 2, 0).is_err());
+    }
+}
