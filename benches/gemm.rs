@@ -8,9 +8,8 @@
 //! and a plain 8192^3. Emulator: small shapes (the numbers measure the
 //! emulator).
 //!
-//! TODO(issue 4): time cuBLASLt (through cudarc) with its GELU_BIAS epilogue
-//! on the same shapes in the same run and print both TFLOP/s and the ratio;
-//! not done yet, so no GPU comparison exists.
+//! The side-by-side with cuBLASLt's GELU_BIAS epilogue (same GPU, shapes and
+//! data, CUDA events) is `benches/gemm_vs_cublaslt.rs` (feature `cuda`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ferrotron::ops::gemm::{Aux, Epilogue, Gemm, GemmInputs};

@@ -79,8 +79,17 @@ fn stem(p: &Path) -> String {
 /// Runs nvcc on one file; returns the ptxas report and the spilling kernels.
 fn compile_one(nvcc: &Path, src: &Path, out: &Path, archs: &str) -> (String, Vec<String>) {
     let mut cmd = Command::new(nvcc);
-    cmd.args(["-fatbin", "-O3", "-std=c++17", "-Xptxas", "-v", "-lineinfo"])
-        .args(["-I", "cuda", "-I", "include"]);
+    cmd.args([
+        "-fatbin",
+        "-O3",
+        "-std=c++17",
+        "-Xptxas",
+        "-v",
+        "-lineinfo",
+        "--threads",
+        "0",
+    ])
+    .args(["-I", "cuda", "-I", "include"]);
     if let Some(cccl) = nvcc
         .parent()
         .and_then(|b| b.parent())
