@@ -33,12 +33,16 @@ pub fn build_fatbins(sources: &[PathBuf], out_dir: &Path) {
     let archs = std::env::var("FTN_CUDA_ARCHS").unwrap_or_else(|_| "sm_80,sm_90a".into());
     let deny_spills = std::env::var("FTN_DENY_SPILLS").is_ok_and(|v| v == "1");
 
+    let cache = fatbin_cache_dir(out_dir);
+    let headers = header_digest();
     let handles: Vec<_> = sources
         .iter()
         .map(|src| {
-            let (src, nvcc, archs) = (src.clone(), nvcc.clone(), archs.clone());
+            let (src, nvcc, archs, cache) =
+                (src.clone(), nvcc.clone(), archs.clone(), cache.clone());
             let out = out_dir.join(format!("{}.fatbin", stem(&src)));
-            std::thread::spawn(move || compile_one(&nvcc, &src, &out, &archs))
+            let key = cache_key(&nvcc, &src, &archs, headers);
+            std::thread::spawn(move || cached_compile(&nvcc, &src, &out, &archs, &cache, key))
         })
         .collect();
     let mut report = String::new();
@@ -70,6 +74,101 @@ pub fn build_fatbins(sources: &[PathBuf], out_dir: &Path) {
     rs.push_str("];\n");
     let _ = writeln!(rs, "pub static CUDA_ARCHS: &str = \"{archs}\";");
     std::fs::write(out_dir.join("fatbins.rs"), rs).expect("writing fatbins.rs");
+}
+
+/// Where fatbins are kept between builds (`FTN_FATBIN_CACHE`, default
+/// `target/ftn-fatbin-cache`): `cargo clippy`, `build`, `test` and `bench`
+/// each run the build script separately, and nvcc on the GEMM takes minutes.
+fn fatbin_cache_dir(out_dir: &Path) -> PathBuf {
+    println!("cargo:rerun-if-env-changed=FTN_FATBIN_CACHE");
+    std::env::var_os("FTN_FATBIN_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            out_dir
+                .ancestors()
+                .nth(4)
+                .map(|t| t.join("ftn-fatbin-cache"))
+        })
+        .unwrap_or_else(|| out_dir.join("fatbin-cache"))
+}
+
+/// FNV-1a, 64-bit: a stable content hash (std's hasher may change between
+/// Rust releases).
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Digest of every header a kernel can include (cuda/**/*.cuh, include/**).
+fn header_digest() -> u64 {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|e| e == "cuh" || e == "h") {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(Path::new("cuda"), &mut files);
+    walk(Path::new("include"), &mut files);
+    files.sort();
+    files.iter().fold(0xcbf2_9ce4_8422_2325, |h, f| {
+        let h = fnv(h, f.to_string_lossy().as_bytes());
+        fnv(h, &std::fs::read(f).unwrap_or_default())
+    })
+}
+
+fn cache_key(nvcc: &Path, src: &Path, archs: &str, headers: u64) -> u64 {
+    let mut h = fnv(headers, &std::fs::read(src).unwrap_or_default());
+    h = fnv(h, archs.as_bytes());
+    h = fnv(h, nvcc.to_string_lossy().as_bytes());
+    // The compiler's own version, so a new nvcc never reuses old binaries.
+    let version = Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    fnv(h, &version)
+}
+
+/// `compile_one`, reusing a cached fatbin (and its ptxas report) when the
+/// source, headers, targets and nvcc are unchanged.
+fn cached_compile(
+    nvcc: &Path,
+    src: &Path,
+    out: &Path,
+    archs: &str,
+    cache: &Path,
+    key: u64,
+) -> (String, Vec<String>) {
+    let (bin, log) = (
+        cache.join(format!("{key:016x}.fatbin")),
+        cache.join(format!("{key:016x}.log")),
+    );
+    if let (Ok(b), Ok(l)) = (std::fs::read(&bin), std::fs::read_to_string(&log)) {
+        if std::fs::write(out, b).is_ok() {
+            let spills = parse_spills(&l);
+            return (l, spills);
+        }
+    }
+    let (l, spills) = compile_one(nvcc, src, out, archs);
+    if std::fs::create_dir_all(cache).is_ok() {
+        // Log first, binary last: a reader that finds the binary finds both.
+        let _ = std::fs::write(&log, &l);
+        let tmp = cache.join(format!("{key:016x}.fatbin.{}", std::process::id()));
+        if std::fs::copy(out, &tmp).is_ok() {
+            let _ = std::fs::rename(&tmp, &bin);
+        }
+    }
+    (l, spills)
 }
 
 fn stem(p: &Path) -> String {
