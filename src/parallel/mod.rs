@@ -4,6 +4,8 @@
 //!
 //! [`Communicator`]: crate::comm::Communicator
 
+pub mod attention;
 pub mod linear;
 pub mod mappings;
+pub mod mlp;
 pub mod vocab;

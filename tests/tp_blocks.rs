@@ -1,0 +1,488 @@
+//! The tensor-parallel MLP and causal self-attention blocks on TP = 1, 2, 4
+//! in-process ranks against the unsharded float64 computation (written
+//! here): outputs and every gradient (input, all weights, all biases),
+//! sequence parallelism on and off, bf16 and fp16; the overlapped backward
+//! (communication on the communicator's stream) against the serialised one,
+//! bitwise. Sizes are odd (`ffn/tp = 9`, `head_dim = 6`, `hidden = 20`) so
+//! the GEMMs take their unaligned paths.
+
+mod common;
+
+use common::{assert_close, to_f64, Rng};
+use ferrotron::comm::Communicator;
+use ferrotron::core::dtype::FloatElement;
+use ferrotron::ops::Gelu;
+use ferrotron::parallel::attention::{AttentionGrads, AttentionOptions, TpAttention};
+use ferrotron::parallel::linear::{shard_cols, shard_rows, LinearGrads, TpElement, WeightGrad};
+use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
+use ferrotron::reference::bias_gelu::{gelu, gelu_grad};
+use ferrotron::{Device, DeviceBuffer};
+use half::{bf16, f16};
+
+const HIDDEN: usize = 20;
+const FFN: usize = 36;
+const SEQ: usize = 6;
+const BATCH: usize = 2;
+const TOKENS: usize = SEQ * BATCH;
+const HEADS: usize = 4;
+const HEAD_DIM: usize = 6;
+
+fn run_ranks<R: Send>(n: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+    let devices: Vec<Device> = (0..n).map(|_| Device::emu()).collect();
+    let comms = Communicator::in_process(&devices).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `a [m, k] x b^T` with `b [n, k]`.
+fn mm_bt(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|l| a[i * k + l] * b[j * k + l]).sum();
+        }
+    }
+    c
+}
+
+/// `a [m, k] x b [k, n]`.
+fn mm(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for l in 0..k {
+            for j in 0..n {
+                c[i * n + j] += a[i * k + l] * b[l * n + j];
+            }
+        }
+    }
+    c
+}
+
+/// `a^T b`, `a [k, m]`, `b [k, n]`.
+fn mm_at(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for l in 0..k {
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] += a[l * m + i] * b[l * n + j];
+            }
+        }
+    }
+    c
+}
+
+fn col_sums(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    (0..cols)
+        .map(|j| (0..rows).map(|i| a[i * cols + j]).sum())
+        .collect()
+}
+
+fn add_bias(y: &mut [f64], b: &[f64]) {
+    let n = b.len();
+    for (i, v) in y.iter_mut().enumerate() {
+        *v += b[i % n];
+    }
+}
+
+fn poisoned<T: TpElement>(c: &Communicator, n: usize) -> DeviceBuffer<T> {
+    let mut b = c.device().alloc_zeros::<T>(n).unwrap();
+    c.stream().fill_bytes(&mut b, 0xFF).unwrap();
+    b
+}
+
+fn sr<T: Copy>(v: &[T], rows: usize, cols: usize, tp: usize, r: usize) -> Vec<T> {
+    shard_rows(v, rows, cols, tp, r).unwrap()
+}
+fn sc<T: Copy>(v: &[T], rows: usize, cols: usize, tp: usize, r: usize) -> Vec<T> {
+    shard_cols(v, rows, cols, tp, r).unwrap()
+}
+
+/// A block's problem: input, the two layers' weights and biases, dY.
+struct Problem<T> {
+    x: (Vec<T>, Vec<f64>),
+    w1: (Vec<T>, Vec<f64>),
+    b1: (Vec<T>, Vec<f64>),
+    w2: (Vec<T>, Vec<f64>),
+    b2: (Vec<T>, Vec<f64>),
+    dy: (Vec<T>, Vec<f64>),
+}
+
+/// `(fc1 out, fc2 in)`: MLP `(FFN, FFN)`, attention `(3*H*D, H*D)`.
+fn problem<T: FloatElement>(rng: &mut Rng, out1: usize, in2: usize) -> Problem<T> {
+    Problem {
+        x: rng.tensor(TOKENS * HIDDEN, 1.0),
+        w1: rng.tensor(out1 * HIDDEN, 0.3),
+        b1: rng.tensor(out1, 0.5),
+        w2: rng.tensor(HIDDEN * in2, 0.3),
+        b2: rng.tensor(HIDDEN, 0.5),
+        dy: rng.tensor(TOKENS * HIDDEN, 1.0),
+    }
+}
+
+/// The f64 results: y, dx, dw1, db1, dw2, db2 (full, unsharded).
+type Full = [Vec<f64>; 6];
+
+fn mlp_reference<T>(p: &Problem<T>, g: Gelu) -> Full {
+    let mut pre = mm_bt(&p.x.1, &p.w1.1, TOKENS, FFN, HIDDEN);
+    add_bias(&mut pre, &p.b1.1);
+    let h: Vec<f64> = pre.iter().map(|&v| gelu(g, v)).collect();
+    let mut y = mm_bt(&h, &p.w2.1, TOKENS, HIDDEN, FFN);
+    add_bias(&mut y, &p.b2.1);
+    let dh = mm(&p.dy.1, &p.w2.1, TOKENS, FFN, HIDDEN);
+    let dpre: Vec<f64> = dh
+        .iter()
+        .zip(&pre)
+        .map(|(&d, &v)| d * gelu_grad(g, v))
+        .collect();
+    [
+        y,
+        mm(&dpre, &p.w1.1, TOKENS, HIDDEN, FFN),
+        mm_at(&dpre, &p.x.1, FFN, HIDDEN, TOKENS),
+        col_sums(&dpre, TOKENS, FFN),
+        mm_at(&p.dy.1, &h, HIDDEN, FFN, TOKENS),
+        col_sums(&p.dy.1, TOKENS, HIDDEN),
+    ]
+}
+
+/// Unsharded causal self-attention in f64, with the module's layouts: rows
+/// `i*BATCH + b`, QKV columns `(head, {q,k,v}, dim)`, context columns
+/// `(head, dim)`.
+fn attention_reference<T>(p: &Problem<T>) -> Full {
+    let (h, d) = (HEADS, HEAD_DIM);
+    let (w3, wc) = (3 * h * d, h * d);
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut qkv = mm_bt(&p.x.1, &p.w1.1, TOKENS, w3, HIDDEN);
+    add_bias(&mut qkv, &p.b1.1);
+    let at = |part: usize, b: usize, n: usize, i: usize, j: usize| {
+        (i * BATCH + b) * w3 + n * 3 * d + part * d + j
+    };
+    let mut ctx = vec![0.0; TOKENS * wc];
+    let mut probs = vec![vec![0.0; SEQ * SEQ]; BATCH * h];
+    for b in 0..BATCH {
+        for n in 0..h {
+            let pr = &mut probs[b * h + n];
+            for i in 0..SEQ {
+                let s: Vec<f64> = (0..=i)
+                    .map(|k| {
+                        scale
+                            * (0..d)
+                                .map(|j| qkv[at(0, b, n, i, j)] * qkv[at(1, b, n, k, j)])
+                                .sum::<f64>()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                for (k, v) in s.iter().enumerate() {
+                    pr[i * SEQ + k] = (v - m).exp() / z;
+                }
+                for j in 0..d {
+                    ctx[(i * BATCH + b) * wc + n * d + j] = (0..=i)
+                        .map(|k| pr[i * SEQ + k] * qkv[at(2, b, n, k, j)])
+                        .sum();
+                }
+            }
+        }
+    }
+    let mut y = mm_bt(&ctx, &p.w2.1, TOKENS, HIDDEN, wc);
+    add_bias(&mut y, &p.b2.1);
+    let dctx = mm(&p.dy.1, &p.w2.1, TOKENS, wc, HIDDEN);
+    let dw2 = mm_at(&p.dy.1, &ctx, HIDDEN, wc, TOKENS);
+    let db2 = col_sums(&p.dy.1, TOKENS, HIDDEN);
+    let mut dqkv = vec![0.0; TOKENS * w3];
+    for b in 0..BATCH {
+        for n in 0..h {
+            let pr = &probs[b * h + n];
+            let dc = |i: usize, j: usize| dctx[(i * BATCH + b) * wc + n * d + j];
+            for i in 0..SEQ {
+                let dp: Vec<f64> = (0..SEQ)
+                    .map(|k| (0..d).map(|j| dc(i, j) * qkv[at(2, b, n, k, j)]).sum())
+                    .collect();
+                let dot: f64 = (0..SEQ).map(|k| dp[k] * pr[i * SEQ + k]).sum();
+                let ds: Vec<f64> = (0..SEQ)
+                    .map(|k| scale * pr[i * SEQ + k] * (dp[k] - dot))
+                    .collect();
+                for j in 0..d {
+                    dqkv[at(0, b, n, i, j)] += (0..SEQ)
+                        .map(|k| ds[k] * qkv[at(1, b, n, k, j)])
+                        .sum::<f64>();
+                    for k in 0..SEQ {
+                        dqkv[at(1, b, n, k, j)] += ds[k] * qkv[at(0, b, n, i, j)];
+                        dqkv[at(2, b, n, k, j)] += pr[i * SEQ + k] * dc(i, j);
+                    }
+                }
+            }
+        }
+    }
+    [
+        y,
+        mm(&dqkv, &p.w1.1, TOKENS, HIDDEN, w3),
+        mm_at(&dqkv, &p.x.1, w3, HIDDEN, TOKENS),
+        col_sums(&dqkv, TOKENS, w3),
+        dw2,
+        db2,
+    ]
+}
+
+/// What one rank returns, in the order of [`Full`], this rank's parts.
+type RankOut = [Vec<f64>; 6];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Block {
+    Mlp,
+    Attention,
+}
+
+impl Block {
+    fn widths(self) -> (usize, usize) {
+        match self {
+            Block::Mlp => (FFN, FFN),
+            Block::Attention => (3 * HEADS * HEAD_DIM, HEADS * HEAD_DIM),
+        }
+    }
+}
+
+/// Runs one block's forward + backward on `tp` ranks. `fuse`: weight
+/// gradients accumulated into fp32 main_grads (starting at zero) instead of
+/// stored in `T`.
+fn run_block<T: TpElement>(
+    block: Block,
+    p: &Problem<T>,
+    tp: usize,
+    sp: bool,
+    overlap: bool,
+    fuse: bool,
+) -> Vec<RankOut> {
+    let (out1, in2) = block.widths();
+    run_ranks(tp, |c| {
+        let r = c.rank();
+        let dev = c.device().clone();
+        let s = dev.new_stream().unwrap();
+        let rows = if sp { TOKENS / tp } else { TOKENS };
+        let mine = |v: &[T]| {
+            if sp {
+                sr(v, TOKENS, HIDDEN, tp, r)
+            } else {
+                v.to_vec()
+            }
+        };
+        let x = dev.upload(&mine(&p.x.0)).unwrap();
+        let dy = dev.upload(&mine(&p.dy.0)).unwrap();
+        let mut y = poisoned::<T>(&c, rows * HIDDEN);
+        let mut dx = poisoned::<T>(&c, rows * HIDDEN);
+        let (o1, i2) = (out1 / tp, in2 / tp);
+        let mut gw1 = poisoned::<T>(&c, o1 * HIDDEN);
+        let mut gw2 = poisoned::<T>(&c, HIDDEN * i2);
+        let mut mw1 = dev.alloc_zeros::<f32>(o1 * HIDDEN).unwrap();
+        let mut mw2 = dev.alloc_zeros::<f32>(HIDDEN * i2).unwrap();
+        let mut gb1 = poisoned::<T>(&c, o1);
+        let mut gb2 = poisoned::<T>(&c, HIDDEN);
+        c.stream().synchronize().unwrap();
+        let (g1, g2) = if fuse {
+            (
+                WeightGrad::Accumulate(&mut mw1),
+                WeightGrad::Accumulate(&mut mw2),
+            )
+        } else {
+            (WeightGrad::Store(&mut gw1), WeightGrad::Store(&mut gw2))
+        };
+        let l1 = LinearGrads {
+            weight: g1,
+            bias: Some(&mut gb1),
+        };
+        let l2 = LinearGrads {
+            weight: g2,
+            bias: Some(&mut gb2),
+        };
+        match block {
+            Block::Mlp => {
+                let o = MlpOptions {
+                    sequence_parallel: sp,
+                    overlap,
+                    ..Default::default()
+                };
+                let mut m =
+                    TpMlp::from_full(&c, HIDDEN, FFN, &p.w1.0, &p.b1.0, &p.w2.0, &p.b2.0, o)
+                        .unwrap();
+                m.forward(&c, &s, &x, &mut y, TOKENS).unwrap();
+                m.backward(&c, &s, &x, &dy, &mut dx, MlpGrads { fc1: l1, fc2: l2 })
+                    .unwrap();
+            }
+            Block::Attention => {
+                let o = AttentionOptions {
+                    sequence_parallel: sp,
+                    overlap,
+                };
+                let mut a = TpAttention::from_full(
+                    &c, HIDDEN, HEADS, HEAD_DIM, &p.w1.0, &p.b1.0, &p.w2.0, &p.b2.0, o,
+                )
+                .unwrap();
+                a.forward(&c, &s, &x, &mut y, SEQ, BATCH).unwrap();
+                let grads = AttentionGrads { qkv: l1, proj: l2 };
+                a.backward(&c, &s, &x, &dy, &mut dx, grads).unwrap();
+            }
+        }
+        s.synchronize().unwrap();
+        let t = |b: &DeviceBuffer<T>| to_f64(&b.to_host().unwrap());
+        let f = |b: &DeviceBuffer<f32>| -> Vec<f64> {
+            b.to_host().unwrap().iter().map(|&v| v as f64).collect()
+        };
+        let (w1, w2) = if fuse {
+            (f(&mw1), f(&mw2))
+        } else {
+            (t(&gw1), t(&gw2))
+        };
+        [t(&y), t(&dx), w1, t(&gb1), w2, t(&gb2)]
+    })
+}
+
+fn check_block<T: TpElement>(block: Block, tp: usize, sp: bool, fuse: bool, salt: u64) {
+    let (out1, in2) = block.widths();
+    let (mut rng, seed) = Rng::new(salt);
+    let p = problem::<T>(&mut rng, out1, in2);
+    let full = match block {
+        Block::Mlp => mlp_reference(&p, Gelu::Tanh),
+        Block::Attention => attention_reference(&p),
+    };
+    let outs = run_block(block, &p, tp, sp, true, fuse);
+    assert_eq!(outs.len(), tp);
+    for (r, out) in outs.iter().enumerate() {
+        let rows_of = |v: &[f64]| {
+            if sp {
+                sr(v, TOKENS, HIDDEN, tp, r)
+            } else {
+                v.to_vec()
+            }
+        };
+        let want = [
+            rows_of(&full[0]),
+            rows_of(&full[1]),
+            sr(&full[2], out1, HIDDEN, tp, r),
+            sr(&full[3], out1, 1, tp, r),
+            sc(&full[4], HIDDEN, in2, tp, r),
+            full[5].clone(),
+        ];
+        let names = [
+            "output",
+            "grad_input",
+            "layer 1 weight grad",
+            "layer 1 bias grad",
+            "layer 2 weight grad",
+            "layer 2 bias grad",
+        ];
+        for ((o, w), n) in out.iter().zip(&want).zip(names) {
+            let what = format!("{block:?} tp={tp} sp={sp} fuse={fuse} rank {r}: {n}");
+            assert_close(&what, T::DTYPE, seed, o, w);
+        }
+    }
+}
+
+#[test]
+fn tp_mlp_matches_unsharded_on_tp_1_2_4_with_and_without_sp() {
+    for tp in [1, 2, 4] {
+        for sp in [false, true] {
+            check_block::<bf16>(Block::Mlp, tp, sp, tp != 2, 100 + tp as u64);
+        }
+    }
+    check_block::<f16>(Block::Mlp, 2, true, false, 107);
+}
+
+#[test]
+fn tp_attention_matches_unsharded_on_tp_1_2_4_with_and_without_sp() {
+    for tp in [1, 2, 4] {
+        for sp in [false, true] {
+            check_block::<bf16>(Block::Attention, tp, sp, tp != 2, 200 + tp as u64);
+        }
+    }
+    check_block::<f16>(Block::Attention, 2, false, true, 207);
+}
+
+#[test]
+fn overlapped_backward_equals_serialised_bitwise() {
+    let (mut rng, seed) = Rng::new(300);
+    for block in [Block::Mlp, Block::Attention] {
+        let (out1, in2) = block.widths();
+        let p = problem::<bf16>(&mut rng, out1, in2);
+        for sp in [false, true] {
+            let a = run_block(block, &p, 4, sp, true, true);
+            let b = run_block(block, &p, 4, sp, false, true);
+            assert_eq!(a, b, "{block:?} sp={sp} (seed {seed})");
+        }
+    }
+}
+
+#[test]
+fn invalid_arguments_are_errors() {
+    run_ranks(2, |c| {
+        let (out1, in2) = (9, 9);
+        let z = |n: usize| vec![bf16::ZERO; n];
+        let e = TpMlp::<bf16>::from_full(
+            &c,
+            HIDDEN,
+            out1,
+            &z(out1 * HIDDEN),
+            &z(out1),
+            &z(HIDDEN * in2),
+            &z(HIDDEN),
+            MlpOptions::default(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("out_features") && e.contains("multiple"), "{e}");
+        let e = TpAttention::<bf16>::from_full(
+            &c,
+            HIDDEN,
+            3,
+            4,
+            &z(36 * HIDDEN),
+            &z(36),
+            &z(HIDDEN * 12),
+            &z(HIDDEN),
+            AttentionOptions::default(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("heads"), "{e}");
+        let mut a = TpAttention::<bf16>::from_full(
+            &c,
+            HIDDEN,
+            2,
+            4,
+            &z(24 * HIDDEN),
+            &z(24),
+            &z(HIDDEN * 8),
+            &z(HIDDEN),
+            AttentionOptions::default(),
+        )
+        .unwrap();
+        let dev = c.device();
+        let x = dev.alloc_zeros::<bf16>(TOKENS * HIDDEN).unwrap();
+        let mut dx = dev.alloc_zeros::<bf16>(TOKENS * HIDDEN).unwrap();
+        let mut gw1 = dev.alloc_zeros::<bf16>(12 * HIDDEN).unwrap();
+        let mut gw2 = dev.alloc_zeros::<bf16>(HIDDEN * 4).unwrap();
+        let grads = AttentionGrads {
+            qkv: LinearGrads {
+                weight: WeightGrad::Store(&mut gw1),
+                bias: None,
+            },
+            proj: LinearGrads {
+                weight: WeightGrad::Store(&mut gw2),
+                bias: None,
+            },
+        };
+        let e = a
+            .backward(&c, c.stream(), &x, &x, &mut dx, grads)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("preceding forward"), "{e}");
+        let mut y = dev.alloc_zeros::<bf16>(5).unwrap();
+        let e = a
+            .forward(&c, c.stream(), &x, &mut y, SEQ, BATCH)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`output`"), "{e}");
+    });
+}
