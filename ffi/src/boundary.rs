@@ -99,7 +99,12 @@ pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> ferrotron::Result<()
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => ftnSuccess,
         Ok(Err(e)) => {
-            set_last_error(&format!("{name}: {e}"));
+            let msg = e.to_string();
+            if msg.starts_with(name) {
+                set_last_error(&msg);
+            } else {
+                set_last_error(&format!("{name}: {msg}"));
+            }
             status_of(&e)
         }
         Err(payload) => {
