@@ -7,7 +7,9 @@ use ferrotron::{Device, Result};
 use half::{bf16, f16};
 
 use crate::boundary::{ftnResult_t, guard, invalid};
-use crate::handles::{check_out, get, take, view, ftnContext, ftnContext_t, ftnStream, ftnStream_t, Handle};
+use crate::handles::{
+    check_out, ftnContext, ftnContext_t, ftnStream, ftnStream_t, get, take, view, Handle,
+};
 
 /// Reductions.
 #[allow(non_camel_case_types)]
@@ -56,7 +58,10 @@ impl Handle for ftnComm {
 }
 
 fn wrap(comm: Communicator) -> ftnComm_t {
-    Box::into_raw(Box::new(ftnComm { magic: ftnComm::MAGIC, comm }))
+    Box::into_raw(Box::new(ftnComm {
+        magic: ftnComm::MAGIC,
+        comm,
+    }))
 }
 
 /// Creates `nranks` ranks of one in-process communicator (emulator
@@ -64,7 +69,11 @@ fn wrap(comm: Communicator) -> ftnComm_t {
 /// written to `comms[i]`. A single thread may enqueue every rank's
 /// collectives (they run on the streams' worker threads).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_comm_init_all(comms: *mut ftnComm_t, nranks: c_int, ctxs: *const ftnContext_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_comm_init_all(
+    comms: *mut ftnComm_t,
+    nranks: c_int,
+    ctxs: *const ftnContext_t,
+) -> ftnResult_t {
     guard("ftn_comm_init_all", move || {
         const OP: &str = "ftn_comm_init_all";
         check_out(OP, "comms", comms)?;
@@ -73,7 +82,12 @@ pub unsafe extern "C" fn ftn_comm_init_all(comms: *mut ftnComm_t, nranks: c_int,
             .filter(|&n| n >= 1)
             .ok_or_else(|| invalid(OP, "nranks", "at least 1", nranks))?;
         if ctxs.is_null() {
-            return Err(invalid(OP, "ctxs", format!("a non-NULL array of {n} contexts"), "NULL"));
+            return Err(invalid(
+                OP,
+                "ctxs",
+                format!("a non-NULL array of {n} contexts"),
+                "NULL",
+            ));
         }
         // SAFETY: ctxs holds nranks handles by the contract.
         let handles = unsafe { std::slice::from_raw_parts(ctxs, n) };
@@ -117,7 +131,13 @@ pub unsafe extern "C" fn ftn_get_unique_id(id: *mut ftnUniqueId_t) -> ftnResult_
 /// Rank `rank` of an `nranks`-rank NCCL communicator on a CUDA context,
 /// from the unique id rank 0 created. Blocks until every rank has joined.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_comm_init_rank(comm: *mut ftnComm_t, ctx: ftnContext_t, nranks: c_int, id: *const ftnUniqueId_t, rank: c_int) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_comm_init_rank(
+    comm: *mut ftnComm_t,
+    ctx: ftnContext_t,
+    nranks: c_int,
+    id: *const ftnUniqueId_t,
+    rank: c_int,
+) -> ftnResult_t {
     guard("ftn_comm_init_rank", move || {
         const OP: &str = "ftn_comm_init_rank";
         check_out(OP, "comm", comm)?;
@@ -126,8 +146,14 @@ pub unsafe extern "C" fn ftn_comm_init_rank(comm: *mut ftnComm_t, ctx: ftnContex
         if id.is_null() {
             return Err(invalid(OP, "id", "a non-NULL ftnUniqueId_t", "NULL"));
         }
-        let n = usize::try_from(nranks).ok().filter(|&n| n >= 1).ok_or_else(|| invalid(OP, "nranks", "at least 1", nranks))?;
-        let r = usize::try_from(rank).ok().filter(|&r| r < n).ok_or_else(|| invalid(OP, "rank", format!("a rank in 0..{n}"), rank))?;
+        let n = usize::try_from(nranks)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| invalid(OP, "nranks", "at least 1", nranks))?;
+        let r = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < n)
+            .ok_or_else(|| invalid(OP, "rank", format!("a rank in 0..{n}"), rank))?;
         #[cfg(feature = "cuda")]
         {
             // SAFETY: checked non-NULL; a ftnUniqueId_t by the contract.
@@ -189,7 +215,12 @@ pub unsafe extern "C" fn ftn_comm_user_rank(comm: ftnComm_t, rank: *mut c_int) -
 /// gets NULL. Every rank must call it, from its own thread (it blocks
 /// until all have).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_comm_split(comm: ftnComm_t, color: c_int, key: c_int, newcomm: *mut ftnComm_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_comm_split(
+    comm: ftnComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ftnComm_t,
+) -> ftnResult_t {
     guard("ftn_comm_split", move || {
         const OP: &str = "ftn_comm_split";
         // SAFETY: handle contract.
@@ -198,7 +229,14 @@ pub unsafe extern "C" fn ftn_comm_split(comm: ftnComm_t, color: c_int, key: c_in
         let color = match color {
             FTN_SPLIT_NOCOLOR => None,
             c if c >= 0 => Some(c as usize),
-            other => return Err(invalid(OP, "color", "a color >= 0 or FTN_SPLIT_NOCOLOR", other)),
+            other => {
+                return Err(invalid(
+                    OP,
+                    "color",
+                    "a color >= 0 or FTN_SPLIT_NOCOLOR",
+                    other,
+                ))
+            }
         };
         let key = usize::try_from(key).map_err(|_| invalid(OP, "key", "a key >= 0", key))?;
         let sub = c.comm.split(color, key)?;
@@ -214,7 +252,14 @@ fn red_op(op: &'static str, v: c_int) -> Result<ReduceOp> {
         1 => ReduceOp::Max,
         2 => ReduceOp::Min,
         3 => ReduceOp::Avg,
-        other => return Err(invalid(op, "op", "ftnSum (0), ftnMax (1), ftnMin (2) or ftnAvg (3)", other)),
+        other => {
+            return Err(invalid(
+                op,
+                "op",
+                "ftnSum (0), ftnMax (1), ftnMin (2) or ftnAvg (3)",
+                other,
+            ))
+        }
     })
 }
 
@@ -226,8 +271,17 @@ struct Call<'a> {
 
 fn call<'a>(op: &'static str, comm: ftnComm_t, stream: ftnStream_t) -> Result<Call<'a>> {
     // SAFETY: handle contracts of every exported function.
-    let (c, s) = unsafe { (get::<ftnComm>(op, "comm", comm)?, get::<ftnStream>(op, "stream", stream)?) };
-    Ok(Call { comm: &c.comm, stream: &s.stream, dev: s.stream.device().clone() })
+    let (c, s) = unsafe {
+        (
+            get::<ftnComm>(op, "comm", comm)?,
+            get::<ftnStream>(op, "stream", stream)?,
+        )
+    };
+    Ok(Call {
+        comm: &c.comm,
+        stream: &s.stream,
+        dev: s.stream.device().clone(),
+    })
 }
 
 macro_rules! comm_dispatch {
@@ -263,15 +317,31 @@ macro_rules! comm_dispatch {
 }
 
 fn count_times(op: &'static str, arg: &'static str, count: usize, ranks: usize) -> Result<usize> {
-    count
-        .checked_mul(ranks)
-        .ok_or_else(|| invalid(op, arg, "a count whose world-size multiple fits in size_t", count))
+    count.checked_mul(ranks).ok_or_else(|| {
+        invalid(
+            op,
+            arg,
+            "a count whose world-size multiple fits in size_t",
+            count,
+        )
+    })
 }
 
-unsafe fn all_reduce_t<T: CommElement>(c: &Call, send: *const c_void, recv: *mut c_void, count: usize, op: ReduceOp) -> Result<()> {
+unsafe fn all_reduce_t<T: CommElement>(
+    c: &Call,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
     const OP: &str = "ftn_all_reduce";
     // SAFETY: pointer contracts: `count` elements each.
-    let (s, mut r) = unsafe { (view::<T>(&c.dev, OP, "sendbuff", send, count)?, view::<T>(&c.dev, OP, "recvbuff", recv, count)?) };
+    let (s, mut r) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
+            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
+        )
+    };
     c.comm.all_reduce(c.stream, &s, &mut r, op).map(drop)
 }
 
@@ -296,11 +366,21 @@ pub unsafe extern "C" fn ftn_all_reduce(
     })
 }
 
-unsafe fn all_gather_t<T: CommElement>(c: &Call, send: *const c_void, recv: *mut c_void, count: usize) -> Result<()> {
+unsafe fn all_gather_t<T: CommElement>(
+    c: &Call,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+) -> Result<()> {
     const OP: &str = "ftn_all_gather";
     let total = count_times(OP, "sendcount", count, c.comm.size())?;
     // SAFETY: pointer contracts.
-    let (s, mut r) = unsafe { (view::<T>(&c.dev, OP, "sendbuff", send, count)?, view::<T>(&c.dev, OP, "recvbuff", recv, total)?) };
+    let (s, mut r) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
+            view::<T>(&c.dev, OP, "recvbuff", recv, total)?,
+        )
+    };
     c.comm.all_gather(c.stream, &s, &mut r).map(drop)
 }
 
@@ -323,11 +403,22 @@ pub unsafe extern "C" fn ftn_all_gather(
     })
 }
 
-unsafe fn reduce_scatter_t<T: CommElement>(c: &Call, send: *const c_void, recv: *mut c_void, count: usize, op: ReduceOp) -> Result<()> {
+unsafe fn reduce_scatter_t<T: CommElement>(
+    c: &Call,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
     const OP: &str = "ftn_reduce_scatter";
     let total = count_times(OP, "recvcount", count, c.comm.size())?;
     // SAFETY: pointer contracts.
-    let (s, mut r) = unsafe { (view::<T>(&c.dev, OP, "sendbuff", send, total)?, view::<T>(&c.dev, OP, "recvbuff", recv, count)?) };
+    let (s, mut r) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "sendbuff", send, total)?,
+            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
+        )
+    };
     c.comm.reduce_scatter(c.stream, &s, &mut r, op).map(drop)
 }
 
@@ -352,7 +443,12 @@ pub unsafe extern "C" fn ftn_reduce_scatter(
     })
 }
 
-unsafe fn broadcast_t<T: CommElement>(c: &Call, buf: *mut c_void, count: usize, root: usize) -> Result<()> {
+unsafe fn broadcast_t<T: CommElement>(
+    c: &Call,
+    buf: *mut c_void,
+    count: usize,
+    root: usize,
+) -> Result<()> {
     // SAFETY: pointer contract.
     let mut b = unsafe { view::<T>(&c.dev, "ftn_broadcast", "buff", buf, count)? };
     c.comm.broadcast(c.stream, &mut b, root).map(drop)
@@ -360,7 +456,14 @@ unsafe fn broadcast_t<T: CommElement>(c: &Call, buf: *mut c_void, count: usize, 
 
 /// Copies `buff` (`count` elements) of rank `root` into `buff` of every rank.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_broadcast(buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ftnComm_t, stream: ftnStream_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_broadcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
     guard("ftn_broadcast", move || {
         const OP: &str = "ftn_broadcast";
         let c = call(OP, comm, stream)?;
@@ -379,13 +482,23 @@ pub unsafe extern "C" fn ftn_barrier(comm: ftnComm_t, stream: ftnStream_t) -> ft
     })
 }
 
-unsafe fn send_t<T: CommElement>(c: &Call, buf: *const c_void, count: usize, peer: usize) -> Result<()> {
+unsafe fn send_t<T: CommElement>(
+    c: &Call,
+    buf: *const c_void,
+    count: usize,
+    peer: usize,
+) -> Result<()> {
     // SAFETY: pointer contract.
     let b = unsafe { view::<T>(&c.dev, "ftn_send", "sendbuff", buf, count)? };
     c.comm.send(c.stream, &b, peer).map(drop)
 }
 
-unsafe fn recv_t<T: CommElement>(c: &Call, buf: *mut c_void, count: usize, peer: usize) -> Result<()> {
+unsafe fn recv_t<T: CommElement>(
+    c: &Call,
+    buf: *mut c_void,
+    count: usize,
+    peer: usize,
+) -> Result<()> {
     // SAFETY: pointer contract.
     let mut b = unsafe { view::<T>(&c.dev, "ftn_recv", "recvbuff", buf, count)? };
     c.comm.recv(c.stream, &mut b, peer).map(drop)
@@ -393,7 +506,14 @@ unsafe fn recv_t<T: CommElement>(c: &Call, buf: *mut c_void, count: usize, peer:
 
 /// Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_send(sendbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: ftnComm_t, stream: ftnStream_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_send(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
     guard("ftn_send", move || {
         const OP: &str = "ftn_send";
         let c = call(OP, comm, stream)?;
@@ -405,7 +525,14 @@ pub unsafe extern "C" fn ftn_send(sendbuff: *const c_void, count: usize, datatyp
 
 /// Receives `count` elements from `peer` (its `ftn_send` has the same count).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_recv(recvbuff: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: ftnComm_t, stream: ftnStream_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_recv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
     guard("ftn_recv", move || {
         const OP: &str = "ftn_recv";
         let c = call(OP, comm, stream)?;

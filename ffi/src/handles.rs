@@ -76,7 +76,11 @@ handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
 /// # Safety
 /// `p` is NULL or points to a handle created by this library and not yet
 /// destroyed (a destroyed handle is detected on a best-effort basis).
-pub(crate) unsafe fn get<'a, H: Handle>(op: &'static str, arg: &'static str, p: *mut H) -> Result<&'a H> {
+pub(crate) unsafe fn get<'a, H: Handle>(
+    op: &'static str,
+    arg: &'static str,
+    p: *mut H,
+) -> Result<&'a H> {
     if p.is_null() {
         return Err(invalid(op, arg, format!("a live {}", H::KIND), "NULL"));
     }
@@ -99,7 +103,11 @@ pub(crate) unsafe fn get<'a, H: Handle>(op: &'static str, arg: &'static str, p: 
 ///
 /// # Safety
 /// As [`get`]; `p` must not be used after this.
-pub(crate) unsafe fn take<H: Handle>(op: &'static str, arg: &'static str, p: *mut H) -> Result<Box<H>> {
+pub(crate) unsafe fn take<H: Handle>(
+    op: &'static str,
+    arg: &'static str,
+    p: *mut H,
+) -> Result<Box<H>> {
     // SAFETY: forwarded contract.
     unsafe { get(op, arg, p)? };
     // SAFETY: a live handle created by Box::into_raw.
@@ -112,9 +120,19 @@ pub(crate) unsafe fn take<H: Handle>(op: &'static str, arg: &'static str, p: *mu
 ///
 /// # Safety
 /// `out` is NULL or valid for a write of `T`.
-pub(crate) unsafe fn write_out<T>(op: &'static str, arg: &'static str, out: *mut T, v: T) -> Result<()> {
+pub(crate) unsafe fn write_out<T>(
+    op: &'static str,
+    arg: &'static str,
+    out: *mut T,
+    v: T,
+) -> Result<()> {
     if out.is_null() {
-        return Err(invalid(op, arg, "a non-NULL pointer to write the result to", "NULL"));
+        return Err(invalid(
+            op,
+            arg,
+            "a non-NULL pointer to write the result to",
+            "NULL",
+        ));
     }
     // SAFETY: non-NULL and valid by the contract.
     unsafe { out.write(v) };
@@ -124,7 +142,12 @@ pub(crate) unsafe fn write_out<T>(op: &'static str, arg: &'static str, out: *mut
 /// Checks an out-pointer for NULL before any work is done.
 pub(crate) fn check_out<T>(op: &'static str, arg: &'static str, out: *mut T) -> Result<()> {
     if out.is_null() {
-        return Err(invalid(op, arg, "a non-NULL pointer to write the result to", "NULL"));
+        return Err(invalid(
+            op,
+            arg,
+            "a non-NULL pointer to write the result to",
+            "NULL",
+        ));
     }
     Ok(())
 }
@@ -159,7 +182,10 @@ pub(crate) unsafe fn view<T: Element>(
             format!("{ptr:p}"),
         ));
     }
-    if len.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
+    if len
+        .checked_mul(std::mem::size_of::<T>())
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
         return Err(invalid(
             op,
             arg,
@@ -200,7 +226,14 @@ pub(crate) fn dim(op: &'static str, arg: &'static str, v: i64) -> Result<usize> 
 pub(crate) fn mul(op: &'static str, arg: &'static str, a: usize, b: usize) -> Result<usize> {
     a.checked_mul(b)
         .filter(|&n| n <= i64::MAX as usize)
-        .ok_or_else(|| invalid(op, arg, "a product that fits in int64_t", format!("{a} * {b} (overflows)")))
+        .ok_or_else(|| {
+            invalid(
+                op,
+                arg,
+                "a product that fits in int64_t",
+                format!("{a} * {b} (overflows)"),
+            )
+        })
 }
 
 /// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
@@ -208,17 +241,28 @@ pub(crate) fn mul(op: &'static str, arg: &'static str, a: usize, b: usize) -> Re
 /// emulator). With `ftnBackendAuto` the emulator is used when no GPU can
 /// be; query which with `ftn_context_get_backend`.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_context_create(backend: c_int, device: c_int, ctx: *mut ftnContext_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_context_create(
+    backend: c_int,
+    device: c_int,
+    ctx: *mut ftnContext_t,
+) -> ftnResult_t {
     guard("ftn_context_create", move || {
         const OP: &str = "ftn_context_create";
         check_out(OP, "ctx", ctx)?;
-        let ordinal = || usize::try_from(device).map_err(|_| invalid(OP, "device", "a GPU ordinal >= 0", device));
+        let ordinal = || {
+            usize::try_from(device).map_err(|_| invalid(OP, "device", "a GPU ordinal >= 0", device))
+        };
         let dev = match backend {
             0 => Device::emu(),
             1 => Device::cuda(ordinal()?)?,
             2 => Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu()),
             other => {
-                return Err(invalid(OP, "backend", "ftnBackendEmu (0), ftnBackendCuda (1) or ftnBackendAuto (2)", other))
+                return Err(invalid(
+                    OP,
+                    "backend",
+                    "ftnBackendEmu (0), ftnBackendCuda (1) or ftnBackendAuto (2)",
+                    other,
+                ))
             }
         };
         let h = ftnContext::into_raw(dev, Mutex::new(HashMap::new()));
@@ -243,7 +287,10 @@ pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
 
 /// The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_context_get_backend(ctx: ftnContext_t, backend: *mut c_int) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_context_get_backend(
+    ctx: ftnContext_t,
+    backend: *mut c_int,
+) -> ftnResult_t {
     guard("ftn_context_get_backend", move || {
         const OP: &str = "ftn_context_get_backend";
         // SAFETY: handle contract.
@@ -259,7 +306,11 @@ pub unsafe extern "C" fn ftn_context_get_backend(ctx: ftnContext_t, backend: *mu
 
 /// Writes the device's name, NUL-terminated and truncated to `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_context_get_name(ctx: ftnContext_t, name: *mut c_char, len: usize) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_context_get_name(
+    ctx: ftnContext_t,
+    name: *mut c_char,
+    len: usize,
+) -> ftnResult_t {
     guard("ftn_context_get_name", move || {
         const OP: &str = "ftn_context_get_name";
         // SAFETY: handle contract.
@@ -285,14 +336,20 @@ pub unsafe extern "C" fn ftn_context_get_name(ctx: ftnContext_t, name: *mut c_ch
 pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult_t {
     guard("ftn_context_synchronize", move || {
         // SAFETY: handle contract.
-        unsafe { get("ftn_context_synchronize", "ctx", ctx)? }.dev.synchronize()
+        unsafe { get("ftn_context_synchronize", "ctx", ctx)? }
+            .dev
+            .synchronize()
     })
 }
 
 /// Allocates `bytes` zeroed bytes of device memory (host memory on the
 /// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_malloc(ctx: ftnContext_t, ptr: *mut *mut c_void, bytes: usize) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_malloc(
+    ctx: ftnContext_t,
+    ptr: *mut *mut c_void,
+    bytes: usize,
+) -> ftnResult_t {
     guard("ftn_malloc", move || {
         const OP: &str = "ftn_malloc";
         // SAFETY: handle contract.
@@ -305,7 +362,10 @@ pub unsafe extern "C" fn ftn_malloc(ctx: ftnContext_t, ptr: *mut *mut c_void, by
         }
         let buf = c.dev.alloc_zeros::<u8>(bytes)?;
         let addr = buf.addr();
-        c.allocs.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, buf);
+        c.allocs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, buf);
         // SAFETY: checked non-NULL.
         unsafe { ptr.write(addr as *mut c_void) };
         Ok(())
@@ -323,20 +383,32 @@ pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnRes
         if ptr.is_null() {
             return Ok(());
         }
-        let buf = c.allocs.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ptr as u64));
+        let buf = c
+            .allocs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(ptr as u64));
         match buf {
             Some(b) => {
                 drop(b);
                 Ok(())
             }
-            None => Err(invalid(OP, "ptr", "a pointer returned by ftn_malloc on this context", format!("{ptr:p}"))),
+            None => Err(invalid(
+                OP,
+                "ptr",
+                "a pointer returned by ftn_malloc on this context",
+                format!("{ptr:p}"),
+            )),
         }
     })
 }
 
 /// Creates a stream (an in-order queue of work) on a context.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_stream_create(ctx: ftnContext_t, stream: *mut ftnStream_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_stream_create(
+    ctx: ftnContext_t,
+    stream: *mut ftnStream_t,
+) -> ftnResult_t {
     guard("ftn_stream_create", move || {
         const OP: &str = "ftn_stream_create";
         // SAFETY: handle contract.
@@ -368,13 +440,18 @@ pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t 
 pub unsafe extern "C" fn ftn_stream_synchronize(stream: ftnStream_t) -> ftnResult_t {
     guard("ftn_stream_synchronize", move || {
         // SAFETY: handle contract.
-        unsafe { get("ftn_stream_synchronize", "stream", stream)? }.stream.synchronize()
+        unsafe { get("ftn_stream_synchronize", "stream", stream)? }
+            .stream
+            .synchronize()
     })
 }
 
 /// Makes later work on `stream` wait for the event's latest record.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_stream_wait_event(stream: ftnStream_t, event: ftnEvent_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_stream_wait_event(
+    stream: ftnStream_t,
+    event: ftnEvent_t,
+) -> ftnResult_t {
     guard("ftn_stream_wait_event", move || {
         const OP: &str = "ftn_stream_wait_event";
         // SAFETY: handle contracts.
@@ -386,7 +463,10 @@ pub unsafe extern "C" fn ftn_stream_wait_event(stream: ftnStream_t, event: ftnEv
 /// Creates an event on a context (not yet recorded: waiting on it
 /// returns at once).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_event_create(ctx: ftnContext_t, event: *mut ftnEvent_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_event_create(
+    ctx: ftnContext_t,
+    event: *mut ftnEvent_t,
+) -> ftnResult_t {
     guard("ftn_event_create", move || {
         const OP: &str = "ftn_event_create";
         // SAFETY: handle contract.
@@ -425,7 +505,9 @@ pub unsafe extern "C" fn ftn_event_record(event: ftnEvent_t, stream: ftnStream_t
 pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t {
     guard("ftn_event_synchronize", move || {
         // SAFETY: handle contract.
-        unsafe { get("ftn_event_synchronize", "event", event)? }.event.synchronize()
+        unsafe { get("ftn_event_synchronize", "event", event)? }
+            .event
+            .synchronize()
     })
 }
 
@@ -445,7 +527,11 @@ pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int
 
 /// Milliseconds between two completed records (`start` before `end`).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_event_elapsed_ms(start: ftnEvent_t, end: ftnEvent_t, ms: *mut f32) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_event_elapsed_ms(
+    start: ftnEvent_t,
+    end: ftnEvent_t,
+    ms: *mut f32,
+) -> ftnResult_t {
     guard("ftn_event_elapsed_ms", move || {
         const OP: &str = "ftn_event_elapsed_ms";
         // SAFETY: handle contracts.
@@ -464,13 +550,23 @@ fn stream_dev(s: &ftnStream) -> Device {
 /// Enqueues a copy of `bytes` bytes from host memory `src` to device
 /// memory `dst`. `src` is staged before the call returns.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_memcpy_htod(stream: ftnStream_t, dst: *mut c_void, src: *const c_void, bytes: usize) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_memcpy_htod(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
     guard("ftn_memcpy_htod", move || {
         const OP: &str = "ftn_memcpy_htod";
         // SAFETY: handle contract.
         let s = unsafe { get(OP, "stream", stream)? };
         if src.is_null() && bytes > 0 {
-            return Err(invalid(OP, "src", format!("a non-NULL host pointer to {bytes} bytes"), "NULL"));
+            return Err(invalid(
+                OP,
+                "src",
+                format!("a non-NULL host pointer to {bytes} bytes"),
+                "NULL",
+            ));
         }
         // SAFETY: pointer contracts (valid for `bytes` bytes).
         let mut d = unsafe { view::<u8>(&stream_dev(s), OP, "dst", dst, bytes)? };
@@ -486,13 +582,23 @@ pub unsafe extern "C" fn ftn_memcpy_htod(stream: ftnStream_t, dst: *mut c_void, 
 /// Copies `bytes` bytes from device memory `src` to host memory `dst`
 /// after the stream's earlier work (blocks the caller).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_memcpy_dtoh(stream: ftnStream_t, dst: *mut c_void, src: *const c_void, bytes: usize) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_memcpy_dtoh(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
     guard("ftn_memcpy_dtoh", move || {
         const OP: &str = "ftn_memcpy_dtoh";
         // SAFETY: handle contract.
         let s = unsafe { get(OP, "stream", stream)? };
         if dst.is_null() && bytes > 0 {
-            return Err(invalid(OP, "dst", format!("a non-NULL host pointer to {bytes} bytes"), "NULL"));
+            return Err(invalid(
+                OP,
+                "dst",
+                format!("a non-NULL host pointer to {bytes} bytes"),
+                "NULL",
+            ));
         }
         // SAFETY: pointer contracts.
         let v = unsafe { view::<u8>(&stream_dev(s), OP, "src", src, bytes)? };
@@ -507,14 +613,24 @@ pub unsafe extern "C" fn ftn_memcpy_dtoh(stream: ftnStream_t, dst: *mut c_void, 
 
 /// Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_memcpy_dtod(stream: ftnStream_t, dst: *mut c_void, src: *const c_void, bytes: usize) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_memcpy_dtod(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
     guard("ftn_memcpy_dtod", move || {
         const OP: &str = "ftn_memcpy_dtod";
         // SAFETY: handle contract.
         let s = unsafe { get(OP, "stream", stream)? };
         let dev = stream_dev(s);
         // SAFETY: pointer contracts.
-        let (v, mut d) = unsafe { (view::<u8>(&dev, OP, "src", src, bytes)?, view::<u8>(&dev, OP, "dst", dst, bytes)?) };
+        let (v, mut d) = unsafe {
+            (
+                view::<u8>(&dev, OP, "src", src, bytes)?,
+                view::<u8>(&dev, OP, "dst", dst, bytes)?,
+            )
+        };
         if bytes == 0 {
             return Ok(());
         }
@@ -525,12 +641,18 @@ pub unsafe extern "C" fn ftn_memcpy_dtod(stream: ftnStream_t, dst: *mut c_void, 
 /// Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
 /// 0xFF makes float buffers NaN).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_memset(stream: ftnStream_t, dst: *mut c_void, value: c_int, bytes: usize) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_memset(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    value: c_int,
+    bytes: usize,
+) -> ftnResult_t {
     guard("ftn_memset", move || {
         const OP: &str = "ftn_memset";
         // SAFETY: handle contract.
         let s = unsafe { get(OP, "stream", stream)? };
-        let byte = u8::try_from(value).map_err(|_| invalid(OP, "value", "a byte value in 0..=255", value))?;
+        let byte = u8::try_from(value)
+            .map_err(|_| invalid(OP, "value", "a byte value in 0..=255", value))?;
         // SAFETY: pointer contract.
         let mut d = unsafe { view::<u8>(&stream_dev(s), OP, "dst", dst, bytes)? };
         if bytes == 0 {
@@ -539,4 +661,3 @@ pub unsafe extern "C" fn ftn_memset(stream: ftnStream_t, dst: *mut c_void, value
         s.stream.fill_bytes(&mut d, byte)
     })
 }
-

@@ -74,12 +74,18 @@ mod tests {
         assert_eq!(FTN_VERSION_MAJOR, p(env!("CARGO_PKG_VERSION_MAJOR")));
         assert_eq!(FTN_VERSION_MINOR, p(env!("CARGO_PKG_VERSION_MINOR")));
         assert_eq!(FTN_VERSION_PATCH, p(env!("CARGO_PKG_VERSION_PATCH")));
-        assert_eq!(FTN_VERSION, FTN_VERSION_MAJOR * 10000 + FTN_VERSION_MINOR * 100 + FTN_VERSION_PATCH);
+        assert_eq!(
+            FTN_VERSION,
+            FTN_VERSION_MAJOR * 10000 + FTN_VERSION_MINOR * 100 + FTN_VERSION_PATCH
+        );
         let mut v = 0;
         // SAFETY: a valid out-pointer.
         assert_eq!(unsafe { ftn_get_version(&mut v) }, ftnResult_t::ftnSuccess);
         assert_eq!(v, FTN_VERSION);
         // SAFETY: NULL is rejected before any write.
-        assert_eq!(unsafe { ftn_get_version(std::ptr::null_mut()) }, ftnResult_t::ftnInvalidArgument);
+        assert_eq!(
+            unsafe { ftn_get_version(std::ptr::null_mut()) },
+            ftnResult_t::ftnInvalidArgument
+        );
     }
 }

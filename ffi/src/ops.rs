@@ -60,13 +60,27 @@ pub(crate) unsafe trait Desc: Copy {
 ///
 /// # Safety
 /// `p` is NULL or valid for reads of `p->size` bytes.
-pub(crate) unsafe fn read_desc<D: Desc>(op: &'static str, arg: &'static str, p: *const D) -> Result<D> {
+pub(crate) unsafe fn read_desc<D: Desc>(
+    op: &'static str,
+    arg: &'static str,
+    p: *const D,
+) -> Result<D> {
     let ours = std::mem::size_of::<D>();
     if p.is_null() {
-        return Err(invalid(op, arg, format!("a non-NULL pointer to a {}", D::NAME), "NULL"));
+        return Err(invalid(
+            op,
+            arg,
+            format!("a non-NULL pointer to a {}", D::NAME),
+            "NULL",
+        ));
     }
     if (p as usize) % std::mem::align_of::<D>() != 0 {
-        return Err(invalid(op, arg, format!("a pointer aligned for {}", D::NAME), format!("{p:p}")));
+        return Err(invalid(
+            op,
+            arg,
+            format!("a pointer aligned for {}", D::NAME),
+            format!("{p:p}"),
+        ));
     }
     // SAFETY: non-NULL, aligned; every descriptor starts with a size_t.
     let size = unsafe { (p as *const usize).read() };
@@ -99,7 +113,9 @@ pub(crate) unsafe fn read_desc<D: Desc>(op: &'static str, arg: &'static str, p: 
     // SAFETY: any bytes are a valid D (trait contract); copy the known prefix.
     let mut d: D = unsafe { std::mem::zeroed() };
     // SAFETY: both ranges are at least min(size, ours) bytes and disjoint.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), &mut d as *mut D as *mut u8, size.min(ours)) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), &mut d as *mut D as *mut u8, size.min(ours))
+    };
     Ok(d)
 }
 
@@ -108,12 +124,26 @@ pub(crate) unsafe fn read_desc<D: Desc>(op: &'static str, arg: &'static str, p: 
 ///
 /// # Safety
 /// As [`read_desc`].
-pub(crate) unsafe fn check_out_desc<D: Desc>(op: &'static str, arg: &'static str, p: *mut D) -> Result<()> {
+pub(crate) unsafe fn check_out_desc<D: Desc>(
+    op: &'static str,
+    arg: &'static str,
+    p: *mut D,
+) -> Result<()> {
     if p.is_null() {
-        return Err(invalid(op, arg, format!("a non-NULL pointer to a {}", D::NAME), "NULL"));
+        return Err(invalid(
+            op,
+            arg,
+            format!("a non-NULL pointer to a {}", D::NAME),
+            "NULL",
+        ));
     }
     if (p as usize) % std::mem::align_of::<D>() != 0 {
-        return Err(invalid(op, arg, format!("a pointer aligned for {}", D::NAME), format!("{p:p}")));
+        return Err(invalid(
+            op,
+            arg,
+            format!("a pointer aligned for {}", D::NAME),
+            format!("{p:p}"),
+        ));
     }
     // SAFETY: non-NULL, aligned, starts with a size_t.
     let size = unsafe { (p as *const usize).read() };
@@ -121,7 +151,12 @@ pub(crate) unsafe fn check_out_desc<D: Desc>(op: &'static str, arg: &'static str
         return Err(invalid(
             op,
             "size",
-            format!("{}.size = sizeof({}) (at least {})", arg, D::NAME, D::V1_SIZE),
+            format!(
+                "{}.size = sizeof({}) (at least {})",
+                arg,
+                D::NAME,
+                D::V1_SIZE
+            ),
             size,
         ));
     }
@@ -203,7 +238,12 @@ fn gelu_of(op: &'static str, g: i32) -> Result<Gelu> {
     match g {
         0 => Ok(Gelu::Tanh),
         1 => Ok(Gelu::Erf),
-        other => Err(invalid(op, "desc.gelu", "ftnGeluTanh (0) or ftnGeluErf (1)", other)),
+        other => Err(invalid(
+            op,
+            "desc.gelu",
+            "ftnGeluTanh (0) or ftnGeluErf (1)",
+            other,
+        )),
     }
 }
 
@@ -217,7 +257,11 @@ fn shape(op: &'static str, rows: i64, cols: i64, cols_name: &'static str) -> Res
     let rows_u = dim(op, "desc.rows", rows)?;
     let cols_u = dim(op, cols_name, cols)?;
     let n = mul(op, "desc.rows * cols", rows_u, cols_u)?;
-    Ok(Shape { rows: rows_u, cols: cols_u, n })
+    Ok(Shape {
+        rows: rows_u,
+        cols: cols_u,
+        n,
+    })
 }
 
 fn stream_of<'a>(op: &'static str, stream: ftnStream_t) -> Result<(&'a ftnStream, Device)> {
@@ -327,7 +371,9 @@ pub unsafe extern "C" fn ftn_layer_norm_forward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(OP, "desc", desc)? };
         let sh = norm_shape(OP, &d)?;
-        let ln = LayerNorm::new(sh.rows, sh.cols).with_eps(d.eps).with_zero_centered_gamma(d.zero_centered_gamma != 0);
+        let ln = LayerNorm::new(sh.rows, sh.cols)
+            .with_eps(d.eps)
+            .with_zero_centered_gamma(d.zero_centered_gamma != 0);
         float_dispatch!(OP, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (xv, gv, bv, mut yv, mut mv, mut rv) = unsafe {
@@ -366,7 +412,9 @@ pub unsafe extern "C" fn ftn_layer_norm_backward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(OP, "desc", desc)? };
         let sh = norm_shape(OP, &d)?;
-        let ln = LayerNorm::new(sh.rows, sh.cols).with_eps(d.eps).with_zero_centered_gamma(d.zero_centered_gamma != 0);
+        let ln = LayerNorm::new(sh.rows, sh.cols)
+            .with_eps(d.eps)
+            .with_zero_centered_gamma(d.zero_centered_gamma != 0);
         float_dispatch!(OP, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, mv, rv, gv, mut dxv, mut dgv, mut dbv) = unsafe {
@@ -403,7 +451,9 @@ pub unsafe extern "C" fn ftn_rms_norm_forward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(OP, "desc", desc)? };
         let sh = norm_shape(OP, &d)?;
-        let rms = RmsNorm::new(sh.rows, sh.cols).with_eps(d.eps).with_zero_centered_gamma(d.zero_centered_gamma != 0);
+        let rms = RmsNorm::new(sh.rows, sh.cols)
+            .with_eps(d.eps)
+            .with_zero_centered_gamma(d.zero_centered_gamma != 0);
         float_dispatch!(OP, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (xv, gv, mut yv, mut rv) = unsafe {
@@ -437,7 +487,9 @@ pub unsafe extern "C" fn ftn_rms_norm_backward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(OP, "desc", desc)? };
         let sh = norm_shape(OP, &d)?;
-        let rms = RmsNorm::new(sh.rows, sh.cols).with_eps(d.eps).with_zero_centered_gamma(d.zero_centered_gamma != 0);
+        let rms = RmsNorm::new(sh.rows, sh.cols)
+            .with_eps(d.eps)
+            .with_zero_centered_gamma(d.zero_centered_gamma != 0);
         float_dispatch!(OP, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, rv, gv, mut dxv, mut dgv) = unsafe {
@@ -519,14 +571,31 @@ unsafe fn tensor_list(
         return Err(invalid(op, "desc.reserved", 0, d.reserved));
     }
     let n = d.num_tensors;
-    if n.checked_mul(std::mem::size_of::<ftnTensor_t>()).is_none_or(|b| b > isize::MAX as usize) {
-        return Err(invalid(op, "desc.num_tensors", "a count whose array size fits in isize", n));
+    if n.checked_mul(std::mem::size_of::<ftnTensor_t>())
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
+        return Err(invalid(
+            op,
+            "desc.num_tensors",
+            "a count whose array size fits in isize",
+            n,
+        ));
     }
     if n > 0 && tensors.is_null() {
-        return Err(invalid(op, "tensors", format!("a non-NULL array of {n} ftnTensor_t"), "NULL"));
+        return Err(invalid(
+            op,
+            "tensors",
+            format!("a non-NULL array of {n} ftnTensor_t"),
+            "NULL",
+        ));
     }
     if (tensors as usize) % std::mem::align_of::<ftnTensor_t>() != 0 {
-        return Err(invalid(op, "tensors", "a pointer aligned for ftnTensor_t", format!("{tensors:p}")));
+        return Err(invalid(
+            op,
+            "tensors",
+            "a pointer aligned for ftnTensor_t",
+            format!("{tensors:p}"),
+        ));
     }
     let list = if n == 0 {
         &[][..]
@@ -536,10 +605,21 @@ unsafe fn tensor_list(
     };
     let mut views = Vec::with_capacity(n);
     for (i, t) in list.iter().enumerate() {
-        let numel = usize::try_from(t.numel)
-            .map_err(|_| invalid(op, "tensors[i].numel", "a count >= 0", format!("{} (tensor {i})", t.numel)))?;
+        let numel = usize::try_from(t.numel).map_err(|_| {
+            invalid(
+                op,
+                "tensors[i].numel",
+                "a count >= 0",
+                format!("{} (tensor {i})", t.numel),
+            )
+        })?;
         if t.reserved != 0 {
-            return Err(invalid(op, "tensors[i].reserved", 0, format!("{} (tensor {i})", t.reserved)));
+            return Err(invalid(
+                op,
+                "tensors[i].reserved",
+                0,
+                format!("{} (tensor {i})", t.reserved),
+            ));
         }
         // SAFETY: pointer contract: each tensor valid for numel elements.
         let v = unsafe {
@@ -774,7 +854,9 @@ unsafe fn write_state(out: *mut ftnGradScalerState_t, s: &DynamicGradScaler) {
 /// Fills `config` (whose `size` the caller has set) with Megatron's
 /// defaults.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_grad_scaler_config_default(config: *mut ftnGradScalerConfig_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_grad_scaler_config_default(
+    config: *mut ftnGradScalerConfig_t,
+) -> ftnResult_t {
     guard("ftn_grad_scaler_config_default", move || {
         const OP: &str = "ftn_grad_scaler_config_default";
         // SAFETY: descriptor contract.
@@ -797,7 +879,10 @@ pub unsafe extern "C" fn ftn_grad_scaler_config_default(config: *mut ftnGradScal
 /// (scale = initial_scale, growth tracker 0, hysteresis tracker =
 /// hysteresis) to `state` (whose `size` the caller has set).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_grad_scaler_host_init(config: *const ftnGradScalerConfig_t, state: *mut ftnGradScalerState_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_grad_scaler_host_init(
+    config: *const ftnGradScalerConfig_t,
+    state: *mut ftnGradScalerState_t,
+) -> ftnResult_t {
     guard("ftn_grad_scaler_host_init", move || {
         const OP: &str = "ftn_grad_scaler_host_init";
         // SAFETY: descriptor contracts.
@@ -867,7 +952,10 @@ pub unsafe extern "C" fn ftn_grad_scaler_create(
         // SAFETY: descriptor contracts.
         let host = unsafe { host_scaler(OP, config, state)? };
         let dev = DeviceGradScaler::from_host(&c.dev, &host)?;
-        let h = Box::into_raw(Box::new(ftnGradScaler { magic: ftnGradScaler::MAGIC, scaler: Mutex::new(dev) }));
+        let h = Box::into_raw(Box::new(ftnGradScaler {
+            magic: ftnGradScaler::MAGIC,
+            scaler: Mutex::new(dev),
+        }));
         // SAFETY: checked non-NULL.
         unsafe { scaler.write(h) };
         Ok(())
@@ -889,7 +977,12 @@ pub unsafe extern "C" fn ftn_grad_scaler_destroy(scaler: ftnGradScaler_t) -> ftn
 /// `ftn_multi_tensor_unscale` and MAX-all-reduced); with
 /// `reset_found_inf` non-zero it is then set to 0 for the next step.
 #[no_mangle]
-pub unsafe extern "C" fn ftn_grad_scaler_update(scaler: ftnGradScaler_t, stream: ftnStream_t, found_inf: *mut f32, reset_found_inf: c_int) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_grad_scaler_update(
+    scaler: ftnGradScaler_t,
+    stream: ftnStream_t,
+    found_inf: *mut f32,
+    reset_found_inf: c_int,
+) -> ftnResult_t {
     guard("ftn_grad_scaler_update", move || {
         const OP: &str = "ftn_grad_scaler_update";
         let (s, dev) = stream_of(OP, stream)?;
@@ -905,14 +998,21 @@ pub unsafe extern "C" fn ftn_grad_scaler_update(scaler: ftnGradScaler_t, stream:
 /// Waits for the device's work and writes the scaler's state (to save
 /// it, or to read the current scale on the host).
 #[no_mangle]
-pub unsafe extern "C" fn ftn_grad_scaler_get_state(scaler: ftnGradScaler_t, state: *mut ftnGradScalerState_t) -> ftnResult_t {
+pub unsafe extern "C" fn ftn_grad_scaler_get_state(
+    scaler: ftnGradScaler_t,
+    state: *mut ftnGradScalerState_t,
+) -> ftnResult_t {
     guard("ftn_grad_scaler_get_state", move || {
         const OP: &str = "ftn_grad_scaler_get_state";
         // SAFETY: handle contract.
         let sc = unsafe { get(OP, "scaler", scaler)? };
         // SAFETY: descriptor contract.
         unsafe { check_out_desc(OP, "state", state)? };
-        let host = sc.scaler.lock().unwrap_or_else(|p| p.into_inner()).to_host()?;
+        let host = sc
+            .scaler
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .to_host()?;
         // SAFETY: checked above.
         unsafe { write_state(state, &host) };
         Ok(())
@@ -928,9 +1028,18 @@ mod tests {
     fn first_version_sizes_are_the_current_sizes() {
         assert_eq!(size_of::<ftnBiasGeluDesc_t>(), ftnBiasGeluDesc_t::V1_SIZE);
         assert_eq!(size_of::<ftnNormDesc_t>(), ftnNormDesc_t::V1_SIZE);
-        assert_eq!(size_of::<ftnMultiTensorDesc_t>(), ftnMultiTensorDesc_t::V1_SIZE);
-        assert_eq!(size_of::<ftnGradScalerConfig_t>(), ftnGradScalerConfig_t::V1_SIZE);
-        assert_eq!(size_of::<ftnGradScalerState_t>(), ftnGradScalerState_t::V1_SIZE);
+        assert_eq!(
+            size_of::<ftnMultiTensorDesc_t>(),
+            ftnMultiTensorDesc_t::V1_SIZE
+        );
+        assert_eq!(
+            size_of::<ftnGradScalerConfig_t>(),
+            ftnGradScalerConfig_t::V1_SIZE
+        );
+        assert_eq!(
+            size_of::<ftnGradScalerState_t>(),
+            ftnGradScalerState_t::V1_SIZE
+        );
         assert_eq!(size_of::<ftnTensor_t>(), 24);
     }
 
@@ -939,7 +1048,13 @@ mod tests {
         #[repr(C, align(8))]
         struct Big([u8; 64]);
         let mut b = Big([0; 64]);
-        let d = ftnBiasGeluDesc_t { size: 48, dtype: 0, gelu: 1, rows: 3, cols: 4 };
+        let d = ftnBiasGeluDesc_t {
+            size: 48,
+            dtype: 0,
+            gelu: 1,
+            rows: 3,
+            cols: 4,
+        };
         // SAFETY: Big is 64 bytes, more than the descriptor.
         unsafe { std::ptr::copy_nonoverlapping(&d as *const _ as *const u8, b.0.as_mut_ptr(), 32) };
         let p = b.0.as_ptr() as *const ftnBiasGeluDesc_t;
@@ -948,11 +1063,15 @@ mod tests {
         assert_eq!((r.rows, r.cols, r.gelu), (3, 4, 1));
         b.0[40] = 1;
         // SAFETY: as above.
-        let e = unsafe { read_desc("t", "desc", p) }.unwrap_err().to_string();
+        let e = unsafe { read_desc("t", "desc", p) }
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("trailing") && e.contains("offset 40"), "{e}");
         b.0[..8].copy_from_slice(&16usize.to_ne_bytes());
         // SAFETY: as above.
-        let e = unsafe { read_desc("t", "desc", p) }.unwrap_err().to_string();
+        let e = unsafe { read_desc("t", "desc", p) }
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("desc.size") && e.contains("got 16"), "{e}");
     }
 }

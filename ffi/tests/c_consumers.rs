@@ -15,7 +15,10 @@ fn repo() -> PathBuf {
 /// lives in `target/<profile>/deps`).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
 }
 
 fn out_dir() -> PathBuf {
@@ -29,34 +32,64 @@ fn tool(var: &str, default: &str) -> String {
 }
 
 fn run(cmd: &mut Command, what: &str) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start {cmd:?}: {e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{what} failed ({}):\n{cmd:?}\n{text}", out.status);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{cmd:?}\n{text}",
+        out.status
+    );
     text
 }
 
 fn seed() -> u64 {
-    std::env::var("FTN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
-    })
+    std::env::var("FTN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+        })
 }
 
 /// The native libraries a Rust static library needs (`--print native-static-libs` on Linux).
-const NATIVE: &[&str] = &["-lstdc++", "-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"];
+const NATIVE: &[&str] = &[
+    "-lstdc++",
+    "-lgcc_s",
+    "-lutil",
+    "-lrt",
+    "-lpthread",
+    "-lm",
+    "-ldl",
+    "-lc",
+];
 
 #[test]
 fn header_compiles_as_c99_and_cpp17() {
     let header = repo().join("include/ferrotron.h");
-    for (compiler, std, lang) in [(tool("CC", "cc"), "-std=c99", "c"), (tool("CXX", "c++"), "-std=c++17", "c++")] {
+    for (compiler, std, lang) in [
+        (tool("CC", "cc"), "-std=c99", "c"),
+        (tool("CXX", "c++"), "-std=c++17", "c++"),
+    ] {
         run(
             Command::new(&compiler)
-                .args([std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-x", lang])
+                .args([
+                    std,
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-pedantic",
+                    "-fsyntax-only",
+                    "-x",
+                    lang,
+                ])
                 .arg(&header),
             &format!("{compiler} {std} on ferrotron.h"),
         );
@@ -81,14 +114,20 @@ fn c_consumer_passes_on_the_emulator() {
         "compiling the C consumer",
     );
     let seed = seed();
-    let out = run(Command::new(&exe).arg(seed.to_string()), &format!("the C consumer (seed {seed})"));
+    let out = run(
+        Command::new(&exe).arg(seed.to_string()),
+        &format!("the C consumer (seed {seed})"),
+    );
     assert!(out.contains("all checks passed"), "{out}");
 }
 
 #[test]
 fn cpp_consumer_passes_on_the_emulator() {
     let dir = lib_dir();
-    assert!(dir.join("libferrotron.so").exists(), "libferrotron.so not built");
+    assert!(
+        dir.join("libferrotron.so").exists(),
+        "libferrotron.so not built"
+    );
     let exe = out_dir().join("consumer_cpp");
     run(
         Command::new(tool("CXX", "c++"))
@@ -105,6 +144,9 @@ fn cpp_consumer_passes_on_the_emulator() {
         "compiling the C++ consumer",
     );
     let seed = seed();
-    let out = run(Command::new(&exe).arg(seed.to_string()), &format!("the C++ consumer (seed {seed})"));
+    let out = run(
+        Command::new(&exe).arg(seed.to_string()),
+        &format!("the C++ consumer (seed {seed})"),
+    );
     assert!(out.contains("all checks passed"), "{out}");
 }
