@@ -18,5 +18,6 @@
 #include "ftn_kernels/layernorm.h"
 #include "ftn_kernels/multi_tensor.h"
 #include "ftn_kernels/gemm.h"
+#include "ftn_kernels/copy.h"
 
 #endif /* FERROTRON_KERNELS_H */

@@ -8,12 +8,19 @@
 
 pub const FTN_GELU_TANH: u32 = 0;
 pub const FTN_GELU_ERF: u32 = 1;
+pub const FTN_SOFTMAX_MASK_NONE: u32 = 0;
+pub const FTN_SOFTMAX_MASK_PADDING: u32 = 1;
+pub const FTN_SOFTMAX_MASK_CAUSAL: u32 = 2;
 pub const FTN_NORM_LAYER: u32 = 0;
 pub const FTN_NORM_RMS: u32 = 1;
 pub const FTN_MT_F32: u32 = 0;
 pub const FTN_MT_F16: u32 = 1;
 pub const FTN_MT_BF16: u32 = 2;
 pub const FTN_MT_THREADS: u32 = 256;
+pub const FTN_GEMM_EPI_NONE: u32 = 0;
+pub const FTN_GEMM_EPI_BIAS: u32 = 1;
+pub const FTN_GEMM_EPI_BIAS_GELU: u32 = 2;
+pub const FTN_GEMM_EPI_DGELU: u32 = 3;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FtnBiasGeluFwdParams {
@@ -103,6 +110,78 @@ const _: () = {
         [::core::mem::offset_of!(FtnColumnSumParams, chunks) - 16usize];
     ["Offset of field: FtnColumnSumParams::cols"]
         [::core::mem::offset_of!(FtnColumnSumParams, cols) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnSoftmaxFwdParams {
+    pub y: *mut ::core::ffi::c_void,
+    pub x: *const ::core::ffi::c_void,
+    pub mask: *const u8,
+    pub rows: i64,
+    pub sk: i64,
+    pub sq: i64,
+    pub rows_per_batch: i64,
+    pub mask_batch_stride: i64,
+    pub scale: f32,
+    pub mask_mode: u32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnSoftmaxFwdParams"][::core::mem::size_of::<FtnSoftmaxFwdParams>() - 80usize];
+    ["Alignment of FtnSoftmaxFwdParams"][::core::mem::align_of::<FtnSoftmaxFwdParams>() - 8usize];
+    ["Offset of field: FtnSoftmaxFwdParams::y"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, y) - 0usize];
+    ["Offset of field: FtnSoftmaxFwdParams::x"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, x) - 8usize];
+    ["Offset of field: FtnSoftmaxFwdParams::mask"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, mask) - 16usize];
+    ["Offset of field: FtnSoftmaxFwdParams::rows"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, rows) - 24usize];
+    ["Offset of field: FtnSoftmaxFwdParams::sk"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, sk) - 32usize];
+    ["Offset of field: FtnSoftmaxFwdParams::sq"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, sq) - 40usize];
+    ["Offset of field: FtnSoftmaxFwdParams::rows_per_batch"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, rows_per_batch) - 48usize];
+    ["Offset of field: FtnSoftmaxFwdParams::mask_batch_stride"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, mask_batch_stride) - 56usize];
+    ["Offset of field: FtnSoftmaxFwdParams::scale"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, scale) - 64usize];
+    ["Offset of field: FtnSoftmaxFwdParams::mask_mode"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, mask_mode) - 68usize];
+    ["Offset of field: FtnSoftmaxFwdParams::vec"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, vec) - 72usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnSoftmaxBwdParams {
+    pub dx: *mut ::core::ffi::c_void,
+    pub y: *const ::core::ffi::c_void,
+    pub dy: *const ::core::ffi::c_void,
+    pub rows: i64,
+    pub sk: i64,
+    pub scale: f32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnSoftmaxBwdParams"][::core::mem::size_of::<FtnSoftmaxBwdParams>() - 48usize];
+    ["Alignment of FtnSoftmaxBwdParams"][::core::mem::align_of::<FtnSoftmaxBwdParams>() - 8usize];
+    ["Offset of field: FtnSoftmaxBwdParams::dx"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, dx) - 0usize];
+    ["Offset of field: FtnSoftmaxBwdParams::y"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, y) - 8usize];
+    ["Offset of field: FtnSoftmaxBwdParams::dy"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, dy) - 16usize];
+    ["Offset of field: FtnSoftmaxBwdParams::rows"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, rows) - 24usize];
+    ["Offset of field: FtnSoftmaxBwdParams::sk"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, sk) - 32usize];
+    ["Offset of field: FtnSoftmaxBwdParams::scale"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, scale) - 40usize];
+    ["Offset of field: FtnSoftmaxBwdParams::vec"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, vec) - 44usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -470,4 +549,144 @@ const _: () = {
         [::core::mem::offset_of!(FtnGradScalerUpdateParams, hysteresis) - 32usize];
     ["Offset of field: FtnGradScalerUpdateParams::reset_found_inf"]
         [::core::mem::offset_of!(FtnGradScalerUpdateParams, reset_found_inf) - 36usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnGemmParams {
+    pub d: *mut ::core::ffi::c_void,
+    pub a: *const ::core::ffi::c_void,
+    pub b: *const ::core::ffi::c_void,
+    pub c: *const ::core::ffi::c_void,
+    pub bias: *const ::core::ffi::c_void,
+    pub aux: *mut ::core::ffi::c_void,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub batch: i64,
+    pub lda: i64,
+    pub ldb: i64,
+    pub ldc: i64,
+    pub ldd: i64,
+    pub ld_aux: i64,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+    pub stride_d: i64,
+    pub stride_aux: i64,
+    pub alpha: f32,
+    pub beta: f32,
+    pub trans_a: u32,
+    pub trans_b: u32,
+    pub epilogue: u32,
+    pub gelu: u32,
+    pub aligned: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnGemmParams"][::core::mem::size_of::<FtnGemmParams>() - 192usize];
+    ["Alignment of FtnGemmParams"][::core::mem::align_of::<FtnGemmParams>() - 8usize];
+    ["Offset of field: FtnGemmParams::d"][::core::mem::offset_of!(FtnGemmParams, d) - 0usize];
+    ["Offset of field: FtnGemmParams::a"][::core::mem::offset_of!(FtnGemmParams, a) - 8usize];
+    ["Offset of field: FtnGemmParams::b"][::core::mem::offset_of!(FtnGemmParams, b) - 16usize];
+    ["Offset of field: FtnGemmParams::c"][::core::mem::offset_of!(FtnGemmParams, c) - 24usize];
+    ["Offset of field: FtnGemmParams::bias"]
+        [::core::mem::offset_of!(FtnGemmParams, bias) - 32usize];
+    ["Offset of field: FtnGemmParams::aux"][::core::mem::offset_of!(FtnGemmParams, aux) - 40usize];
+    ["Offset of field: FtnGemmParams::m"][::core::mem::offset_of!(FtnGemmParams, m) - 48usize];
+    ["Offset of field: FtnGemmParams::n"][::core::mem::offset_of!(FtnGemmParams, n) - 56usize];
+    ["Offset of field: FtnGemmParams::k"][::core::mem::offset_of!(FtnGemmParams, k) - 64usize];
+    ["Offset of field: FtnGemmParams::batch"]
+        [::core::mem::offset_of!(FtnGemmParams, batch) - 72usize];
+    ["Offset of field: FtnGemmParams::lda"][::core::mem::offset_of!(FtnGemmParams, lda) - 80usize];
+    ["Offset of field: FtnGemmParams::ldb"][::core::mem::offset_of!(FtnGemmParams, ldb) - 88usize];
+    ["Offset of field: FtnGemmParams::ldc"][::core::mem::offset_of!(FtnGemmParams, ldc) - 96usize];
+    ["Offset of field: FtnGemmParams::ldd"][::core::mem::offset_of!(FtnGemmParams, ldd) - 104usize];
+    ["Offset of field: FtnGemmParams::ld_aux"]
+        [::core::mem::offset_of!(FtnGemmParams, ld_aux) - 112usize];
+    ["Offset of field: FtnGemmParams::stride_a"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_a) - 120usize];
+    ["Offset of field: FtnGemmParams::stride_b"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_b) - 128usize];
+    ["Offset of field: FtnGemmParams::stride_c"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_c) - 136usize];
+    ["Offset of field: FtnGemmParams::stride_d"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_d) - 144usize];
+    ["Offset of field: FtnGemmParams::stride_aux"]
+        [::core::mem::offset_of!(FtnGemmParams, stride_aux) - 152usize];
+    ["Offset of field: FtnGemmParams::alpha"]
+        [::core::mem::offset_of!(FtnGemmParams, alpha) - 160usize];
+    ["Offset of field: FtnGemmParams::beta"]
+        [::core::mem::offset_of!(FtnGemmParams, beta) - 164usize];
+    ["Offset of field: FtnGemmParams::trans_a"]
+        [::core::mem::offset_of!(FtnGemmParams, trans_a) - 168usize];
+    ["Offset of field: FtnGemmParams::trans_b"]
+        [::core::mem::offset_of!(FtnGemmParams, trans_b) - 172usize];
+    ["Offset of field: FtnGemmParams::epilogue"]
+        [::core::mem::offset_of!(FtnGemmParams, epilogue) - 176usize];
+    ["Offset of field: FtnGemmParams::gelu"]
+        [::core::mem::offset_of!(FtnGemmParams, gelu) - 180usize];
+    ["Offset of field: FtnGemmParams::aligned"]
+        [::core::mem::offset_of!(FtnGemmParams, aligned) - 184usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnColumnPartialsParams {
+    pub partial: *mut f32,
+    pub x: *const ::core::ffi::c_void,
+    pub rows: i64,
+    pub cols: i64,
+    pub ld: i64,
+    pub rows_per_chunk: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnColumnPartialsParams"]
+        [::core::mem::size_of::<FtnColumnPartialsParams>() - 48usize];
+    ["Alignment of FtnColumnPartialsParams"]
+        [::core::mem::align_of::<FtnColumnPartialsParams>() - 8usize];
+    ["Offset of field: FtnColumnPartialsParams::partial"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, partial) - 0usize];
+    ["Offset of field: FtnColumnPartialsParams::x"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, x) - 8usize];
+    ["Offset of field: FtnColumnPartialsParams::rows"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, rows) - 16usize];
+    ["Offset of field: FtnColumnPartialsParams::cols"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, cols) - 24usize];
+    ["Offset of field: FtnColumnPartialsParams::ld"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, ld) - 32usize];
+    ["Offset of field: FtnColumnPartialsParams::rows_per_chunk"]
+        [::core::mem::offset_of!(FtnColumnPartialsParams, rows_per_chunk) - 40usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnCopy2dParams {
+    pub dst: *mut ::core::ffi::c_void,
+    pub src: *const ::core::ffi::c_void,
+    pub rows: i64,
+    pub row_bytes: i64,
+    pub dst_pitch: i64,
+    pub src_pitch: i64,
+    pub vec: u32,
+    pub reserved: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnCopy2dParams"][::core::mem::size_of::<FtnCopy2dParams>() - 56usize];
+    ["Alignment of FtnCopy2dParams"][::core::mem::align_of::<FtnCopy2dParams>() - 8usize];
+    ["Offset of field: FtnCopy2dParams::dst"]
+        [::core::mem::offset_of!(FtnCopy2dParams, dst) - 0usize];
+    ["Offset of field: FtnCopy2dParams::src"]
+        [::core::mem::offset_of!(FtnCopy2dParams, src) - 8usize];
+    ["Offset of field: FtnCopy2dParams::rows"]
+        [::core::mem::offset_of!(FtnCopy2dParams, rows) - 16usize];
+    ["Offset of field: FtnCopy2dParams::row_bytes"]
+        [::core::mem::offset_of!(FtnCopy2dParams, row_bytes) - 24usize];
+    ["Offset of field: FtnCopy2dParams::dst_pitch"]
+        [::core::mem::offset_of!(FtnCopy2dParams, dst_pitch) - 32usize];
+    ["Offset of field: FtnCopy2dParams::src_pitch"]
+        [::core::mem::offset_of!(FtnCopy2dParams, src_pitch) - 40usize];
+    ["Offset of field: FtnCopy2dParams::vec"]
+        [::core::mem::offset_of!(FtnCopy2dParams, vec) - 48usize];
+    ["Offset of field: FtnCopy2dParams::reserved"]
+        [::core::mem::offset_of!(FtnCopy2dParams, reserved) - 52usize];
 };

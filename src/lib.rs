@@ -25,6 +25,8 @@ pub mod kernels;
 #[cfg(feature = "std")]
 pub mod ops;
 #[cfg(feature = "std")]
+pub mod parallel;
+#[cfg(feature = "std")]
 pub mod reference;
 
 pub use crate::core::{DType, Element, Error, Result};

@@ -86,6 +86,7 @@ int block_barrier(int kind, int pred, const char *file, unsigned line);
 enum WarpOp : int {
   kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kSyncWarp,
   kReduceAdd, kReduceMin, kReduceMax, kReduceAnd, kReduceOr, kReduceXor,
+  kCollective,  // warp_collective (tensor-core emulations, mma_emu.cpp)
   kWarpOpCount
 };
 // Meets the lanes named in `mask` at a warp rendezvous; returns this lane's
@@ -600,5 +601,28 @@ FTN_EMU_REDUCE(__reduce_xor_sync, kReduceXor, unsigned)
 #undef FTN_EMU_REDUCE
 #undef FTN_EMU_LOC
 #undef FTN_EMU_AT
+
+// ------------------------------- warp collectives for the tensor-core helpers
+// cuda/mma.cuh calls these under the emulator; mma_emu.cpp implements them
+// following the PTX ISA fragment layouts.
+namespace ftn_emu {
+namespace detail {
+// One rendezvous of the lanes in `mask`: each lane deposits `lane_data` (a
+// pointer to its own inputs and outputs); the last lane to arrive calls
+// fn(mask, data), where data[l] is lane l's pointer (nullptr outside the
+// mask), while the others are parked, then every lane resumes. Lanes that
+// meet must pass the same fn.
+using WarpCollectiveFn = void (*)(unsigned mask, void *const *lane_data);
+void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const char *file,
+                     unsigned line);
+}  // namespace detail
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 (full warp).
+void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
+                  const char *file, unsigned line);
+// ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 (full warp); `row`
+// is this lane's row address (lanes 8i..8i+7 give matrix i's rows).
+void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
+              unsigned line);
+}  // namespace ftn_emu
 
 #endif  // FTN_CUDA_EMU_H

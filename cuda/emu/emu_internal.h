@@ -51,6 +51,7 @@ struct WarpSlot {  // one pending warp rendezvous
   unsigned mask, arrived;
   const char *file;
   unsigned line;
+  void *aux = nullptr;  // kCollective: the WarpCollectiveFn
 };
 
 struct Warp {

@@ -14,7 +14,7 @@ const char *warp_op_name(int op) {
       "__shfl_sync",       "__shfl_up_sync",    "__shfl_down_sync",  "__shfl_xor_sync",
       "__ballot_sync",     "__any_sync",        "__all_sync",        "__syncwarp",
       "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync",
-      "__reduce_or_sync",  "__reduce_xor_sync"};
+      "__reduce_or_sync",  "__reduce_xor_sync", "warp collective (mma/ldmatrix)"};
   return op >= 0 && op < kWarpOpCount ? names[op] : "warp op";
 }
 
@@ -48,6 +48,14 @@ void complete(Worker &w, unsigned warp_index, const WarpSlot &s) {
   Thread *lanes = &w.threads[size_t(warp_index) * 32];
   const unsigned mask = s.mask;
   uint64_t acc = 0;
+  if (s.op == kCollective) {
+    // Every participant is parked (or is the caller), so the lane data they
+    // point at on their own stacks is stable while fn reads and writes it.
+    void *data[32];
+    for (unsigned l = 0; l < 32; ++l)
+      data[l] = (mask >> l & 1u) ? reinterpret_cast<void *>(uintptr_t(lanes[l].wval)) : nullptr;
+    reinterpret_cast<WarpCollectiveFn>(s.aux)(mask, data);
+  }
   switch (s.op) {
     case kBallot:
     case kAny:
@@ -97,8 +105,9 @@ std::string lanes_str(unsigned m) { return strprintf("0x%08x", m); }
 
 }  // namespace
 
-uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width, const char *file,
-                 unsigned line) {
+namespace {
+uint64_t rendezvous(int op, unsigned mask, uint64_t value, int param, int width, void *aux,
+                    const char *file, unsigned line) {
   Worker &w = *tl_worker;
   Thread &t = *w.cur;
   const unsigned lane = t.pub.linear & 31u, bit = 1u << lane;
@@ -125,7 +134,7 @@ uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width, co
       break;
     }
   if (s) {
-    if (s->op != op || s->mask != mask)
+    if (s->op != op || s->mask != mask || s->aux != aux)
       fail(strprintf("lane %u calls %s(mask=%s) at %s:%u while lanes %s wait in "
                      "%s(mask=%s) at %s:%u; lanes must meet in the same op with the same mask",
                      lane, name, lanes_str(mask).c_str(), file, line,
@@ -133,7 +142,7 @@ uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width, co
                      lanes_str(s->mask).c_str(), s->file, s->line));
   } else {
     s = &wp.slots[wp.nslots++];
-    *s = WarpSlot{op, mask, 0, file, line};
+    *s = WarpSlot{op, mask, 0, file, line, aux};
   }
   t.wval = value;
   t.wparam = param;
@@ -151,6 +160,18 @@ uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width, co
   complete(w, wi, *s);
   *s = wp.slots[--wp.nslots];  // drop the slot
   return t.wresult;
+}
+}  // namespace
+
+uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width, const char *file,
+                 unsigned line) {
+  return rendezvous(op, mask, value, param, width, nullptr, file, line);
+}
+
+void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const char *file,
+                     unsigned line) {
+  rendezvous(kCollective, mask, uint64_t(uintptr_t(lane_data)), 0, 32,
+             reinterpret_cast<void *>(fn), file, line);
 }
 
 unsigned active_mask() {

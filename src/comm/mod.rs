@@ -236,6 +236,43 @@ impl Communicator {
         Ok(())
     }
 
+    /// Checks `big.len() == size * small.len()` (all-gather, reduce-scatter).
+    fn check_world_multiple<T: CommElement>(
+        &self,
+        op: &'static str,
+        (small_arg, small): (&'static str, &DeviceBuffer<T>),
+        (big_arg, big): (&'static str, &DeviceBuffer<T>),
+        rule: &str,
+    ) -> Result<()> {
+        self.device.check_same(op, small_arg, small.device())?;
+        let want = small.len().checked_mul(self.size).ok_or_else(|| {
+            Error::invalid(
+                op,
+                small_arg,
+                "a length whose world-size multiple fits in usize",
+                small.len(),
+            )
+        })?;
+        self.check_len(op, big_arg, big, want, rule)
+    }
+
+    /// Enqueues collective `kind` moving `count` elements of `T` per rank.
+    fn collective<T: CommElement>(
+        &self,
+        stream: &Stream,
+        kind: OpKind,
+        count: usize,
+        send: u64,
+        recv: u64,
+    ) -> Result<CommHandle> {
+        let desc = OpDesc {
+            kind,
+            dtype: Some(T::DTYPE),
+            count,
+        };
+        self.enqueue::<T>(stream, desc, send, recv)
+    }
+
     fn check_peer(&self, op: &'static str, arg: &'static str, peer: usize) -> Result<()> {
         if peer >= self.size || peer == self.rank {
             return Err(Error::invalid(
@@ -281,12 +318,13 @@ impl Communicator {
         self.check_stream(OP, stream)?;
         self.check_len(OP, "recv", recv, send.len(), "recv.len() == send.len()")?;
         self.device.check_same(OP, "send", send.device())?;
-        let desc = OpDesc {
-            kind: OpKind::AllReduce(op),
-            dtype: Some(T::DTYPE),
-            count: send.len(),
-        };
-        self.enqueue::<T>(stream, desc, send.addr(), recv.addr())
+        self.collective::<T>(
+            stream,
+            OpKind::AllReduce(op),
+            send.len(),
+            send.addr(),
+            recv.addr(),
+        )
     }
 
     /// In-place all-reduce of `buf`.
@@ -299,12 +337,13 @@ impl Communicator {
         self.check_stream("all_reduce_in_place", stream)?;
         self.device
             .check_same("all_reduce_in_place", "buf", buf.device())?;
-        let desc = OpDesc {
-            kind: OpKind::AllReduce(op),
-            dtype: Some(T::DTYPE),
-            count: buf.len(),
-        };
-        self.enqueue::<T>(stream, desc, buf.addr(), buf.addr())
+        self.collective::<T>(
+            stream,
+            OpKind::AllReduce(op),
+            buf.len(),
+            buf.addr(),
+            buf.addr(),
+        )
     }
 
     /// `recv = concat over ranks r of send_r` (`recv.len() == size * send.len()`).
@@ -316,22 +355,19 @@ impl Communicator {
     ) -> Result<CommHandle> {
         const OP: &str = "all_gather";
         self.check_stream(OP, stream)?;
-        self.device.check_same(OP, "send", send.device())?;
-        let want = send.len().checked_mul(self.size).ok_or_else(|| {
-            Error::invalid(
-                OP,
-                "send",
-                "a length whose world-size multiple fits in usize",
-                send.len(),
-            )
-        })?;
-        self.check_len(OP, "recv", recv, want, "recv.len() == size * send.len()")?;
-        let desc = OpDesc {
-            kind: OpKind::AllGather,
-            dtype: Some(T::DTYPE),
-            count: send.len(),
-        };
-        self.enqueue::<T>(stream, desc, send.addr(), recv.addr())
+        self.check_world_multiple(
+            OP,
+            ("send", send),
+            ("recv", recv),
+            "recv.len() == size * send.len()",
+        )?;
+        self.collective::<T>(
+            stream,
+            OpKind::AllGather,
+            send.len(),
+            send.addr(),
+            recv.addr(),
+        )
     }
 
     /// `recv = slice `rank` of (reduce over ranks of send)`
@@ -345,22 +381,19 @@ impl Communicator {
     ) -> Result<CommHandle> {
         const OP: &str = "reduce_scatter";
         self.check_stream(OP, stream)?;
-        self.device.check_same(OP, "recv", recv.device())?;
-        let want = recv.len().checked_mul(self.size).ok_or_else(|| {
-            Error::invalid(
-                OP,
-                "recv",
-                "a length whose world-size multiple fits in usize",
-                recv.len(),
-            )
-        })?;
-        self.check_len(OP, "send", send, want, "send.len() == size * recv.len()")?;
-        let desc = OpDesc {
-            kind: OpKind::ReduceScatter(op),
-            dtype: Some(T::DTYPE),
-            count: send.len(),
-        };
-        self.enqueue::<T>(stream, desc, send.addr(), recv.addr())
+        self.check_world_multiple(
+            OP,
+            ("recv", recv),
+            ("send", send),
+            "send.len() == size * recv.len()",
+        )?;
+        self.collective::<T>(
+            stream,
+            OpKind::ReduceScatter(op),
+            send.len(),
+            send.addr(),
+            recv.addr(),
+        )
     }
 
     /// Copies `buf` of rank `root` into `buf` of every rank.
@@ -381,12 +414,13 @@ impl Communicator {
                 root,
             ));
         }
-        let desc = OpDesc {
-            kind: OpKind::Broadcast { root },
-            dtype: Some(T::DTYPE),
-            count: buf.len(),
-        };
-        self.enqueue::<T>(stream, desc, buf.addr(), buf.addr())
+        self.collective::<T>(
+            stream,
+            OpKind::Broadcast { root },
+            buf.len(),
+            buf.addr(),
+            buf.addr(),
+        )
     }
 
     /// Completes when every rank has reached it in its stream.

@@ -2,13 +2,16 @@
 //! fill the kernel's parameter struct, enqueue it on a stream.
 
 pub mod bias_gelu;
+pub mod copy;
 pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;
 
 pub use bias_gelu::{BiasGelu, Gelu};
+pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
 pub use layernorm::{LayerNorm, RmsNorm};
+pub use softmax::{ScaleMaskSoftmax, SoftmaxMask};
 
 use crate::backend::{DeviceBuffer, Stream};
 use crate::core::{validate, Element, Result};

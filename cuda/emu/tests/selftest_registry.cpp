@@ -36,7 +36,11 @@
   X(misuse_launch_limits)           \
   X(misuse_shared_limits)           \
   X(misuse_launch_bounds)           \
-  X(misuse_assert)
+  X(misuse_assert)                  \
+  X(ldmatrix)                       \
+  X(ldmatrix_misaligned)            \
+  X(mma_m16n8k16)                   \
+  X(cp_async_zero_fill)
 
 #define DECLARE(n) void test_##n();
 FTN_EMU_TESTS(DECLARE)

@@ -1,6 +1,6 @@
 //! Plans for the bias+GeLU kernels (`cuda/bias_gelu.cu`).
 
-use super::{div_ceil, vector_width, ELEMENTWISE_THREADS, MAX_GRID_STRIDE_BLOCKS};
+use super::{div_ceil, row_chunks, vector_width, ELEMENTWISE_THREADS, MAX_GRID_STRIDE_BLOCKS};
 use crate::core::launch::LaunchConfig;
 
 /// Forward: a grid-stride loop over the flattened `[rows, cols]` matrix.
@@ -50,8 +50,7 @@ pub fn backward(rows: u64, cols: u64, elem_size: usize, aligned16: bool) -> Back
     let col_units = div_ceil(cols, vec as u64).max(1);
     let threads = (div_ceil(col_units, 32) * 32).min(ELEMENTWISE_THREADS as u64);
     let col_blocks = div_ceil(col_units, threads);
-    let rows_per_chunk = div_ceil(rows, TARGET_CHUNKS).max(MIN_ROWS_PER_CHUNK);
-    let chunks = div_ceil(rows, rows_per_chunk).max(1);
+    let (rows_per_chunk, chunks) = row_chunks(rows, MIN_ROWS_PER_CHUNK, TARGET_CHUNKS);
     BackwardPlan {
         cfg: LaunchConfig {
             grid: [col_blocks as u32, chunks as u32, 1],

@@ -6,7 +6,7 @@
 //! gradients on the row count alone, so dgamma/dbeta are bitwise
 //! reproducible for a shape.
 
-use super::{div_ceil, vector_width};
+use super::{div_ceil, row_chunks, vector_width};
 use crate::core::launch::LaunchConfig;
 
 /// How one row is normalised.
@@ -141,8 +141,7 @@ pub fn param_grads(
     let col_units = div_ceil(hidden, vec as u64).max(1);
     let threads = (div_ceil(col_units, 32) * 32).min(PARAM_GRAD_THREADS);
     let col_blocks = div_ceil(col_units, threads);
-    let rows_per_chunk = div_ceil(rows, TARGET_CHUNKS).max(MIN_ROWS_PER_CHUNK);
-    let chunks = div_ceil(rows, rows_per_chunk).max(1);
+    let (rows_per_chunk, chunks) = row_chunks(rows, MIN_ROWS_PER_CHUNK, TARGET_CHUNKS);
     ParamGradPlan {
         cfg: LaunchConfig {
             grid: [col_blocks as u32, chunks as u32, 1],

@@ -27,3 +27,16 @@ pub const fn vector_width(elem_size: usize, aligned16: bool) -> u32 {
         1
     }
 }
+
+/// Splits `rows` into chunks of at least `min_rows` rows, about `target`
+/// chunks in all: `(rows_per_chunk, chunks)`. Depends on `rows` only, so the
+/// per-chunk partial sums of a deterministic two-stage reduction (bias and
+/// norm-parameter gradients) add up in the same order for a given shape.
+pub const fn row_chunks(rows: u64, min_rows: u64, target: u64) -> (u64, u64) {
+    let mut per = div_ceil(rows, target);
+    if per < min_rows {
+        per = min_rows;
+    }
+    let chunks = div_ceil(rows, per);
+    (per, if chunks == 0 { 1 } else { chunks })
+}

@@ -1,0 +1,166 @@
+// Self-tests of the tensor-core emulations behind cuda/mma.cuh: ldmatrix
+// (.x1/.x2/.x4, plain and .trans) and mma.sync m16n8k16 (f16 and bf16), each
+// on known matrices with every lane's fragment checked against the PTX ISA
+// layout, written here per register (independently of mma_emu.cpp's
+// per-element formulas); cp.async zero-fill; misaligned ldmatrix fails loudly.
+#include <vector>
+
+#include "../../mma.cuh"
+#include "selftest.h"
+
+namespace {
+struct LdmParams {
+  int count, trans;
+  uint32_t *out;  // [32 lanes][4]
+};
+struct MmaParams {
+  int bf16;
+  const float *a;  // [16][16]
+  const float *b;  // [16][8]  (k, n)
+  const float *c;  // [16][8]
+  float *out;      // [32 lanes][4]
+};
+struct CpParams {
+  const uint16_t *src;
+  int bytes;
+  uint16_t *out;  // [8]
+};
+
+uint16_t ldm_value(int mat, int row, int col) { return uint16_t(1000 + mat * 64 + row * 8 + col); }
+}  // namespace
+
+FTN_KERNEL(st_ldmatrix, LdmParams, p) {
+  FTN_SHARED(uint16_t, tile, [4 * 8 * 24]);  // 4 matrices, rows padded to 48 bytes
+  const unsigned lane = threadIdx.x;
+  for (unsigned i = lane; i < 4 * 8 * 8; i += 32) {
+    const int mat = int(i / 64), row = int(i / 8 % 8), col = int(i % 8);
+    tile[(mat * 8 + row) * 24 + col] = ldm_value(mat, row, col);
+  }
+  __syncwarp();
+  const void *row = &tile[((lane >> 3) * 8 + (lane & 7)) * 24];
+  uint32_t r[4] = {0, 0, 0, 0};
+  if (p.count == 4) p.trans ? ftn_ldmatrix_x4_trans(r, row) : ftn_ldmatrix_x4(r, row);
+  if (p.count == 2) p.trans ? ftn_ldmatrix_x2_trans(r, row) : ftn_ldmatrix_x2(r, row);
+  if (p.count == 1) p.trans ? ftn_ldmatrix_x1_trans(r, row) : ftn_ldmatrix_x1(r, row);
+  for (int i = 0; i < 4; ++i) p.out[lane * 4 + i] = r[i];
+}
+
+FTN_KERNEL(st_ldmatrix_misaligned, LdmParams, p) {
+  FTN_SHARED(uint16_t, tile, [8 * 16]);
+  const unsigned lane = threadIdx.x;
+  uint32_t r[4];
+  ftn_ldmatrix_x1(r, &tile[(lane & 7) * 16 + 1]);  // 2-byte offset: illegal
+  p.out[lane] = r[0];
+}
+
+FTN_KERNEL(st_mma, MmaParams, p) {
+  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  // Registers of the fragments (PTX ISA): A reg j holds row g + 8*(j%2),
+  // columns 2t + 8*(j/2) (low half) and +1 (high half); B reg j holds
+  // rows 2t + 8*j and +1 of column g; C/D element i is row g + 8*(i/2),
+  // column 2t + i%2.
+  auto pack = [&](float lo, float hi) -> uint32_t {
+    uint16_t l, h;
+    if (p.bf16) {
+      l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
+      h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
+    } else {
+      l = __half_as_ushort(__float2half_rn(lo));
+      h = __half_as_ushort(__float2half_rn(hi));
+    }
+    return uint32_t(l) | uint32_t(h) << 16;
+  };
+  uint32_t a[4], b[2];
+  for (int j = 0; j < 4; ++j) {
+    const int row = g + 8 * (j % 2), col = 2 * t + 8 * (j / 2);
+    a[j] = pack(p.a[row * 16 + col], p.a[row * 16 + col + 1]);
+  }
+  for (int j = 0; j < 2; ++j) {
+    const int k = 2 * t + 8 * j;
+    b[j] = pack(p.b[k * 8 + g], p.b[(k + 1) * 8 + g]);
+  }
+  float c[4];
+  for (int i = 0; i < 4; ++i) c[i] = p.c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+  float d[4];
+  if (p.bf16) {
+    ftn_mma_m16n8k16<__nv_bfloat16>(d, a, b, c);
+  } else {
+    ftn_mma_m16n8k16<__half>(d, a, b, c);
+  }
+  // d aliasing c (accumulate in place) gives the same result.
+  if (p.bf16) {
+    ftn_mma_m16n8k16<__nv_bfloat16>(c, a, b, c);
+  } else {
+    ftn_mma_m16n8k16<__half>(c, a, b, c);
+  }
+  for (int i = 0; i < 4; ++i) p.out[lane * 4 + i] = d[i] == c[i] ? d[i] : NAN;
+}
+
+FTN_KERNEL(st_cp_async, CpParams, p) {
+  FTN_SHARED(uint16_t, buf, [8]);
+  for (int i = 0; i < 8; ++i) buf[i] = 0xFFFF;
+  ftn_cp_async_16(buf, p.src, p.bytes);
+  ftn_cp_async_commit();
+  ftn_cp_async_wait<0>();
+  for (int i = 0; i < 8; ++i) p.out[i] = buf[i];
+}
+
+void test_ldmatrix() {
+  for (int count : {1, 2, 4})
+    for (int trans : {0, 1}) {
+      std::vector<uint32_t> out(128, 0xDEADBEEFu);
+      LdmParams p{count, trans, out.data()};
+      LAUNCH_OK(st_ldmatrix, p, dim3(1), dim3(32), 0, 1);
+      for (int lane = 0; lane < 32; ++lane)
+        for (int i = 0; i < count; ++i) {
+          const int g = lane / 4, t = lane % 4;
+          // Plain: row g, columns 2t, 2t+1. Trans: column g, rows 2t, 2t+1.
+          const uint16_t lo = trans ? ldm_value(i, 2 * t, g) : ldm_value(i, g, 2 * t);
+          const uint16_t hi = trans ? ldm_value(i, 2 * t + 1, g) : ldm_value(i, g, 2 * t + 1);
+          const uint32_t want = uint32_t(lo) | uint32_t(hi) << 16;
+          CHECK(out[lane * 4 + i] == want, "x%d trans=%d lane %d reg %d: got 0x%08x want 0x%08x",
+                count, trans, lane, i, out[lane * 4 + i], want);
+        }
+    }
+}
+
+void test_ldmatrix_misaligned() {
+  std::vector<uint32_t> out(128);
+  LdmParams p{1, 0, out.data()};
+  LAUNCH_FAILS(st_ldmatrix_misaligned, p, dim3(1), dim3(32), 0, "not 16-byte aligned");
+}
+
+void test_mma_m16n8k16() {
+  for (int bf16 : {0, 1}) {
+    // Small integers: exact in f16 and bf16, and every sum exact in f32, so
+    // the expected D is exact whatever the order of summation.
+    std::vector<float> a(256), b(128), c(128), out(128, -1.0f);
+    for (int m = 0; m < 16; ++m)
+      for (int k = 0; k < 16; ++k) a[m * 16 + k] = float((m * 3 + k * 5 + bf16) % 11 - 5);
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < 8; ++n) b[k * 8 + n] = float((k * 7 + n * 2) % 13 - 6);
+    for (int m = 0; m < 16; ++m)
+      for (int n = 0; n < 8; ++n) c[m * 8 + n] = float(m * 8 - n * 3) * 0.5f;
+    MmaParams p{bf16, a.data(), b.data(), c.data(), out.data()};
+    LAUNCH_OK(st_mma, p, dim3(1), dim3(64), 0, 1);  // two warps
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const int m = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2;
+        double want = c[m * 8 + n];
+        for (int k = 0; k < 16; ++k) want += double(a[m * 16 + k]) * b[k * 8 + n];
+        CHECK(out[lane * 4 + i] == float(want), "bf16=%d lane %d d%d (row %d col %d): got %g want %g",
+              bf16, lane, i, m, n, double(out[lane * 4 + i]), want);
+      }
+  }
+}
+
+void test_cp_async_zero_fill() {
+  alignas(16) uint16_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (int bytes : {0, 2, 6, 16}) {
+    uint16_t out[8];
+    CpParams p{src, bytes, out};
+    LAUNCH_OK(st_cp_async, p, dim3(1), dim3(1), 0, 1);
+    for (int i = 0; i < 8; ++i)
+      CHECK(out[i] == (2 * i < bytes ? src[i] : 0), "bytes %d elem %d: %u", bytes, i, out[i]);
+  }
+}

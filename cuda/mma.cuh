@@ -1,0 +1,140 @@
+// Tensor-core building blocks (sm_80+): mma.sync m16n8k16 with fp32
+// accumulation, ldmatrix, and cp.async with commit/wait groups.
+//
+// Under nvcc these are inline PTX. Under the CPU emulator, mma and ldmatrix
+// are warp collectives (cuda/emu/mma_emu.cpp) that follow the PTX ISA
+// fragment layouts exactly, so a kernel that feeds them wrong fragments gets
+// wrong answers on the CPU too; cp.async is a synchronous 16-byte copy
+// (zero-filled past src_bytes) and the waits are no-ops, which is one legal
+// schedule of the asynchronous copies once the kernel waits and barriers as
+// PTX requires.
+//
+//   ftn_mma_m16n8k16<T>(d[4], a[4], b[2], c[4])  T = __half or __nv_bfloat16;
+//       d = a(16x16, row) * b(16x8, col) + c, fp32; d may alias c
+//   ftn_ldmatrix_x{1,2,4}[_trans](r, row)        row: this lane's row address
+//       in shared memory (16-byte aligned; lanes 8i..8i+7 -> matrix i)
+//   ftn_cp_async_16(smem, gmem, src_bytes)       copies src_bytes in [0, 16]
+//       and zero-fills the rest of the 16 bytes; both addresses 16-aligned
+//   ftn_cp_async_commit(), ftn_cp_async_wait<N>() (at most N groups pending)
+#ifndef FTN_MMA_CUH
+#define FTN_MMA_CUH
+
+#include "ftn_kernel.cuh"
+
+#if defined(__CUDACC__)
+
+FTN_DEVICE uint32_t ftn_smem_addr(const void *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <typename T> struct FtnMmaType;
+template <> struct FtnMmaType<__half> {
+  FTN_DEVICE static void mma(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+          "f"(c[1]), "f"(c[2]), "f"(c[3]));
+  }
+};
+template <> struct FtnMmaType<__nv_bfloat16> {
+  FTN_DEVICE static void mma(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+          "f"(c[1]), "f"(c[2]), "f"(c[3]));
+  }
+};
+template <typename T>
+FTN_DEVICE void ftn_mma_m16n8k16(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
+  FtnMmaType<T>::mma(d, a, b, c);
+}
+
+FTN_DEVICE void ftn_ldmatrix_x4(uint32_t *r, const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(ftn_smem_addr(row)));
+}
+FTN_DEVICE void ftn_ldmatrix_x4_trans(uint32_t *r, const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(ftn_smem_addr(row)));
+}
+FTN_DEVICE void ftn_ldmatrix_x2(uint32_t *r, const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(ftn_smem_addr(row)));
+}
+FTN_DEVICE void ftn_ldmatrix_x2_trans(uint32_t *r, const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(ftn_smem_addr(row)));
+}
+FTN_DEVICE void ftn_ldmatrix_x1(uint32_t *r, const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+               : "=r"(r[0])
+               : "r"(ftn_smem_addr(row)));
+}
+FTN_DEVICE void ftn_ldmatrix_x1_trans(uint32_t *r, const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+               : "=r"(r[0])
+               : "r"(ftn_smem_addr(row)));
+}
+
+FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ftn_smem_addr(smem)),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+FTN_DEVICE void ftn_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+FTN_DEVICE void ftn_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#else  // the CPU emulator
+
+template <typename T> struct FtnMmaIsBf16;
+template <> struct FtnMmaIsBf16<__half> { static constexpr bool value = false; };
+template <> struct FtnMmaIsBf16<__nv_bfloat16> { static constexpr bool value = true; };
+
+template <typename T>
+FTN_DEVICE void ftn_mma_m16n8k16(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
+  ::ftn_emu::mma_m16n8k16(FtnMmaIsBf16<T>::value, d, a, b, c, __FILE__, __LINE__);
+}
+FTN_DEVICE void ftn_ldmatrix_x4(uint32_t *r, const void *row) {
+  ::ftn_emu::ldmatrix(4, false, r, row, __FILE__, __LINE__);
+}
+FTN_DEVICE void ftn_ldmatrix_x4_trans(uint32_t *r, const void *row) {
+  ::ftn_emu::ldmatrix(4, true, r, row, __FILE__, __LINE__);
+}
+FTN_DEVICE void ftn_ldmatrix_x2(uint32_t *r, const void *row) {
+  ::ftn_emu::ldmatrix(2, false, r, row, __FILE__, __LINE__);
+}
+FTN_DEVICE void ftn_ldmatrix_x2_trans(uint32_t *r, const void *row) {
+  ::ftn_emu::ldmatrix(2, true, r, row, __FILE__, __LINE__);
+}
+FTN_DEVICE void ftn_ldmatrix_x1(uint32_t *r, const void *row) {
+  ::ftn_emu::ldmatrix(1, false, r, row, __FILE__, __LINE__);
+}
+FTN_DEVICE void ftn_ldmatrix_x1_trans(uint32_t *r, const void *row) {
+  ::ftn_emu::ldmatrix(1, true, r, row, __FILE__, __LINE__);
+}
+
+FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes) {
+  FTN_ASSERT(reinterpret_cast<uintptr_t>(smem) % 16 == 0);
+  FTN_ASSERT(src_bytes == 0 || reinterpret_cast<uintptr_t>(gmem) % 16 == 0);
+  FTN_ASSERT(src_bytes >= 0 && src_bytes <= 16);
+  if (src_bytes > 0) std::memcpy(smem, gmem, size_t(src_bytes));
+  std::memset(static_cast<char *>(smem) + src_bytes, 0, size_t(16 - src_bytes));
+}
+FTN_DEVICE void ftn_cp_async_commit() {}
+template <int N>
+FTN_DEVICE void ftn_cp_async_wait() {}
+
+#endif
+
+#endif  // FTN_MMA_CUH

@@ -1,0 +1,540 @@
+// Fused scale + mask + softmax, forward and backward (Megatron/Apex
+// scaled_masked_softmax and scaled_upper_triang_masked_softmax, any row length).
+//
+// Rows are independent: row r of [rows, sk] (rows = b*np*sq) is one softmax.
+// Logit v = scale * x in fp32; a padding-masked logit is replaced by -10000.0;
+// a causal-masked one (column > r % sq) is -inf and comes out as exact 0. A row
+// whose columns are all padding-masked is written as zeros (Apex/TE fused
+// behaviour; PyTorch's unfused path would give uniform 1/sk).
+//
+// Three paths, chosen by src/core/plan/softmax.rs from sk:
+//   warpN  (sk <= 32*N, N in 1..32): one warp per row, each lane keeps its N
+//          values in registers (N is a template argument, so the arrays are
+//          registers, never local memory). Reductions are warp shuffles.
+//          Several rows per block, grid-stride over rows.
+//   block  (sk <= 32*blockDim.x <= 16384, blockDim.x <= 512): one block per
+//          row, 32 values per thread in registers (64 in backward: y and dy),
+//          reductions through 32 floats of shared memory.
+//   long   (any sk): one block per row, two streaming passes. Forward pass 1
+//          keeps an online (max, sum of exp) per thread, merged across the
+//          block; pass 2 re-reads x and writes y. Backward pass 1 forms
+//          sum(dy*y), pass 2 re-reads and writes dx. In place is safe: each
+//          element is read and then written by the same thread in pass 2. The second read of a row
+//          (<= 256 KiB per block for sk = 65536 fp32) is normally an L2 hit.
+// With 16-byte-aligned pointers and sk % vec == 0 every access is one 128-bit
+// load/store of vec = 16/sizeof(T) elements (mask: vec bytes); else scalar.
+//
+// HBM byte floors (n = rows*sk elements of T, |T| bytes each):
+//   forward:  read x + write y = 2n|T|   (+ the mask, rows_mask*sk bytes,
+//             read once per use; a broadcast mask is mostly served by L2).
+//   backward: read y, dy + write dx = 3n|T|.
+//   The long path reads the row twice: 3n|T| forward / 5n|T| backward from
+//   HBM in the worst case (L2 misses), 2n|T| / 3n|T| when the re-read hits L2.
+// FLOPs: ~5 per element plus one expf -> far below the FP32 rate: HBM-bound.
+#include "ftn_dtype.cuh"
+
+#define SM_NEG_INF (__int_as_float((int)0xff800000u))
+#define SM_MASKED_VALUE (-10000.0f)
+#define SM_WARPS_PER_BLOCK 4
+#define SM_BLOCK_ITEMS 32
+
+struct SmMaxOp {
+  static FTN_DEVICE float apply(float a, float b) { return a > b ? a : b; }
+  static FTN_DEVICE float identity() { return SM_NEG_INF; }
+};
+struct SmSumOp {
+  static FTN_DEVICE float apply(float a, float b) { return a + b; }
+  static FTN_DEVICE float identity() { return 0.0f; }
+};
+
+template <class Op> FTN_DEVICE float sm_warp_allreduce(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// Every thread of the block gets the reduction of `v`; `red` holds >= 32
+// floats. Needs blockDim.x % 32 == 0 and all threads of the block.
+template <class Op> FTN_DEVICE float sm_block_allreduce(float v, float *red) {
+  v = sm_warp_allreduce<Op>(v);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < warps ? red[lane] : Op::identity();
+  v = sm_warp_allreduce<Op>(v);
+  __syncthreads();  // `red` may be reused by the next call
+  return v;
+}
+
+// Loads V elements of T at p (16-byte aligned when V > 1) as fp32.
+template <typename T, int V> FTN_DEVICE void sm_load(const T *p, float (&out)[V]) {
+  if constexpr (V > 1) {
+    static_assert(V == FtnVec<T>::N, "vector width");
+    ftn_load_vec<T>(p, out);
+  } else {
+    out[0] = ftn_to_float(p[0]);
+  }
+}
+
+template <typename T, int V> FTN_DEVICE void sm_store(T *p, const float (&in)[V]) {
+  if constexpr (V > 1) {
+    ftn_store_vec<T>(p, in);
+  } else {
+    p[0] = ftn_from_float<T>(in[0]);
+  }
+}
+
+// Loads V mask bytes at m (V-byte aligned) with one access.
+template <int V> FTN_DEVICE void sm_load_mask(const uint8_t *m, uint8_t (&out)[V]) {
+  if constexpr (V == 8) {
+    union {
+      uint2 raw;
+      uint8_t b[8];
+    } u;
+    u.raw = *reinterpret_cast<const uint2 *>(m);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = u.b[k];
+  } else if constexpr (V == 4) {
+    union {
+      uint32_t raw;
+      uint8_t b[4];
+    } u;
+    u.raw = *reinterpret_cast<const uint32_t *>(m);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = u.b[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = m[k];
+  }
+}
+
+// The mask of one row: `pad` = its padding-mask row (or null); columns
+// >= `limit` are causal-masked.
+struct SmRowMask {
+  const uint8_t *pad;
+  int64_t limit;
+};
+
+FTN_DEVICE SmRowMask sm_row_mask(const FtnSoftmaxFwdParams &p, int64_t r) {
+  SmRowMask m;
+  m.pad = nullptr;
+  m.limit = p.sk;
+  if (p.mask_mode == FTN_SOFTMAX_MASK_PADDING) {
+    m.pad = p.mask + (r / p.rows_per_batch) * p.mask_batch_stride + (r % p.sq) * p.sk;
+  } else if (p.mask_mode == FTN_SOFTMAX_MASK_CAUSAL) {
+    const int64_t keep = r % p.sq + 1;
+    m.limit = keep < p.sk ? keep : p.sk;
+  }
+  return m;
+}
+
+// Loads the V logits at columns [col0, col0+V) of row `xr` (col0 < sk) and
+// applies scale and mask. `any` is set when a column is not padding-masked.
+template <typename T, int V>
+FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRowMask &m,
+                          int64_t col0, float (&v)[V], bool &any) {
+  if (col0 >= m.limit) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = SM_NEG_INF;
+    return;
+  }
+  sm_load<T, V>(xr + col0, v);
+#pragma unroll
+  for (int k = 0; k < V; ++k) v[k] *= p.scale;
+  if (m.pad != nullptr) {
+    uint8_t mk[V];
+    sm_load_mask<V>(m.pad + col0, mk);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      if (mk[k] != 0) {
+        v[k] = SM_MASKED_VALUE;
+      } else {
+        any = true;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    if (col0 + k >= m.limit) v[k] = SM_NEG_INF;
+  }
+}
+
+// ---------------------------------------------------------------- forward
+
+// Warp path: lane l holds columns (c*32 + l)*V + k, c < CHUNKS, k < V.
+// Columns fit in 32 bits (sk <= 1024); chunk offsets are compile-time.
+template <typename T, int CHUNKS, int V>
+FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
+  const T *x = static_cast<const T *>(p.x);
+  T *y = static_cast<T *>(p.y);
+  const int sk = (int)p.sk;
+  const int first = (int)(threadIdx.x & 31) * V;
+  const int64_t warps = blockDim.x >> 5;
+  for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < p.rows;
+       r += (int64_t)gridDim.x * warps) {
+    const SmRowMask m = sm_row_mask(p, r);
+    const int limit = (int)m.limit;
+    const T *xr = x + r * p.sk + first;
+    T *yr = y + r * p.sk + first;
+    const uint8_t *pad = m.pad == nullptr ? nullptr : m.pad + first;
+    float v[CHUNKS][V];
+    bool any = pad == nullptr;
+    float mx = SM_NEG_INF;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int col0 = first + c * 32 * V;
+      if (col0 < limit) {
+        sm_load<T, V>(xr + c * 32 * V, v[c]);
+        uint8_t mk[V];
+        if (pad != nullptr) {
+          sm_load_mask<V>(pad + c * 32 * V, mk);
+        } else {
+#pragma unroll
+          for (int k = 0; k < V; ++k) mk[k] = 0;
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          v[c][k] *= p.scale;
+          if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
+          any |= mk[k] == 0;
+          if (col0 + k >= limit) v[c][k] = SM_NEG_INF;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[c][k] = SM_NEG_INF;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
+    }
+    mx = sm_warp_allreduce<SmMaxOp>(mx);
+    if (pad != nullptr) any = __any_sync(0xffffffffu, any);
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        v[c][k] = expf(v[c][k] - mx);
+        sum += v[c][k];
+      }
+    }
+    sum = sm_warp_allreduce<SmSumOp>(sum);
+    const float inv = any ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      if (first + c * 32 * V < sk) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[c][k] *= inv;
+        sm_store<T, V>(yr + c * 32 * V, v[c]);
+      }
+    }
+  }
+}
+
+// Block path: thread t holds columns (c*blockDim.x + t)*V + k. Columns fit
+// in 32 bits here (sk <= 16384), which keeps the address math in registers.
+template <typename T, int CHUNKS, int V>
+FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * blockDim.x);
+  FTN_SHARED(float, red, [32]);
+  const T *x = static_cast<const T *>(p.x);
+  T *y = static_cast<T *>(p.y);
+  const int sk = (int)p.sk;
+  const int stride = (int)blockDim.x * V;
+  const int first = (int)threadIdx.x * V;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const SmRowMask m = sm_row_mask(p, r);
+    const int limit = (int)m.limit;
+    const T *xr = x + r * p.sk;
+    T *yr = y + r * p.sk;
+    float v[CHUNKS][V];
+    bool any = m.pad == nullptr;
+    float mx = SM_NEG_INF;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int col0 = first + c * stride;
+      if (col0 < limit) {
+        sm_load<T, V>(xr + col0, v[c]);
+        uint8_t mk[V];
+        if (m.pad != nullptr) {
+          sm_load_mask<V>(m.pad + col0, mk);
+        } else {
+#pragma unroll
+          for (int k = 0; k < V; ++k) mk[k] = 0;
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          v[c][k] *= p.scale;
+          if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
+          any |= mk[k] == 0;
+          if (col0 + k >= limit) v[c][k] = SM_NEG_INF;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[c][k] = SM_NEG_INF;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
+    }
+    mx = sm_block_allreduce<SmMaxOp>(mx, red);
+    const bool any_row = __syncthreads_or(any ? 1 : 0) != 0;
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        v[c][k] = expf(v[c][k] - mx);
+        sum += v[c][k];
+      }
+    }
+    sum = sm_block_allreduce<SmSumOp>(sum, red);
+    const float inv = any_row ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int col0 = first + c * stride;
+      if (col0 < sk) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[c][k] *= inv;
+        sm_store<T, V>(yr + col0, v[c]);
+      }
+    }
+  }
+}
+
+// Long path: two streaming passes with an online max/sum.
+template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFwdParams &p) {
+  FTN_ASSERT(blockDim.x % 32 == 0);
+  FTN_SHARED(float, red, [32]);
+  const T *x = static_cast<const T *>(p.x);
+  T *y = static_cast<T *>(p.y);
+  const int64_t step = (int64_t)blockDim.x * V;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const SmRowMask m = sm_row_mask(p, r);
+    const T *xr = x + r * p.sk;
+    T *yr = y + r * p.sk;
+    bool any = m.pad == nullptr;
+    float tm = SM_NEG_INF;  // running max of this thread
+    float ts = 0.0f;        // running sum of exp(v - tm)
+    for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < m.limit; col0 += step) {
+      float v[V];
+      sm_logits<T, V>(p, xr, m, col0, v, any);
+      float cm = v[0];
+#pragma unroll
+      for (int k = 1; k < V; ++k) cm = cm > v[k] ? cm : v[k];
+      if (cm == SM_NEG_INF) continue;  // every column causal-masked
+      if (cm > tm) {
+        ts *= expf(tm - cm);  // tm = -inf: ts is 0 and stays 0
+        tm = cm;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) ts += expf(v[k] - tm);
+    }
+    const float mx = sm_block_allreduce<SmMaxOp>(tm, red);
+    ts = tm == SM_NEG_INF ? 0.0f : ts * expf(tm - mx);
+    const float sum = sm_block_allreduce<SmSumOp>(ts, red);
+    const bool any_row = __syncthreads_or(any ? 1 : 0) != 0;
+    const float inv = any_row ? 1.0f / sum : 0.0f;
+    for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
+      float v[V];
+      bool unused = false;
+      sm_logits<T, V>(p, xr, m, col0, v, unused);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = expf(v[k] - mx) * inv;
+      sm_store<T, V>(yr + col0, v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+// Rows held in registers: thread `first` column, chunk c at first + c*stride.
+// Shared by the warp path (stride 32*V, rows per warp) and the block path
+// (stride blockDim.x*V, one row per block); columns fit in 32 bits.
+template <typename T, int CHUNKS, int V, bool BLOCK>
+FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
+  const T *y = static_cast<const T *>(p.y);
+  const T *dy = static_cast<const T *>(p.dy);
+  T *dx = static_cast<T *>(p.dx);
+  const int sk = (int)p.sk;
+  const int lanes = BLOCK ? (int)blockDim.x : 32;
+  const int stride = lanes * V;
+  const int first = (int)(BLOCK ? threadIdx.x : (threadIdx.x & 31)) * V;
+  const int64_t row0 = BLOCK ? (int64_t)blockIdx.x
+                             : (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t row_step = BLOCK ? (int64_t)gridDim.x : (int64_t)gridDim.x * (blockDim.x >> 5);
+  for (int64_t r = row0; r < p.rows; r += row_step) {
+    const int64_t off = r * p.sk + first;
+    float yv[CHUNKS][V];
+    float gv[CHUNKS][V];
+    float dot = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      if (first + c * stride < sk) {
+        sm_load<T, V>(y + off + c * stride, yv[c]);
+        sm_load<T, V>(dy + off + c * stride, gv[c]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) yv[c][k] = gv[c][k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) dot += yv[c][k] * gv[c][k];
+    }
+    if constexpr (BLOCK) {
+      dot = sm_block_allreduce<SmSumOp>(dot, red);
+    } else {
+      dot = sm_warp_allreduce<SmSumOp>(dot);
+    }
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      if (first + c * stride < sk) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) gv[c][k] = p.scale * (gv[c][k] * yv[c][k] - yv[c][k] * dot);
+        sm_store<T, V>(dx + off + c * stride, gv[c]);
+      }
+    }
+  }
+}
+
+template <typename T, int CHUNKS, int V>
+FTN_DEVICE void sm_bwd_warp_impl(const FtnSoftmaxBwdParams &p) {
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
+  sm_bwd_rows<T, CHUNKS, V, false>(p, nullptr);
+}
+
+template <typename T, int CHUNKS, int V>
+FTN_DEVICE void sm_bwd_block_impl(const FtnSoftmaxBwdParams &p) {
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * blockDim.x);
+  FTN_SHARED(float, red, [32]);
+  sm_bwd_rows<T, CHUNKS, V, true>(p, red);
+}
+
+template <typename T, int V> FTN_DEVICE void sm_bwd_long_impl(const FtnSoftmaxBwdParams &p) {
+  FTN_ASSERT(blockDim.x % 32 == 0);
+  FTN_SHARED(float, red, [32]);
+  const T *y = static_cast<const T *>(p.y);
+  const T *dy = static_cast<const T *>(p.dy);
+  T *dx = static_cast<T *>(p.dx);
+  const int64_t step = (int64_t)blockDim.x * V;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const int64_t off = r * p.sk;
+    float dot = 0.0f;
+    for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
+      float yv[V], gv[V];
+      sm_load<T, V>(y + off + col0, yv);
+      sm_load<T, V>(dy + off + col0, gv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) dot += yv[k] * gv[k];
+    }
+    dot = sm_block_allreduce<SmSumOp>(dot, red);
+    for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
+      float yv[V], gv[V];
+      sm_load<T, V>(y + off + col0, yv);
+      sm_load<T, V>(dy + off + col0, gv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv[k] = p.scale * (gv[k] * yv[k] - yv[k] * dot);
+      sm_store<T, V>(dx + off + col0, gv);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dispatch
+// p.vec is FtnVec<T>::N (vector path) or 1 (scalar path); the plan sets the
+// vector width only where the path's per-thread count N is a multiple of it.
+
+template <typename T, int N> FTN_DEVICE void sm_fwd_warp(const FtnSoftmaxFwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  if constexpr (N % V == 0) {
+    if (p.vec == (uint32_t)V) {
+      sm_fwd_warp_impl<T, N / V, V>(p);
+      return;
+    }
+  }
+  FTN_ASSERT(p.vec == 1u);
+  sm_fwd_warp_impl<T, N, 1>(p);
+}
+
+template <typename T, int N> FTN_DEVICE void sm_bwd_warp(const FtnSoftmaxBwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  if constexpr (N % V == 0) {
+    if (p.vec == (uint32_t)V) {
+      sm_bwd_warp_impl<T, N / V, V>(p);
+      return;
+    }
+  }
+  FTN_ASSERT(p.vec == 1u);
+  sm_bwd_warp_impl<T, N, 1>(p);
+}
+
+template <typename T> FTN_DEVICE void sm_fwd_block(const FtnSoftmaxFwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  if (p.vec == (uint32_t)V) {
+    sm_fwd_block_impl<T, SM_BLOCK_ITEMS / V, V>(p);
+  } else {
+    FTN_ASSERT(p.vec == 1u);
+    sm_fwd_block_impl<T, SM_BLOCK_ITEMS, 1>(p);
+  }
+}
+
+template <typename T> FTN_DEVICE void sm_bwd_block(const FtnSoftmaxBwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  if (p.vec == (uint32_t)V) {
+    sm_bwd_block_impl<T, SM_BLOCK_ITEMS / V, V>(p);
+  } else {
+    FTN_ASSERT(p.vec == 1u);
+    sm_bwd_block_impl<T, SM_BLOCK_ITEMS, 1>(p);
+  }
+}
+
+template <typename T> FTN_DEVICE void sm_fwd_long(const FtnSoftmaxFwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  if (p.vec == (uint32_t)V) {
+    sm_fwd_long_impl<T, V>(p);
+  } else {
+    FTN_ASSERT(p.vec == 1u);
+    sm_fwd_long_impl<T, 1>(p);
+  }
+}
+
+template <typename T> FTN_DEVICE void sm_bwd_long(const FtnSoftmaxBwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  if (p.vec == (uint32_t)V) {
+    sm_bwd_long_impl<T, V>(p);
+  } else {
+    FTN_ASSERT(p.vec == 1u);
+    sm_bwd_long_impl<T, 1>(p);
+  }
+}
+
+#define FTN_STAMP_SOFTMAX_WARP(suffix, T, N)                                              \
+  FTN_KERNEL_BOUNDED(ftn_softmax_fwd_warp##N##_##suffix, FtnSoftmaxFwdParams, p, 128) {   \
+    sm_fwd_warp<T, N>(p);                                                                 \
+  }                                                                                       \
+  FTN_KERNEL_BOUNDED(ftn_softmax_bwd_warp##N##_##suffix, FtnSoftmaxBwdParams, p, 128) {   \
+    sm_bwd_warp<T, N>(p);                                                                 \
+  }
+
+#define FTN_STAMP_SOFTMAX(suffix, T)                                                  \
+  FTN_STAMP_SOFTMAX_WARP(suffix, T, 1)                                                \
+  FTN_STAMP_SOFTMAX_WARP(suffix, T, 2)                                                \
+  FTN_STAMP_SOFTMAX_WARP(suffix, T, 4)                                                \
+  FTN_STAMP_SOFTMAX_WARP(suffix, T, 8)                                                \
+  FTN_STAMP_SOFTMAX_WARP(suffix, T, 16)                                               \
+  FTN_STAMP_SOFTMAX_WARP(suffix, T, 32)                                               \
+  FTN_KERNEL_BOUNDED(ftn_softmax_fwd_block_##suffix, FtnSoftmaxFwdParams, p, 512) {   \
+    sm_fwd_block<T>(p);                                                               \
+  }                                                                                   \
+  FTN_KERNEL_BOUNDED(ftn_softmax_bwd_block_##suffix, FtnSoftmaxBwdParams, p, 512) {   \
+    sm_bwd_block<T>(p);                                                               \
+  }                                                                                   \
+  FTN_KERNEL_BOUNDED(ftn_softmax_fwd_long_##suffix, FtnSoftmaxFwdParams, p, 1024) {   \
+    sm_fwd_long<T>(p);                                                                \
+  }                                                                                   \
+  FTN_KERNEL_BOUNDED(ftn_softmax_bwd_long_##suffix, FtnSoftmaxBwdParams, p, 1024) {   \
+    sm_bwd_long<T>(p);                                                                \
+  }
+
+FTN_STAMP_SOFTMAX(f32, float)
+FTN_STAMP_SOFTMAX(f16, __half)
+FTN_STAMP_SOFTMAX(bf16, __nv_bfloat16)

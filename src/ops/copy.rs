@@ -1,0 +1,112 @@
+//! Strided 2-D copies (kernel: `cuda/copy.cu`): a `[rows, cols]` block of
+//! one row-major matrix into another, each with its own row pitch and
+//! starting element. The tensor-parallel mappings split and gather along the
+//! last dimension with it.
+
+use super::all_aligned16;
+use crate::backend::{DeviceBuffer, Stream};
+use crate::core::plan::{div_ceil, ELEMENTWISE_THREADS, MAX_GRID_STRIDE_BLOCKS};
+use crate::core::{Element, Error, LaunchConfig, Result};
+use crate::kernel_params::FtnCopy2dParams;
+use crate::kernels;
+
+/// Where a `[rows, cols]` block lives inside a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block2d {
+    /// Index of the block's first element.
+    pub offset: usize,
+    /// Elements between the starts of consecutive rows (>= cols).
+    pub pitch: usize,
+}
+
+const OP: &str = "copy_2d";
+
+fn check<T: Element>(
+    arg: &'static str,
+    buf: &DeviceBuffer<T>,
+    b: Block2d,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    if b.pitch < cols {
+        return Err(Error::invalid(
+            OP,
+            arg,
+            format!("a pitch >= cols = {cols}"),
+            b.pitch,
+        ));
+    }
+    let last = (rows - 1)
+        .checked_mul(b.pitch)
+        .and_then(|v| v.checked_add(b.offset))
+        .and_then(|v| v.checked_add(cols))
+        .ok_or_else(|| {
+            Error::invalid(OP, arg, "a block whose extent fits in usize", "an overflow")
+        })?;
+    if last > buf.len() {
+        return Err(Error::invalid(
+            OP,
+            arg,
+            format!(
+                "a buffer of at least {last} elements for {rows}x{cols} at offset {} pitch {}",
+                b.offset, b.pitch
+            ),
+            format!("{} elements", buf.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Copies the `[rows, cols]` block at `src_at` in `src` to `dst_at` in `dst`.
+pub fn copy_2d<T: Element>(
+    stream: &Stream,
+    src: &DeviceBuffer<T>,
+    src_at: Block2d,
+    dst: &mut DeviceBuffer<T>,
+    dst_at: Block2d,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    stream.device().check_same(OP, "src", src.device())?;
+    stream.device().check_same(OP, "dst", dst.device())?;
+    check("src", src, src_at, rows, cols)?;
+    check("dst", dst, dst_at, rows, cols)?;
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let es = T::DTYPE.size() as u64;
+    let (s, d) = (
+        src.addr() + src_at.offset as u64 * es,
+        dst.addr() + dst_at.offset as u64 * es,
+    );
+    let (row_bytes, sp, dp) = (
+        cols as u64 * es,
+        src_at.pitch as u64 * es,
+        dst_at.pitch as u64 * es,
+    );
+    let vec = if all_aligned16(&[s, d, row_bytes, sp, dp]) {
+        16
+    } else {
+        1
+    };
+    let units = rows as u64 * row_bytes / vec as u64;
+    let blocks = div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, MAX_GRID_STRIDE_BLOCKS);
+    let params = FtnCopy2dParams {
+        dst: d as *mut _,
+        src: s as *const _,
+        rows: rows as i64,
+        row_bytes: row_bytes as i64,
+        dst_pitch: dp as i64,
+        src_pitch: sp as i64,
+        vec,
+        reserved: 0,
+    };
+    stream.launch(
+        &kernels::FTN_COPY_2D_BYTES,
+        LaunchConfig::linear(blocks as u32, ELEMENTWISE_THREADS),
+        params,
+    )
+}

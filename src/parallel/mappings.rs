@@ -1,0 +1,239 @@
+//! Megatron-Core's tensor-parallel mapping primitives (`mappings.py`): small
+//! named operations whose forward and backward communications are each
+//! other's duals. Tensors are row-major `[rows, cols]`; "last dim" is `cols`,
+//! the sequence-parallel "first dim" is `rows`. With one rank every mapping
+//! is a copy.
+//!
+//! | mapping | forward | backward |
+//! | --- | --- | --- |
+//! | `CopyToTp` | identity | all-reduce |
+//! | `ReduceFromTp` | all-reduce | identity |
+//! | `ScatterToTp` | split last dim | all-gather last dim |
+//! | `GatherFromTp` | all-gather last dim | split last dim |
+//! | `ScatterToSp` | split first dim | all-gather first dim |
+//! | `GatherFromSp` | all-gather first dim | reduce-scatter first dim |
+//! | `ReduceScatterToSp` | reduce-scatter first dim | all-gather first dim |
+
+use crate::backend::{DeviceBuffer, Stream};
+use crate::comm::{CommElement, Communicator, ReduceOp};
+use crate::core::{Error, Result};
+use crate::ops::copy::{copy_2d, Block2d};
+
+/// One mapping primitive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mapping {
+    CopyToTp,
+    ReduceFromTp,
+    ScatterToTp,
+    GatherFromTp,
+    ScatterToSp,
+    GatherFromSp,
+    ReduceScatterToSp,
+}
+
+/// What one direction of a mapping does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Identity,
+    AllReduce,
+    SplitLast,
+    GatherLast,
+    SplitFirst,
+    GatherFirst,
+    ReduceScatterFirst,
+}
+
+impl Step {
+    /// `(rows, cols)` of the output for an input of `(rows, cols)` on `tp` ranks.
+    fn out_shape(self, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
+        match self {
+            Step::Identity | Step::AllReduce => (rows, cols),
+            Step::SplitLast => (rows, cols / tp),
+            Step::GatherLast => (rows, cols * tp),
+            Step::SplitFirst | Step::ReduceScatterFirst => (rows / tp, cols),
+            Step::GatherFirst => (rows * tp, cols),
+        }
+    }
+}
+
+impl Mapping {
+    fn steps(self) -> (Step, Step) {
+        match self {
+            Mapping::CopyToTp => (Step::Identity, Step::AllReduce),
+            Mapping::ReduceFromTp => (Step::AllReduce, Step::Identity),
+            Mapping::ScatterToTp => (Step::SplitLast, Step::GatherLast),
+            Mapping::GatherFromTp => (Step::GatherLast, Step::SplitLast),
+            Mapping::ScatterToSp => (Step::SplitFirst, Step::GatherFirst),
+            Mapping::GatherFromSp => (Step::GatherFirst, Step::ReduceScatterFirst),
+            Mapping::ReduceScatterToSp => (Step::ReduceScatterFirst, Step::GatherFirst),
+        }
+    }
+
+    /// Output shape of the forward for an input `[rows, cols]`.
+    pub fn forward_shape(self, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
+        self.steps().0.out_shape(rows, cols, tp)
+    }
+
+    /// Forward: `output = f(input)`, `input` is `[rows, cols]` on this rank.
+    /// Every rank of `comm` must call it. Returns when enqueued on `stream`.
+    pub fn forward<T: CommElement>(
+        self,
+        comm: &Communicator,
+        stream: &Stream,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        (rows, cols): (usize, usize),
+    ) -> Result<()> {
+        run(self.steps().0, comm, stream, input, output, rows, cols)
+    }
+
+    /// Backward: `grad_input = f'(grad_output)`, `grad_output` shaped like the
+    /// forward's output, `[rows, cols]` here.
+    pub fn backward<T: CommElement>(
+        self,
+        comm: &Communicator,
+        stream: &Stream,
+        grad_output: &DeviceBuffer<T>,
+        grad_input: &mut DeviceBuffer<T>,
+        (rows, cols): (usize, usize),
+    ) -> Result<()> {
+        run(
+            self.steps().1,
+            comm,
+            stream,
+            grad_output,
+            grad_input,
+            rows,
+            cols,
+        )
+    }
+}
+
+const OP: &str = "tensor-parallel mapping";
+
+fn run<T: CommElement>(
+    step: Step,
+    comm: &Communicator,
+    stream: &Stream,
+    input: &DeviceBuffer<T>,
+    output: &mut DeviceBuffer<T>,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    let tp = comm.size();
+    let n = rows.checked_mul(cols).ok_or_else(|| {
+        Error::invalid(
+            OP,
+            "rows * cols",
+            "a product that fits in usize",
+            "an overflow",
+        )
+    })?;
+    if input.len() != n {
+        return Err(Error::invalid(
+            OP,
+            "input",
+            format!("exactly {rows}x{cols} = {n} elements"),
+            input.len(),
+        ));
+    }
+    let divisible = match step {
+        Step::SplitLast => cols % tp == 0,
+        Step::SplitFirst | Step::ReduceScatterFirst => rows % tp == 0,
+        _ => true,
+    };
+    if !divisible {
+        let what = if step == Step::SplitLast {
+            ("cols", cols)
+        } else {
+            ("rows", rows)
+        };
+        return Err(Error::invalid(
+            OP,
+            what.0,
+            format!("a multiple of the tensor-parallel size {tp} for {step:?}"),
+            what.1,
+        ));
+    }
+    let (orows, ocols) = step.out_shape(rows, cols, tp);
+    let on = orows
+        .checked_mul(ocols)
+        .ok_or_else(|| Error::invalid(OP, "output", "a size that fits in usize", "an overflow"))?;
+    if output.len() != on {
+        return Err(Error::invalid(
+            OP,
+            "output",
+            format!("exactly {orows}x{ocols} = {on} elements ({step:?} on {tp} ranks)"),
+            output.len(),
+        ));
+    }
+    let r = comm.rank();
+    let whole = |pitch| Block2d { offset: 0, pitch };
+    match step {
+        Step::Identity => stream.copy_device(input, output),
+        Step::AllReduce => comm
+            .all_reduce(stream, input, output, ReduceOp::Sum)
+            .map(drop),
+        Step::SplitLast => copy_2d(
+            stream,
+            input,
+            Block2d {
+                offset: r * ocols,
+                pitch: cols,
+            },
+            output,
+            whole(ocols),
+            rows,
+            ocols,
+        ),
+        Step::SplitFirst => copy_2d(
+            stream,
+            input,
+            Block2d {
+                offset: r * orows * cols,
+                pitch: cols,
+            },
+            output,
+            whole(cols),
+            orows,
+            cols,
+        ),
+        Step::GatherFirst => comm.all_gather(stream, input, output).map(drop),
+        Step::ReduceScatterFirst => comm
+            .reduce_scatter(stream, input, output, ReduceOp::Sum)
+            .map(drop),
+        Step::GatherLast => {
+            if tp == 1 {
+                return stream.copy_device(input, output);
+            }
+            // All-gather into the stream's scratch memory as [tp, rows, cols],
+            // then interleave into [rows, tp*cols]; all in stream order.
+            let bytes = on * T::DTYPE.size();
+            // SAFETY: the workspace holds `bytes` bytes (256-byte aligned) and
+            // is used only by work on this stream, in order; the view frees
+            // nothing.
+            let mut staged = unsafe {
+                DeviceBuffer::<T>::from_raw_parts(stream.device(), stream.workspace(bytes)?, on)?
+            };
+            comm.all_gather(stream, input, &mut staged)?;
+            for k in 0..tp {
+                copy_2d(
+                    stream,
+                    &staged,
+                    Block2d {
+                        offset: k * n,
+                        pitch: cols,
+                    },
+                    output,
+                    Block2d {
+                        offset: k * cols,
+                        pitch: ocols,
+                    },
+                    rows,
+                    cols,
+                )?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Tensor-parallel building blocks over a [`Communicator`]: explicit forward
+//! and backward functions on device buffers and streams (no autograd of our
+//! own), for frameworks to wire into theirs.
+//!
+//! [`Communicator`]: crate::comm::Communicator
+
+pub mod mappings;
