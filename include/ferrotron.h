@@ -171,6 +171,22 @@ typedef enum {
 } ftnRedOp_t;
 
 /*
+ Masks of the softmax forward (`ftnSoftmaxDesc_t.mask`).
+ */
+typedef enum {
+  ftnSoftmaxMaskNone = 0,
+  /*
+   uint8 mask, nonzero = masked (the scaled logit becomes -10000);
+   `[batch, 1, sq, sk]`, or `[1, 1, sq, sk]` with `mask_broadcast`.
+   */
+  ftnSoftmaxMaskPadding = 1,
+  /*
+   Row `i` keeps columns `<= i` (`sq == sk`).
+   */
+  ftnSoftmaxMaskCausal = 2,
+} ftnSoftmaxMask_t;
+
+/*
  An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
  the bytes to the other ranks (any way it likes).
  */
@@ -337,6 +353,40 @@ typedef struct {
    */
   int32_t reserved;
 } ftnGradScalerState_t;
+
+/*
+ Shape and options of the fused scale + mask + softmax over logits
+ `[batch, heads, sq, sk]` (last dimension).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnSoftmaxDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   `ftnSoftmaxMask_t` (forward only; the backward reads the mask from `y`).
+   */
+  int32_t mask;
+  int64_t batch;
+  int64_t heads;
+  int64_t sq;
+  /*
+   `>= 1`.
+   */
+  int64_t sk;
+  /*
+   Multiplies the logits before masking (e.g. `1/sqrt(head_dim)`); finite.
+   */
+  float scale;
+  /*
+   Non-zero: the padding mask is `[1, 1, sq, sk]` (shared by the batch).
+   */
+  int32_t mask_broadcast;
+} ftnSoftmaxDesc_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -763,6 +813,28 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
  it, or to read the current scale on the host).
  */
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
+
+/*
+ `y = softmax(mask(scale * x))` over the last dimension (`y` may be `x`).
+ `x`, `y`: `batch * heads * sq * sk` elements; `mask` (uint8, only with
+ `ftnSoftmaxMaskPadding`, else ignored): `batch * sq * sk` elements, or
+ `sq * sk` with `mask_broadcast`. Fully masked rows give zeros.
+ */
+ftnResult_t ftn_softmax_forward(ftnStream_t stream,
+                                const ftnSoftmaxDesc_t *desc,
+                                const void *x,
+                                const uint8_t *mask,
+                                void *y);
+
+/*
+ `dx = scale * (dy*y - y * sum(dy*y))` per row, `y` the forward's output
+ (`dx` may be `dy`). All three: `batch * heads * sq * sk` elements.
+ */
+ftnResult_t ftn_softmax_backward(ftnStream_t stream,
+                                 const ftnSoftmaxDesc_t *desc,
+                                 const void *y,
+                                 const void *dy,
+                                 void *dx);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -183,6 +183,55 @@ static void test_norms(ftnStream_t s, int rms) {
   free(wy); free(wdx); free(wdg); free(wdb); free(wmean); free(wrstd);
 }
 
+/* mask: 0 none, 1 padding (per batch; row 1 of batch 0 fully masked), 2 causal */
+static void test_softmax(ftnStream_t s, int mask) {
+  const int64_t B = 2, H = 3, SQ = 5, SK = mask == 2 ? 5 : 37;
+  size_t n = (size_t)(B * H * SQ * SK), rows = (size_t)(B * H * SQ), sk = (size_t)SK;
+  float *x = rand_vec(n), *y = nan_vec(n), *dy = rand_vec(n), *dx = nan_vec(n);
+  unsigned char *m = malloc((size_t)(B * SQ * SK));
+  for (size_t i = 0; i < (size_t)(B * SQ * SK); i++) m[i] = urand() < 0.3;
+  for (size_t c = 0; c < sk; c++) m[1 * sk + c] = 1; /* batch 0, row 1: all masked */
+  ftnSoftmaxDesc_t d;
+  memset(&d, 0, sizeof d);
+  d.size = sizeof d;
+  d.dtype = ftnFloat32;
+  d.mask = mask == 0 ? ftnSoftmaxMaskNone : mask == 1 ? ftnSoftmaxMaskPadding : ftnSoftmaxMaskCausal;
+  d.batch = B;
+  d.heads = H;
+  d.sq = SQ;
+  d.sk = SK;
+  d.scale = 0.37f;
+  CHECK(ftn_softmax_forward(s, &d, x, mask == 1 ? m : NULL, y));
+  CHECK(ftn_stream_synchronize(s));
+  CHECK(ftn_softmax_backward(s, &d, y, dy, dx));
+  CHECK(ftn_stream_synchronize(s));
+  double *wy = malloc(n * sizeof(double)), *wdx = malloc(n * sizeof(double));
+  for (size_t r = 0; r < rows; r++) {
+    size_t b = r / (size_t)(H * SQ), i = r % (size_t)SQ;
+    double mx = -INFINITY, sum = 0, dot = 0;
+    int all_masked = 1;
+    for (size_t c = 0; c < sk; c++) {
+      double v = (double)(0.37f * x[r * sk + c]);
+      int masked = mask == 1 && m[(b * (size_t)SQ + i) * sk + c];
+      if (masked) v = -10000.0; else all_masked = 0;
+      if (mask == 2 && c > i) v = -INFINITY;
+      wy[r * sk + c] = v;
+      if (v > mx) mx = v;
+    }
+    for (size_t c = 0; c < sk; c++) sum += (wy[r * sk + c] = exp(wy[r * sk + c] - mx));
+    for (size_t c = 0; c < sk; c++) {
+      wy[r * sk + c] = (mask == 1 && all_masked) ? 0.0 : wy[r * sk + c] / sum;
+      dot += dy[r * sk + c] * (double)y[r * sk + c];
+    }
+    for (size_t c = 0; c < sk; c++)
+      wdx[r * sk + c] = 0.37 * (dy[r * sk + c] * (double)y[r * sk + c] - (double)y[r * sk + c] * dot);
+  }
+  const char *names[3] = {"softmax fwd", "softmax fwd padding", "softmax fwd causal"};
+  close_all(names[mask], y, wy, n, 1e-5);
+  close_all("softmax bwd", dx, wdx, n, 1e-5);
+  free(x); free(y); free(dy); free(dx); free(m); free(wy); free(wdx);
+}
+
 static void test_multi_tensor(ftnStream_t s) {
   size_t sizes[3] = {1, 1000, 70001};
   float *t[3], *orig[3];
@@ -519,6 +568,23 @@ static void test_bad_input(ftnContext_t ctx, ftnStream_t s) {
   nd.reserved = 0;
   expect_error(ftn_layer_norm_forward(s, &nd, buf, NULL, NULL, buf + 8, NULL, buf + 20), ftnInvalidArgument,
                "NULL mean", "mean", "NULL");
+  /* softmax: sk 0, overflowing batch*heads*sq*sk, NULL padding mask, bad mask kind */
+  ftnSoftmaxDesc_t sd;
+  memset(&sd, 0, sizeof sd);
+  sd.size = sizeof sd;
+  sd.dtype = ftnFloat32;
+  sd.batch = sd.heads = sd.sq = 1;
+  sd.scale = 1.0f;
+  expect_error(ftn_softmax_forward(s, &sd, buf, NULL, buf), ftnInvalidArgument, "sk 0", "sk", NULL);
+  sd.sk = 4;
+  sd.batch = (int64_t)1 << 40;
+  sd.heads = (int64_t)1 << 30;
+  expect_error(ftn_softmax_forward(s, &sd, buf, NULL, buf), ftnInvalidArgument, "softmax overflow", "overflows", NULL);
+  sd.batch = sd.heads = 1;
+  sd.mask = ftnSoftmaxMaskPadding;
+  expect_error(ftn_softmax_forward(s, &sd, buf, NULL, buf + 8), ftnInvalidArgument, "NULL mask", "mask", "NULL");
+  sd.mask = 3;
+  expect_error(ftn_softmax_forward(s, &sd, buf, NULL, buf + 8), ftnInvalidArgument, "mask 3", "desc.mask", NULL);
   /* multi-tensor: NULL list, negative numel, bad dtype, scale 0 */
   ftnMultiTensorDesc_t md;
   memset(&md, 0, sizeof md);
@@ -584,6 +650,9 @@ int main(int argc, char **argv) {
   test_bias_gelu(s, 1);
   test_norms(s, 0);
   test_norms(s, 1);
+  test_softmax(s, 0);
+  test_softmax(s, 1);
+  test_softmax(s, 2);
   test_multi_tensor(s);
   test_scaler(ctx, s);
   test_collectives();

@@ -225,6 +225,34 @@ static void norms(const ftn::Stream& s, bool rms) {
   if (!rms) close_all(k + "dbeta", db, wdb, 1e-4);
 }
 
+static void softmax_causal(const ftn::Stream& s) {
+  const int64_t rows = 2 * 4 * 9, sk = 9;  // batch 2, heads 4, sq = sk = 9
+  auto x = rand_vec(rows * sk), dy = rand_vec(rows * sk);
+  std::vector<float> y(rows * sk, NAN), dx(rows * sk, NAN);
+  auto d = ftn::desc<ftnSoftmaxDesc_t>();
+  d.dtype = ftnFloat32;
+  d.mask = ftnSoftmaxMaskCausal;
+  d.batch = 2;
+  d.heads = 4;
+  d.sq = d.sk = sk;
+  d.scale = 0.125f;
+  FTN_CHECK(ftn_softmax_forward(s.get(), &d, x.data(), nullptr, y.data()));
+  FTN_CHECK(ftn_softmax_backward(s.get(), &d, y.data(), dy.data(), dx.data()));
+  FTN_CHECK(ftn_stream_synchronize(s.get()));
+  std::vector<double> wy(rows * sk, 0.0), wdx(rows * sk);
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t i = r % sk;
+    double mx = -INFINITY, sum = 0, dot = 0;
+    for (int64_t c = 0; c <= i; c++) mx = std::fmax(mx, static_cast<double>(0.125f * x[r * sk + c]));
+    for (int64_t c = 0; c <= i; c++) sum += std::exp(static_cast<double>(0.125f * x[r * sk + c]) - mx);
+    for (int64_t c = 0; c <= i; c++) wy[r * sk + c] = std::exp(static_cast<double>(0.125f * x[r * sk + c]) - mx) / sum;
+    for (int64_t c = 0; c < sk; c++) dot += static_cast<double>(dy[r * sk + c]) * y[r * sk + c];
+    for (int64_t c = 0; c < sk; c++) wdx[r * sk + c] = 0.125 * (dy[r * sk + c] * static_cast<double>(y[r * sk + c]) - y[r * sk + c] * dot);
+  }
+  close_all("causal softmax fwd", y, wy, 1e-5);
+  close_all("causal softmax bwd", dx, wdx, 1e-5);
+}
+
 static void multi_tensor_and_scaler(const ftn::Context& ctx, const ftn::Stream& s) {
   // a mixed fp32 + bf16 list
   auto a = rand_vec(3000);
@@ -335,6 +363,7 @@ int main(int argc, char** argv) {
     bias_gelu_bf16(s);
     norms(s, false);
     norms(s, true);
+    softmax_causal(s);
     multi_tensor_and_scaler(ctx, s);
     collectives();
     // errors surface as exceptions carrying the status and the message
