@@ -187,6 +187,30 @@ typedef enum {
 } ftnSoftmaxMask_t;
 
 /*
+ What the GEMM does to `v = alpha * op(A) op(B) [+ beta * C]`.
+ */
+typedef enum {
+  /*
+   `D = v`.
+   */
+  ftnGemmEpilogueNone = 0,
+  /*
+   `D = v + bias[n]` (bias required).
+   */
+  ftnGemmEpilogueBias = 1,
+  /*
+   `D = gelu(v + bias[n])` (bias optional); a non-NULL `aux` receives
+   the pre-activation `v + bias`.
+   */
+  ftnGemmEpilogueBiasGelu = 2,
+  /*
+   `D = v * gelu'(aux)`, `aux` (required) the saved pre-activation: the
+   backward of BiasGelu.
+   */
+  ftnGemmEpilogueDGelu = 3,
+} ftnGemmEpilogue_t;
+
+/*
  An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
  the bytes to the other ranks (any way it likes).
  */
@@ -387,6 +411,101 @@ typedef struct {
    */
   int32_t mask_broadcast;
 } ftnSoftmaxDesc_t;
+
+/*
+ One (batched) GEMM `D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b])`
+ over row-major matrices, `op(A)` `[m, k]`, `op(B)` `[k, n]`; fp16 or bf16
+ inputs, fp32 accumulation, output in the input type or fp32.
+
+ Layouts: leading dimensions (`ld*`, 0 = packed: the stored row length)
+ and batch strides (`stride_*`, 0 = packed: rows * ld), in elements. An
+ operand spans `(batch - 1) * stride + (rows - 1) * ld + cols` elements
+ (`rows x cols` its stored shape: A is `[k, m]` with `trans_a`, B `[n, k]`
+ with `trans_b`); each pointer must hold that many.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnGemmDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   Input type (A, B, bias): ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Output type (C, D, aux): the input type or ftnFloat32.
+   */
+  int32_t out_dtype;
+  /*
+   Non-zero: A is stored `[k, m]`.
+   */
+  int32_t trans_a;
+  /*
+   Non-zero: B is stored `[n, k]` (a linear layer's `X W^T`).
+   */
+  int32_t trans_b;
+  /*
+   `ftnGemmEpilogue_t`.
+   */
+  int32_t epilogue;
+  /*
+   `ftnGelu_t` of the GeLU epilogues.
+   */
+  int32_t gelu;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  /*
+   Batch entries (1 for a plain GEMM; 0 does nothing).
+   */
+  int64_t batch;
+  float alpha;
+  /*
+   With `beta != 0`, C is read; a NULL `c` means C is D (accumulate).
+   */
+  float beta;
+  int64_t lda;
+  int64_t ldb;
+  int64_t ldc;
+  int64_t ldd;
+  int64_t ld_aux;
+  int64_t stride_a;
+  int64_t stride_b;
+  int64_t stride_c;
+  int64_t stride_d;
+  int64_t stride_aux;
+  /*
+   Non-zero: one A for every batch entry (stride 0).
+   */
+  int32_t broadcast_a;
+  /*
+   Non-zero: one B for every batch entry (stride 0).
+   */
+  int32_t broadcast_b;
+} ftnGemmDesc_t;
+
+/*
+ Bias gradient `dbias[c] = sum_r dy[r, c]` of a row-major `[rows, cols]`
+ matrix with leading dimension `ld` (0 = `cols`); fp32 accumulation in a
+ fixed order (bitwise reproducible).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnBiasGradDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+  int64_t rows;
+  int64_t cols;
+  int64_t ld;
+} ftnBiasGradDesc_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -835,6 +954,30 @@ ftnResult_t ftn_softmax_backward(ftnStream_t stream,
                                  const void *y,
                                  const void *dy,
                                  void *dx);
+
+/*
+ Enqueues one (batched) GEMM described by `desc` (see `ftnGemmDesc_t` for
+ the layouts and how many elements each pointer must hold). `bias` (`n`
+ elements of the input type) and `c` may be NULL as the epilogue and
+ `beta` allow; `aux` is written by BiasGelu when not NULL and read by DGelu.
+ */
+ftnResult_t ftn_gemm(ftnStream_t stream,
+                     const ftnGemmDesc_t *desc,
+                     const void *a,
+                     const void *b,
+                     const void *bias,
+                     const void *c,
+                     void *aux,
+                     void *d);
+
+/*
+ `dbias` (`cols` elements) = column sums of `dy`, which spans
+ `(rows - 1) * ld + cols` elements.
+ */
+ftnResult_t ftn_gemm_bias_grad(ftnStream_t stream,
+                               const ftnBiasGradDesc_t *desc,
+                               const void *dy,
+                               void *dbias);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -232,6 +232,105 @@ static void test_softmax(ftnStream_t s, int mask) {
   free(x); free(y); free(dy); free(dx); free(m); free(wy); free(wdx);
 }
 
+/* bf16: the top 16 bits of an fp32, rounded to nearest even */
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint16_t *rand_bf16(size_t n) {
+  uint16_t *v = malloc(n * 2 + 2);
+  for (size_t i = 0; i < n; i++) v[i] = to_bf16(frand());
+  return v;
+}
+
+/* D = gelu(A B^T + bias) (aux = pre-activation), then D2 = A2^T B2 * gelu'(aux); bf16 in, fp32 out, batch 2 */
+static void test_gemm(ftnStream_t s) {
+  const int64_t M = 19, N = 23, K = 40, BATCH = 2;
+  size_t mk = (size_t)(M * K), nk = (size_t)(N * K), mn = (size_t)(M * N);
+  uint16_t *a = rand_bf16(BATCH * mk), *b = rand_bf16(BATCH * nk), *bias = rand_bf16((size_t)N);
+  float *d = nan_vec(BATCH * mn), *aux = nan_vec(BATCH * mn), *d2 = nan_vec(BATCH * mn);
+  ftnGemmDesc_t g;
+  memset(&g, 0, sizeof g);
+  g.size = sizeof g;
+  g.dtype = ftnBfloat16;
+  g.out_dtype = ftnFloat32;
+  g.trans_b = 1;
+  g.epilogue = ftnGemmEpilogueBiasGelu;
+  g.gelu = ftnGeluTanh;
+  g.m = M;
+  g.n = N;
+  g.k = K;
+  g.batch = BATCH;
+  g.alpha = 1.0f;
+  CHECK(ftn_gemm(s, &g, a, b, bias, NULL, aux, d));
+  /* second: A2 stored [K, M] (trans_a) = a reinterpreted, B2 [K, N] = b reinterpreted, DGelu with aux */
+  ftnGemmDesc_t g2 = g;
+  g2.trans_a = 1;
+  g2.trans_b = 0;
+  g2.epilogue = ftnGemmEpilogueDGelu;
+  g2.alpha = 0.5f;
+  CHECK(ftn_gemm(s, &g2, a, b, NULL, NULL, aux, d2));
+  CHECK(ftn_stream_synchronize(s));
+  double *wd = malloc(BATCH * mn * sizeof(double)), *wx = malloc(BATCH * mn * sizeof(double));
+  double *wd2 = malloc(BATCH * mn * sizeof(double));
+  for (int64_t bt = 0; bt < BATCH; bt++)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        double acc = 0, acc2 = 0;
+        for (int64_t q = 0; q < K; q++) {
+          acc += (double)from_bf16(a[bt * mk + i * K + q]) * from_bf16(b[bt * nk + j * K + q]);
+          acc2 += (double)from_bf16(a[bt * mk + q * M + i]) * from_bf16(b[bt * nk + q * N + j]);
+        }
+        size_t o = (size_t)(bt * (int64_t)mn + i * N + j);
+        wx[o] = acc + from_bf16(bias[j]);
+        wd[o] = gelu(0, wx[o]);
+        wd2[o] = 0.5 * acc2 * gelu_grad(0, (double)aux[o]);
+      }
+  close_all("gemm bias+gelu aux", aux, wx, BATCH * mn, 1e-5);
+  close_all("gemm bias+gelu d", d, wd, BATCH * mn, 1e-5);
+  close_all("gemm dgelu (trans_a)", d2, wd2, BATCH * mn, 1e-5);
+  /* bias gradient of a bf16 [13, 21] matrix with ld 24 */
+  uint16_t *dy = rand_bf16(13 * 24), *db = malloc(21 * 2);
+  ftnBiasGradDesc_t bd;
+  memset(&bd, 0, sizeof bd);
+  bd.size = sizeof bd;
+  bd.dtype = ftnBfloat16;
+  bd.rows = 13;
+  bd.cols = 21;
+  bd.ld = 24;
+  CHECK(ftn_gemm_bias_grad(s, &bd, dy, db));
+  CHECK(ftn_stream_synchronize(s));
+  float got[21];
+  double want[21];
+  for (int c = 0; c < 21; c++) {
+    want[c] = 0;
+    for (int r = 0; r < 13; r++) want[c] += from_bf16(dy[r * 24 + c]);
+    got[c] = from_bf16(db[c]);
+  }
+  close_all("gemm bias_grad bf16", got, want, 21, 1e-2);
+  /* bad input: fp32 inputs, ld below the row length, an overflowing layout */
+  g.dtype = ftnFloat32;
+  expect_error(ftn_gemm(s, &g, a, b, bias, NULL, aux, d), ftnInvalidArgument, "gemm fp32 in", "desc.dtype", NULL);
+  g.dtype = ftnBfloat16;
+  g.lda = 3;
+  expect_error(ftn_gemm(s, &g, a, b, bias, NULL, aux, d), ftnInvalidArgument, "gemm lda", "lda", NULL);
+  g.lda = 0;
+  g.batch = INT64_MAX / 2;
+  expect_error(ftn_gemm(s, &g, a, b, bias, NULL, aux, d), ftnInvalidArgument, "gemm overflow", "overflowing", NULL);
+  g.batch = BATCH;
+  g.epilogue = ftnGemmEpilogueDGelu;
+  expect_error(ftn_gemm(s, &g, a, b, NULL, NULL, NULL, d), ftnInvalidArgument, "dgelu without aux", "aux", NULL);
+  free(a); free(b); free(bias); free(d); free(aux); free(d2); free(wd); free(wx); free(wd2); free(dy); free(db);
+}
+
 static void test_multi_tensor(ftnStream_t s) {
   size_t sizes[3] = {1, 1000, 70001};
   float *t[3], *orig[3];
@@ -653,6 +752,7 @@ int main(int argc, char **argv) {
   test_softmax(s, 0);
   test_softmax(s, 1);
   test_softmax(s, 2);
+  test_gemm(s);
   test_multi_tensor(s);
   test_scaler(ctx, s);
   test_collectives();

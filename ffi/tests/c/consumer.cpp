@@ -253,6 +253,44 @@ static void softmax_causal(const ftn::Stream& s) {
   close_all("causal softmax bwd", dx, wdx, 1e-5);
 }
 
+// D (bf16) += A B with D as C (beta = 1, c = NULL), then the bias gradient of D.
+static void gemm_accumulate(const ftn::Stream& s) {
+  const int64_t m = 17, n = 12, k = 33;
+  std::vector<uint16_t> a(m * k), b(k * n), d(m * n), db(n, 0xFFFF);
+  for (auto& v : a) v = to_bf16(rand_vec(1)[0]);
+  for (auto& v : b) v = to_bf16(rand_vec(1)[0]);
+  for (auto& v : d) v = to_bf16(rand_vec(1)[0]);
+  auto d0 = d;
+  auto g = ftn::desc<ftnGemmDesc_t>();
+  g.dtype = g.out_dtype = ftnBfloat16;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = 1;
+  g.alpha = 1.0f;
+  g.beta = 1.0f;
+  FTN_CHECK(ftn_gemm(s.get(), &g, a.data(), b.data(), nullptr, nullptr, nullptr, d.data()));
+  auto bd = ftn::desc<ftnBiasGradDesc_t>();
+  bd.dtype = ftnBfloat16;
+  bd.rows = m;
+  bd.cols = n;
+  FTN_CHECK(ftn_gemm_bias_grad(s.get(), &bd, d.data(), db.data()));
+  FTN_CHECK(ftn_stream_synchronize(s.get()));
+  std::vector<float> got(m * n), gotb(n);
+  std::vector<double> want(m * n), wantb(n, 0.0);
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double acc = from_bf16(d0[i * n + j]);
+      for (int64_t q = 0; q < k; q++) acc += static_cast<double>(from_bf16(a[i * k + q])) * from_bf16(b[q * n + j]);
+      want[i * n + j] = acc;
+      got[i * n + j] = from_bf16(d[i * n + j]);
+      wantb[j] += from_bf16(d[i * n + j]);
+    }
+  for (int64_t j = 0; j < n; j++) gotb[j] = from_bf16(db[j]);
+  close_all("bf16 gemm accumulate", got, want, 1e-2);
+  close_all("bf16 bias_grad", gotb, wantb, 1e-2);
+}
+
 static void multi_tensor_and_scaler(const ftn::Context& ctx, const ftn::Stream& s) {
   // a mixed fp32 + bf16 list
   auto a = rand_vec(3000);
@@ -364,6 +402,7 @@ int main(int argc, char** argv) {
     norms(s, false);
     norms(s, true);
     softmax_causal(s);
+    gemm_accumulate(s);
     multi_tensor_and_scaler(ctx, s);
     collectives();
     // errors surface as exceptions carrying the status and the message
