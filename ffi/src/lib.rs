@@ -68,6 +68,35 @@ pub extern "C" fn ftn_get_last_error() -> *const c_char {
 mod tests {
     use super::*;
 
+    /// Every exported function either runs its body inside the panic
+    /// boundary (`guard`) or is one of the two infallible, allocation-free
+    /// accessors.
+    #[test]
+    fn every_export_is_inside_the_panic_boundary() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut exports = 0;
+        for f in ["lib.rs", "handles.rs", "ops.rs", "comm.rs"] {
+            let src = std::fs::read_to_string(dir.join(f)).unwrap();
+            for (i, chunk) in src.split("extern \"C\" fn ").skip(1).enumerate() {
+                let name: String = chunk
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                exports += 1;
+                if name == "ftn_get_error_string" || name == "ftn_get_last_error" {
+                    continue;
+                }
+                let body = &chunk[chunk.find('{').unwrap()..];
+                let first = body[1..].trim_start();
+                assert!(
+                    first.starts_with(&format!("guard(\"{name}\"")),
+                    "{f}: export #{i} `{name}` does not start with guard(\"{name}\", ..)"
+                );
+            }
+        }
+        assert!(exports >= 59, "found only {exports} exports");
+    }
+
     #[test]
     fn version_matches_the_crate() {
         let p = |s: &str| s.parse::<c_int>().unwrap();

@@ -167,7 +167,7 @@ fuzz_target!(|data: &[u8]| {
     let e = env();
     let mut b = Bytes(data);
     let mut bufs: Vec<Vec<u32>> = Vec::new();
-    let op = b.u8() % 6;
+    let op = b.u8() % 8;
     let (rows, cols) = (b.dim(), b.dim());
     let dtype = match b.u8() % 8 {
         0 | 1 | 2 => 0,
@@ -313,6 +313,92 @@ fuzz_target!(|data: &[u8]| {
             };
             let bad = size < 32 || size > FTN_MAX_DESC_SIZE || count > 8 || out.is_null();
             done(r, bad, "multi_tensor");
+        }
+        6 => {
+            // softmax: [rows = batch*heads*sq, sk = cols]; heads = sq = 1
+            let size = b.size(std::mem::size_of::<ftnSoftmaxDesc_t>());
+            let mask = (b.u8() % 4) as i32;
+            let d = ftnSoftmaxDesc_t {
+                size,
+                dtype,
+                mask,
+                batch: rows,
+                heads: 1,
+                sq: 1,
+                sk: cols,
+                scale: b.f32(),
+                mask_broadcast: (b.u8() % 2) as i32,
+            };
+            let st = desc_storage(d, size, &mut b);
+            let p = st.as_ptr() as *const ftnSoftmaxDesc_t;
+            let (x, m, y) = (
+                arg(&mut bufs, nn, &mut b),
+                arg(&mut bufs, nn, &mut b),
+                arg(&mut bufs, nn, &mut b),
+            );
+            let bad = size < 56
+                || size > FTN_MAX_DESC_SIZE
+                || neg
+                || (any && (x.is_null() || y.is_null()));
+            // SAFETY: as above (the mask needs batch*sq*sk bytes <= n * 4).
+            let r = unsafe {
+                if b.u8() % 2 == 0 {
+                    ftn_softmax_forward(e.stream, p, x, m as *const u8, y)
+                } else {
+                    ftn_softmax_backward(e.stream, p, x, m, y)
+                }
+            };
+            done(r, bad, "softmax");
+        }
+        7 => {
+            // gemm: m = rows, n = cols, k from the input; packed layouts, batch 1
+            let size = b.size(std::mem::size_of::<ftnGemmDesc_t>());
+            let k = b.dim();
+            // SAFETY: a plain-data descriptor: all-zero bytes are a valid value.
+            let mut d: ftnGemmDesc_t = unsafe { std::mem::zeroed() };
+            d.size = size;
+            d.dtype = (b.u8() % 4) as i32;
+            d.out_dtype = [0, d.dtype, 5][(b.u8() % 3) as usize];
+            d.trans_a = (b.u8() % 2) as i32;
+            d.trans_b = (b.u8() % 2) as i32;
+            d.epilogue = (b.u8() % 5) as i32;
+            d.m = rows;
+            d.n = cols;
+            d.k = k;
+            d.batch = if b.u8() % 4 == 0 { b.dim() } else { 1 };
+            d.alpha = b.f32();
+            d.beta = if b.u8() % 2 == 0 { 0.0 } else { b.f32() };
+            if b.u8() % 4 == 0 {
+                d.lda = b.dim();
+            }
+            // Real buffers only when every operand is small (batch 1, packed).
+            let small3 = small(rows, k)
+                .zip(small(k, cols))
+                .zip(n)
+                .filter(|_| d.batch == 1 && d.lda == 0);
+            let (ak, kb, mn) = match small3 {
+                Some(((x, y), z)) => (Some(x), Some(y), Some(z)),
+                None => (None, None, None),
+            };
+            let st = desc_storage(d, size, &mut b);
+            let p = st.as_ptr() as *const ftnGemmDesc_t;
+            let (a, bb, bias, c, aux, out) = (
+                arg(&mut bufs, ak, &mut b),
+                arg(&mut bufs, kb, &mut b),
+                arg(&mut bufs, if small3.is_some() { cn } else { None }, &mut b),
+                arg(&mut bufs, mn, &mut b),
+                arg(&mut bufs, mn, &mut b),
+                arg(&mut bufs, mn, &mut b),
+            );
+            let bad = size < 160
+                || size > FTN_MAX_DESC_SIZE
+                || neg
+                || k < 0
+                || d.batch < 0
+                || (any && d.batch > 0 && out.is_null());
+            // SAFETY: as above.
+            let r = unsafe { ftn_gemm(e.stream, p, a, bb, bias, c, aux, out) };
+            done(r, bad, "gemm");
         }
         _ => {
             let size = b.size(std::mem::size_of::<ftnGradScalerConfig_t>());
