@@ -219,6 +219,22 @@ typedef struct {
 } ftnUniqueId_t;
 
 /*
+ One operation of `ftn_group_p2p` (fixed layout).
+ */
+typedef struct {
+  /*
+   Device buffer of `count` elements (sent from, or received into).
+   */
+  void *buff;
+  size_t count;
+  int32_t peer;
+  /*
+   0: send `buff` to `peer`; non-zero: receive into `buff` from `peer`.
+   */
+  int32_t is_recv;
+} ftnP2pOp_t;
+
+/*
  Shape and options of bias + GeLU over a row-major `[rows, cols]` matrix.
  */
 typedef struct {
@@ -646,6 +662,17 @@ ftnResult_t ftn_recv(void *recvbuff,
                      int peer,
                      ftnComm_t comm,
                      ftnStream_t stream);
+
+/*
+ A group of sends and receives that progress together (NCCL's
+ `ncclGroupStart/End` around `ncclSend/ncclRecv`): a ring exchange in one
+ group cannot deadlock. `ops` holds `count` entries.
+ */
+ftnResult_t ftn_group_p2p(const ftnP2pOp_t *ops,
+                          size_t count,
+                          int datatype,
+                          ftnComm_t comm,
+                          ftnStream_t stream);
 
 /*
  Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU

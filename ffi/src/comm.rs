@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use ferrotron::comm::{CommElement, Communicator, ReduceOp};
+use ferrotron::comm::{CommElement, Communicator, P2p, ReduceOp};
 use ferrotron::{Device, Result};
 use half::{bf16, f16};
 
@@ -539,5 +539,102 @@ pub unsafe extern "C" fn ftn_recv(
         let peer = usize::try_from(peer).map_err(|_| invalid(OP, "peer", "a rank >= 0", peer))?;
         // SAFETY: pointer contracts.
         comm_dispatch!(OP, datatype, T => unsafe { recv_t::<T>(&c, recvbuff, count, peer) })
+    })
+}
+
+/// One operation of `ftn_group_p2p` (fixed layout).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnP2pOp_t {
+    /// Device buffer of `count` elements (sent from, or received into).
+    pub buff: *mut c_void,
+    pub count: usize,
+    pub peer: i32,
+    /// 0: send `buff` to `peer`; non-zero: receive into `buff` from `peer`.
+    pub is_recv: i32,
+}
+
+unsafe fn group_t<T: CommElement>(c: &Call, ops: &[ftnP2pOp_t]) -> Result<()> {
+    const OP: &str = "ftn_group_p2p";
+    let mut views = Vec::with_capacity(ops.len());
+    for (i, o) in ops.iter().enumerate() {
+        let peer = usize::try_from(o.peer).map_err(|_| {
+            invalid(
+                OP,
+                "ops[i].peer",
+                "a rank >= 0",
+                format!("{} (op {i})", o.peer),
+            )
+        })?;
+        // SAFETY: pointer contract: `count` elements.
+        views.push((
+            unsafe { view::<T>(&c.dev, OP, "ops[i].buff", o.buff, o.count)? },
+            peer,
+            o.is_recv != 0,
+        ));
+    }
+    let mut group: Vec<P2p<'_, T>> = views
+        .iter_mut()
+        .map(|(v, peer, recv)| {
+            if *recv {
+                P2p::Recv(v, *peer)
+            } else {
+                P2p::Send(v, *peer)
+            }
+        })
+        .collect();
+    c.comm.group_p2p(c.stream, &mut group).map(drop)
+}
+
+#[no_mangle]
+/// A group of sends and receives that progress together (NCCL's
+/// `ncclGroupStart/End` around `ncclSend/ncclRecv`): a ring exchange in one
+/// group cannot deadlock. `ops` holds `count` entries.
+pub unsafe extern "C" fn ftn_group_p2p(
+    ops: *const ftnP2pOp_t,
+    count: usize,
+    datatype: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_group_p2p", move || {
+        const OP: &str = "ftn_group_p2p";
+        let c = call(OP, comm, stream)?;
+        if count
+            .checked_mul(std::mem::size_of::<ftnP2pOp_t>())
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(invalid(
+                OP,
+                "count",
+                "a count whose array size fits in isize",
+                count,
+            ));
+        }
+        if count > 0 && ops.is_null() {
+            return Err(invalid(
+                OP,
+                "ops",
+                format!("a non-NULL array of {count} ftnP2pOp_t"),
+                "NULL",
+            ));
+        }
+        if (ops as usize) % std::mem::align_of::<ftnP2pOp_t>() != 0 {
+            return Err(invalid(
+                OP,
+                "ops",
+                "a pointer aligned for ftnP2pOp_t",
+                format!("{ops:p}"),
+            ));
+        }
+        let list = if count == 0 {
+            &[][..]
+        } else {
+            // SAFETY: non-NULL, aligned, `count` entries by the contract.
+            unsafe { std::slice::from_raw_parts(ops, count) }
+        };
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { group_t::<T>(&c, list) })
     })
 }

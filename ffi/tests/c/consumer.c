@@ -575,6 +575,18 @@ static void test_collectives(void) {
   CHECK(ftn_stream_synchronize(st[0]));
   CHECK(ftn_stream_synchronize(st[2]));
   EXPECT(memcmp(p2p, got, sizeof got) == 0, "send/recv delivers the data");
+  /* a ring exchange in one group per rank */
+  float ring_out[N][C], ring_in[N][C];
+  for (int r = 0; r < N; r++)
+    for (int i = 0; i < C; i++) { ring_out[r][i] = frand(); ring_in[r][i] = NAN; }
+  for (int r = 0; r < N; r++) {
+    ftnP2pOp_t ops[2] = {{ring_out[r], C, (r + 1) % N, 0}, {ring_in[r], C, (r + N - 1) % N, 1}};
+    CHECK(ftn_group_p2p(ops, 2, ftnFloat32, comm[r], st[r]));
+  }
+  for (int r = 0; r < N; r++) CHECK(ftn_stream_synchronize(st[r]));
+  for (int r = 0; r < N; r++)
+    EXPECT(memcmp(ring_in[r], ring_out[(r + N - 1) % N], sizeof ring_in[r]) == 0, "ring exchange into rank %d", r);
+  expect_error(ftn_group_p2p(NULL, 2, ftnFloat32, comm[0], st[0]), ftnInvalidArgument, "NULL ops", "ops", "NULL");
   /* bad input: reduce_scatter count overflow, bad dtype, bad op, bad root */
   expect_error(ftn_reduce_scatter(send[0], rs[0], SIZE_MAX / 2, ftnFloat32, ftnSum, comm[0], st[0]),
                ftnInvalidArgument, "reduce_scatter overflow", "recvcount", NULL);
