@@ -118,3 +118,17 @@ mod tests {
         );
     }
 }
+
+/// Handles may be used from any thread (the header says so): every type
+/// behind one must be `Send + Sync`.
+const _: () = {
+    fn assert_thread_safe<T: Send + Sync>() {}
+    #[allow(dead_code)]
+    fn handles_are_thread_safe() {
+        assert_thread_safe::<ftnContext>();
+        assert_thread_safe::<ftnStream>();
+        assert_thread_safe::<ftnEvent>();
+        assert_thread_safe::<ftnComm>();
+        assert_thread_safe::<ftnGradScaler>();
+    }
+};
