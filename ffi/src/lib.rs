@@ -64,6 +64,20 @@ pub extern "C" fn ftn_get_last_error() -> *const c_char {
     boundary::last_error_ptr()
 }
 
+/// Handles may be used from any thread (the header says so): every type
+/// behind one must be `Send + Sync`.
+const _: () = {
+    fn assert_thread_safe<T: Send + Sync>() {}
+    #[allow(dead_code)]
+    fn handles_are_thread_safe() {
+        assert_thread_safe::<ftnContext>();
+        assert_thread_safe::<ftnStream>();
+        assert_thread_safe::<ftnEvent>();
+        assert_thread_safe::<ftnComm>();
+        assert_thread_safe::<ftnGradScaler>();
+    }
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,17 +132,3 @@ mod tests {
         );
     }
 }
-
-/// Handles may be used from any thread (the header says so): every type
-/// behind one must be `Send + Sync`.
-const _: () = {
-    fn assert_thread_safe<T: Send + Sync>() {}
-    #[allow(dead_code)]
-    fn handles_are_thread_safe() {
-        assert_thread_safe::<ftnContext>();
-        assert_thread_safe::<ftnStream>();
-        assert_thread_safe::<ftnEvent>();
-        assert_thread_safe::<ftnComm>();
-        assert_thread_safe::<ftnGradScaler>();
-    }
-};
