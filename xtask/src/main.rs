@@ -3,6 +3,9 @@
 //! `cargo run -p xtask -- bindgen [--check]` regenerates `src/kernel_params.rs`
 //! from `include/ferrotron_kernels.h` with the pinned bindgen, or (with
 //! `--check`) fails when the committed file differs from what it would write.
+//! `cargo run -p xtask -- cbindgen [--check]` regenerates the C ABI header
+//! `include/ferrotron.h` from `ffi/src` with the pinned cbindgen (config:
+//! `ffi/cbindgen.toml`), or checks that the committed header is current.
 //! bindgen needs libclang; `pip install libclang` ships one: point
 //! `LIBCLANG_PATH` at the folder holding `libclang.so`.
 
@@ -16,8 +19,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("bindgen") => bindgen_task(args.iter().any(|a| a == "--check")),
+        Some("cbindgen") => cbindgen_task(args.iter().any(|a| a == "--check")),
         _ => {
-            eprintln!("usage: cargo run -p xtask -- bindgen [--check]");
+            eprintln!("usage: cargo run -p xtask -- bindgen|cbindgen [--check]");
             ExitCode::FAILURE
         }
     }
@@ -68,6 +72,45 @@ fn bindgen_task(check: bool) -> ExitCode {
     } else {
         std::fs::write(OUTPUT, fresh).expect("write bindings");
         println!("wrote {OUTPUT}");
+    }
+    ExitCode::SUCCESS
+}
+
+const C_HEADER: &str = "include/ferrotron.h";
+
+fn cbindgen_task(check: bool) -> ExitCode {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::env::set_current_dir(&root).expect("repo root");
+    let config = match cbindgen::Config::from_file("ffi/cbindgen.toml") {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ffi/cbindgen.toml: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let bindings = match cbindgen::Builder::new()
+        .with_crate("ffi")
+        .with_config(config)
+        .generate()
+    {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("cbindgen failed on ffi/: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut fresh = Vec::new();
+    bindings.write(&mut fresh);
+    if check {
+        let committed = std::fs::read(C_HEADER).unwrap_or_default();
+        if committed != fresh {
+            eprintln!("{C_HEADER} is out of date with ffi/src: run `cargo run -p xtask -- cbindgen` and commit");
+            return ExitCode::FAILURE;
+        }
+        println!("{C_HEADER} matches ffi/src");
+    } else {
+        std::fs::write(C_HEADER, fresh).expect("write header");
+        println!("wrote {C_HEADER}");
     }
     ExitCode::SUCCESS
 }

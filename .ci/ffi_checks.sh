@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# C ABI checks for CI (issue 6):
+#   1. include/ferrotron.h is what the pinned cbindgen generates from ffi/src;
+#   2. the header compiles alone as C99 and C++17 with -Wall -Wextra -Werror -pedantic;
+#   3. the descriptor fuzz target (fuzz/, cargo-fuzz + libFuzzer) runs briefly without crashing.
+# The C and C++ consumer programs run in `cargo test` (ffi/tests/c_consumers.rs).
+# Env: FTN_FUZZ_SECONDS (default 60), CC, CXX.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== header drift"
+cargo run -q -p xtask -- cbindgen --check
+
+echo "== header as C99 and C++17"
+"${CC:-cc}" -std=c99 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c include/ferrotron.h
+"${CXX:-c++}" -std=c++17 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ include/ferrotron.h
+
+echo "== fuzz: descriptors (${FTN_FUZZ_SECONDS:-60} s)"
+CACHE="$PWD/.ci-cache/cargo-fuzz"
+if [ ! -x "$CACHE/bin/cargo-fuzz" ]; then
+  cargo install cargo-fuzz --locked --root "$CACHE"
+fi
+# cargo-fuzz needs nightly flags (-Zsanitizer, -Cpasses=sancov): allowed on
+# the stable toolchain through RUSTC_BOOTSTRAP.
+cd fuzz
+mkdir -p corpus/descriptors
+RUSTC_BOOTSTRAP=1 FTN_EMU_THREADS=2 "$CACHE/bin/cargo-fuzz" run descriptors corpus/descriptors -- \
+  -max_total_time="${FTN_FUZZ_SECONDS:-60}" -max_len=512 -print_final_stats=1
+echo "ffi checks passed"

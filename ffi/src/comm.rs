@@ -1,0 +1,640 @@
+//! Communicators and collectives (NCCL's argument order).
+
+use std::ffi::{c_int, c_void};
+
+use ferrotron::comm::{CommElement, Communicator, P2p, ReduceOp};
+use ferrotron::{Device, Result};
+use half::{bf16, f16};
+
+use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::handles::{
+    check_out, ftnContext, ftnContext_t, ftnStream, ftnStream_t, get, take, view, Handle,
+};
+
+/// Reductions.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnRedOp_t {
+    ftnSum = 0,
+    ftnMax = 1,
+    ftnMin = 2,
+    /// Sum divided by the number of ranks (integer division for integers).
+    ftnAvg = 3,
+}
+
+/// Bytes of an NCCL unique id.
+pub const FTN_UNIQUE_ID_BYTES: usize = 128;
+
+/// `ftn_comm_split` color of ranks that take part but get no communicator.
+pub const FTN_SPLIT_NOCOLOR: c_int = -1;
+
+/// An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
+/// the bytes to the other ranks (any way it likes).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ftnUniqueId_t {
+    pub internal: [u8; FTN_UNIQUE_ID_BYTES],
+}
+
+/// One rank of a communicator.
+#[repr(C)]
+pub struct ftnComm {
+    magic: u64,
+    pub(crate) comm: Communicator,
+}
+#[allow(non_camel_case_types)]
+pub type ftnComm_t = *mut ftnComm;
+impl Handle for ftnComm {
+    const MAGIC: u64 = 0x4654_4e43_4f4d_0005;
+    const KIND: &'static str = "ftnComm_t";
+    fn magic(&self) -> u64 {
+        self.magic
+    }
+    fn clear_magic(&mut self) {
+        self.magic = 0;
+    }
+}
+
+fn wrap(comm: Communicator) -> ftnComm_t {
+    Box::into_raw(Box::new(ftnComm {
+        magic: ftnComm::MAGIC,
+        comm,
+    }))
+}
+
+/// Creates `nranks` ranks of one in-process communicator (emulator
+/// contexts): rank `i` on `ctxs[i]` (the same context may be repeated),
+/// written to `comms[i]`. A single thread may enqueue every rank's
+/// collectives (they run on the streams' worker threads).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_init_all(
+    comms: *mut ftnComm_t,
+    nranks: c_int,
+    ctxs: *const ftnContext_t,
+) -> ftnResult_t {
+    guard("ftn_comm_init_all", move || {
+        const OP: &str = "ftn_comm_init_all";
+        check_out(OP, "comms", comms)?;
+        let n = usize::try_from(nranks)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| invalid(OP, "nranks", "at least 1", nranks))?;
+        if ctxs.is_null() {
+            return Err(invalid(
+                OP,
+                "ctxs",
+                format!("a non-NULL array of {n} contexts"),
+                "NULL",
+            ));
+        }
+        // SAFETY: ctxs holds nranks handles by the contract.
+        let handles = unsafe { std::slice::from_raw_parts(ctxs, n) };
+        let mut devs: Vec<Device> = Vec::with_capacity(n);
+        for &h in handles {
+            // SAFETY: handle contract.
+            devs.push(unsafe { get::<ftnContext>(OP, "ctxs[i]", h)? }.dev.clone());
+        }
+        let made = Communicator::in_process(&devs)?;
+        for (i, c) in made.into_iter().enumerate() {
+            // SAFETY: comms holds nranks slots by the contract.
+            unsafe { comms.add(i).write(wrap(c)) };
+        }
+        Ok(())
+    })
+}
+
+/// A new NCCL unique id (CUDA builds; `ftnBackendUnavailable` otherwise).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_get_unique_id(id: *mut ftnUniqueId_t) -> ftnResult_t {
+    guard("ftn_get_unique_id", move || {
+        const OP: &str = "ftn_get_unique_id";
+        check_out(OP, "id", id)?;
+        #[cfg(feature = "cuda")]
+        {
+            let bytes = Communicator::nccl_unique_id()?;
+            // SAFETY: checked non-NULL.
+            unsafe { id.write(ftnUniqueId_t { internal: bytes }) };
+            Ok(())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(ferrotron::Error::BackendUnavailable {
+                backend: "nccl",
+                reason: "libferrotron was built without feature `cuda`".into(),
+            })
+        }
+    })
+}
+
+/// Rank `rank` of an `nranks`-rank NCCL communicator on a CUDA context,
+/// from the unique id rank 0 created. Blocks until every rank has joined.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_init_rank(
+    comm: *mut ftnComm_t,
+    ctx: ftnContext_t,
+    nranks: c_int,
+    id: *const ftnUniqueId_t,
+    rank: c_int,
+) -> ftnResult_t {
+    guard("ftn_comm_init_rank", move || {
+        const OP: &str = "ftn_comm_init_rank";
+        check_out(OP, "comm", comm)?;
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "ctx", ctx)? };
+        if id.is_null() {
+            return Err(invalid(OP, "id", "a non-NULL ftnUniqueId_t", "NULL"));
+        }
+        let n = usize::try_from(nranks)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| invalid(OP, "nranks", "at least 1", nranks))?;
+        let r = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < n)
+            .ok_or_else(|| invalid(OP, "rank", format!("a rank in 0..{n}"), rank))?;
+        #[cfg(feature = "cuda")]
+        {
+            // SAFETY: checked non-NULL; a ftnUniqueId_t by the contract.
+            let bytes = unsafe { (*id).internal };
+            let made = Communicator::nccl(&c.dev, r, n, &bytes)?;
+            // SAFETY: checked non-NULL.
+            unsafe { comm.write(wrap(made)) };
+            Ok(())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (c, r);
+            Err(ferrotron::Error::BackendUnavailable {
+                backend: "nccl",
+                reason: "libferrotron was built without feature `cuda` (use ftn_comm_init_all on the emulator)".into(),
+            })
+        }
+    })
+}
+
+/// Destroys one rank (waits for its pending operations first).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
+    guard("ftn_comm_destroy", move || {
+        // SAFETY: handle contract.
+        let c = unsafe { take("ftn_comm_destroy", "comm", comm)? };
+        let r = c.comm.device().synchronize();
+        drop(c);
+        r
+    })
+}
+
+/// Number of ranks.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_count(comm: ftnComm_t, count: *mut c_int) -> ftnResult_t {
+    guard("ftn_comm_count", move || {
+        // SAFETY: handle and out-pointer contracts.
+        unsafe {
+            let c = get("ftn_comm_count", "comm", comm)?;
+            crate::handles::write_out("ftn_comm_count", "count", count, c.comm.size() as c_int)
+        }
+    })
+}
+
+/// This rank's index.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_user_rank(comm: ftnComm_t, rank: *mut c_int) -> ftnResult_t {
+    guard("ftn_comm_user_rank", move || {
+        // SAFETY: handle and out-pointer contracts.
+        unsafe {
+            let c = get("ftn_comm_user_rank", "comm", comm)?;
+            crate::handles::write_out("ftn_comm_user_rank", "rank", rank, c.comm.rank() as c_int)
+        }
+    })
+}
+
+/// Splits into sub-communicators: ranks with the same `color` form one,
+/// ordered by `(key, rank)`; `color = FTN_SPLIT_NOCOLOR` takes part but
+/// gets NULL. Every rank must call it, from its own thread (it blocks
+/// until all have).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_split(
+    comm: ftnComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ftnComm_t,
+) -> ftnResult_t {
+    guard("ftn_comm_split", move || {
+        const OP: &str = "ftn_comm_split";
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "comm", comm)? };
+        check_out(OP, "newcomm", newcomm)?;
+        let color = match color {
+            FTN_SPLIT_NOCOLOR => None,
+            c if c >= 0 => Some(c as usize),
+            other => {
+                return Err(invalid(
+                    OP,
+                    "color",
+                    "a color >= 0 or FTN_SPLIT_NOCOLOR",
+                    other,
+                ))
+            }
+        };
+        let key = usize::try_from(key).map_err(|_| invalid(OP, "key", "a key >= 0", key))?;
+        let sub = c.comm.split(color, key)?;
+        // SAFETY: checked non-NULL.
+        unsafe { newcomm.write(sub.map_or(std::ptr::null_mut(), wrap)) };
+        Ok(())
+    })
+}
+
+fn red_op(op: &'static str, v: c_int) -> Result<ReduceOp> {
+    Ok(match v {
+        0 => ReduceOp::Sum,
+        1 => ReduceOp::Max,
+        2 => ReduceOp::Min,
+        3 => ReduceOp::Avg,
+        other => {
+            return Err(invalid(
+                op,
+                "op",
+                "ftnSum (0), ftnMax (1), ftnMin (2) or ftnAvg (3)",
+                other,
+            ))
+        }
+    })
+}
+
+struct Call<'a> {
+    comm: &'a Communicator,
+    stream: &'a ferrotron::Stream,
+    dev: Device,
+}
+
+fn call<'a>(op: &'static str, comm: ftnComm_t, stream: ftnStream_t) -> Result<Call<'a>> {
+    // SAFETY: handle contracts of every exported function.
+    let (c, s) = unsafe {
+        (
+            get::<ftnComm>(op, "comm", comm)?,
+            get::<ftnStream>(op, "stream", stream)?,
+        )
+    };
+    Ok(Call {
+        comm: &c.comm,
+        stream: &s.stream,
+        dev: s.stream.device().clone(),
+    })
+}
+
+macro_rules! comm_dispatch {
+    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            0 => {
+                type $T = f32;
+                $body
+            }
+            1 => {
+                type $T = f16;
+                $body
+            }
+            2 => {
+                type $T = bf16;
+                $body
+            }
+            3 => {
+                type $T = u8;
+                $body
+            }
+            4 => {
+                type $T = i32;
+                $body
+            }
+            5 => {
+                type $T = i64;
+                $body
+            }
+            other => Err(invalid($op, "datatype", "an ftnDataType_t (0..=5)", other)),
+        }
+    };
+}
+
+fn count_times(op: &'static str, arg: &'static str, count: usize, ranks: usize) -> Result<usize> {
+    count.checked_mul(ranks).ok_or_else(|| {
+        invalid(
+            op,
+            arg,
+            "a count whose world-size multiple fits in size_t",
+            count,
+        )
+    })
+}
+
+unsafe fn all_reduce_t<T: CommElement>(
+    c: &Call,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    const OP: &str = "ftn_all_reduce";
+    // SAFETY: pointer contracts: `count` elements each.
+    let (s, mut r) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
+            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
+        )
+    };
+    c.comm.all_reduce(c.stream, &s, &mut r, op).map(drop)
+}
+
+/// `recvbuff = reduce over ranks of sendbuff` (`count` elements each; in
+/// place when the two are equal). Enqueued on `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_all_reduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_all_reduce", move || {
+        const OP: &str = "ftn_all_reduce";
+        let c = call(OP, comm, stream)?;
+        let r = red_op(OP, op)?;
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { all_reduce_t::<T>(&c, sendbuff, recvbuff, count, r) })
+    })
+}
+
+unsafe fn all_gather_t<T: CommElement>(
+    c: &Call,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_all_gather";
+    let total = count_times(OP, "sendcount", count, c.comm.size())?;
+    // SAFETY: pointer contracts.
+    let (s, mut r) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
+            view::<T>(&c.dev, OP, "recvbuff", recv, total)?,
+        )
+    };
+    c.comm.all_gather(c.stream, &s, &mut r).map(drop)
+}
+
+/// `recvbuff` (`nranks * sendcount` elements) = the ranks' `sendbuff`s
+/// (`sendcount` each) in rank order.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_all_gather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_all_gather", move || {
+        const OP: &str = "ftn_all_gather";
+        let c = call(OP, comm, stream)?;
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { all_gather_t::<T>(&c, sendbuff, recvbuff, sendcount) })
+    })
+}
+
+unsafe fn reduce_scatter_t<T: CommElement>(
+    c: &Call,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    const OP: &str = "ftn_reduce_scatter";
+    let total = count_times(OP, "recvcount", count, c.comm.size())?;
+    // SAFETY: pointer contracts.
+    let (s, mut r) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "sendbuff", send, total)?,
+            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
+        )
+    };
+    c.comm.reduce_scatter(c.stream, &s, &mut r, op).map(drop)
+}
+
+/// `recvbuff` (`recvcount` elements) = slice `rank` of the reduction over
+/// ranks of `sendbuff` (`nranks * recvcount` elements).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_reduce_scatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_reduce_scatter", move || {
+        const OP: &str = "ftn_reduce_scatter";
+        let c = call(OP, comm, stream)?;
+        let r = red_op(OP, op)?;
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { reduce_scatter_t::<T>(&c, sendbuff, recvbuff, recvcount, r) })
+    })
+}
+
+unsafe fn broadcast_t<T: CommElement>(
+    c: &Call,
+    buf: *mut c_void,
+    count: usize,
+    root: usize,
+) -> Result<()> {
+    // SAFETY: pointer contract.
+    let mut b = unsafe { view::<T>(&c.dev, "ftn_broadcast", "buff", buf, count)? };
+    c.comm.broadcast(c.stream, &mut b, root).map(drop)
+}
+
+/// Copies `buff` (`count` elements) of rank `root` into `buff` of every rank.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_broadcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_broadcast", move || {
+        const OP: &str = "ftn_broadcast";
+        let c = call(OP, comm, stream)?;
+        let root = usize::try_from(root).map_err(|_| invalid(OP, "root", "a rank >= 0", root))?;
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { broadcast_t::<T>(&c, buff, count, root) })
+    })
+}
+
+/// Completes (in `stream` order) when every rank has reached it.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_barrier(comm: ftnComm_t, stream: ftnStream_t) -> ftnResult_t {
+    guard("ftn_barrier", move || {
+        let c = call("ftn_barrier", comm, stream)?;
+        c.comm.barrier(c.stream).map(drop)
+    })
+}
+
+unsafe fn send_t<T: CommElement>(
+    c: &Call,
+    buf: *const c_void,
+    count: usize,
+    peer: usize,
+) -> Result<()> {
+    // SAFETY: pointer contract.
+    let b = unsafe { view::<T>(&c.dev, "ftn_send", "sendbuff", buf, count)? };
+    c.comm.send(c.stream, &b, peer).map(drop)
+}
+
+unsafe fn recv_t<T: CommElement>(
+    c: &Call,
+    buf: *mut c_void,
+    count: usize,
+    peer: usize,
+) -> Result<()> {
+    // SAFETY: pointer contract.
+    let mut b = unsafe { view::<T>(&c.dev, "ftn_recv", "recvbuff", buf, count)? };
+    c.comm.recv(c.stream, &mut b, peer).map(drop)
+}
+
+/// Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_send(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_send", move || {
+        const OP: &str = "ftn_send";
+        let c = call(OP, comm, stream)?;
+        let peer = usize::try_from(peer).map_err(|_| invalid(OP, "peer", "a rank >= 0", peer))?;
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { send_t::<T>(&c, sendbuff, count, peer) })
+    })
+}
+
+/// Receives `count` elements from `peer` (its `ftn_send` has the same count).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_recv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_recv", move || {
+        const OP: &str = "ftn_recv";
+        let c = call(OP, comm, stream)?;
+        let peer = usize::try_from(peer).map_err(|_| invalid(OP, "peer", "a rank >= 0", peer))?;
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { recv_t::<T>(&c, recvbuff, count, peer) })
+    })
+}
+
+/// One operation of `ftn_group_p2p` (fixed layout).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnP2pOp_t {
+    /// Device buffer of `count` elements (sent from, or received into).
+    pub buff: *mut c_void,
+    pub count: usize,
+    pub peer: i32,
+    /// 0: send `buff` to `peer`; non-zero: receive into `buff` from `peer`.
+    pub is_recv: i32,
+}
+
+unsafe fn group_t<T: CommElement>(c: &Call, ops: &[ftnP2pOp_t]) -> Result<()> {
+    const OP: &str = "ftn_group_p2p";
+    let mut views = Vec::with_capacity(ops.len());
+    for (i, o) in ops.iter().enumerate() {
+        let peer = usize::try_from(o.peer).map_err(|_| {
+            invalid(
+                OP,
+                "ops[i].peer",
+                "a rank >= 0",
+                format!("{} (op {i})", o.peer),
+            )
+        })?;
+        // SAFETY: pointer contract: `count` elements.
+        views.push((
+            unsafe { view::<T>(&c.dev, OP, "ops[i].buff", o.buff, o.count)? },
+            peer,
+            o.is_recv != 0,
+        ));
+    }
+    let mut group: Vec<P2p<'_, T>> = views
+        .iter_mut()
+        .map(|(v, peer, recv)| {
+            if *recv {
+                P2p::Recv(v, *peer)
+            } else {
+                P2p::Send(v, *peer)
+            }
+        })
+        .collect();
+    c.comm.group_p2p(c.stream, &mut group).map(drop)
+}
+
+#[no_mangle]
+/// A group of sends and receives that progress together (NCCL's
+/// `ncclGroupStart/End` around `ncclSend/ncclRecv`): a ring exchange in one
+/// group cannot deadlock. `ops` holds `count` entries.
+pub unsafe extern "C" fn ftn_group_p2p(
+    ops: *const ftnP2pOp_t,
+    count: usize,
+    datatype: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_group_p2p", move || {
+        const OP: &str = "ftn_group_p2p";
+        let c = call(OP, comm, stream)?;
+        if count
+            .checked_mul(std::mem::size_of::<ftnP2pOp_t>())
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(invalid(
+                OP,
+                "count",
+                "a count whose array size fits in isize",
+                count,
+            ));
+        }
+        if count > 0 && ops.is_null() {
+            return Err(invalid(
+                OP,
+                "ops",
+                format!("a non-NULL array of {count} ftnP2pOp_t"),
+                "NULL",
+            ));
+        }
+        if (ops as usize) % std::mem::align_of::<ftnP2pOp_t>() != 0 {
+            return Err(invalid(
+                OP,
+                "ops",
+                "a pointer aligned for ftnP2pOp_t",
+                format!("{ops:p}"),
+            ));
+        }
+        let list = if count == 0 {
+            &[][..]
+        } else {
+            // SAFETY: non-NULL, aligned, `count` entries by the contract.
+            unsafe { std::slice::from_raw_parts(ops, count) }
+        };
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { group_t::<T>(&c, list) })
+    })
+}

@@ -1,0 +1,663 @@
+//! Opaque handles: contexts (devices), streams, events; raw memory helpers.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Mutex;
+
+use ferrotron::ops::multi_tensor::MultiTensor;
+use ferrotron::{BackendKind, Device, DeviceBuffer, Element, Event, Result, Stream};
+
+use crate::boundary::{ftnResult_t, guard, invalid};
+
+/// Which backend a context runs on.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnBackend_t {
+    /// The CUDA-on-CPU emulator: "device" memory is host memory.
+    ftnBackendEmu = 0,
+    /// An NVIDIA GPU (library built with feature `cuda`).
+    ftnBackendCuda = 1,
+    /// The GPU when one can be used, else the emulator.
+    ftnBackendAuto = 2,
+}
+
+/// First field of every handle: tells a live handle of the right kind from a
+/// destroyed one or one of another kind (best effort: passing freed memory
+/// is still undefined behaviour).
+pub(crate) trait Handle {
+    const MAGIC: u64;
+    const KIND: &'static str;
+    fn magic(&self) -> u64;
+    fn clear_magic(&mut self);
+}
+
+macro_rules! handle {
+    ($name:ident, $alias:ident, $magic:expr, $kind:literal, { $($f:ident : $t:ty),* $(,)? }) => {
+        #[repr(C)]
+        pub struct $name {
+            magic: u64,
+            $(pub(crate) $f: $t),*
+        }
+        #[allow(non_camel_case_types)]
+        pub type $alias = *mut $name;
+        impl Handle for $name {
+            const MAGIC: u64 = $magic;
+            const KIND: &'static str = $kind;
+            fn magic(&self) -> u64 {
+                self.magic
+            }
+            fn clear_magic(&mut self) {
+                self.magic = 0;
+            }
+        }
+        impl $name {
+            pub(crate) fn into_raw($($f: $t),*) -> *mut $name {
+                Box::into_raw(Box::new($name { magic: $magic, $($f),* }))
+            }
+        }
+    };
+}
+
+handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
+    dev: Device,
+    allocs: Mutex<HashMap<u64, DeviceBuffer<u8>>>,
+});
+handle!(ftnStream, ftnStream_t, 0x4654_4e53_544d_0002, "ftnStream_t", {
+    stream: Stream,
+    mt: Mutex<MultiTensor>,
+});
+handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
+    event: Event,
+});
+
+/// Borrows the handle behind `p`, checking NULL and its kind.
+///
+/// # Safety
+/// `p` is NULL or points to a handle created by this library and not yet
+/// destroyed (a destroyed handle is detected on a best-effort basis).
+pub(crate) unsafe fn get<'a, H: Handle>(
+    op: &'static str,
+    arg: &'static str,
+    p: *mut H,
+) -> Result<&'a H> {
+    if p.is_null() {
+        return Err(invalid(op, arg, format!("a live {}", H::KIND), "NULL"));
+    }
+    // SAFETY: non-NULL and, by the contract, a live handle of this library;
+    // every handle is repr(C) with the magic first, so reading it is sound
+    // even for a handle of another kind.
+    let h = unsafe { &*p };
+    if h.magic() != H::MAGIC {
+        return Err(invalid(
+            op,
+            arg,
+            format!("a live {}", H::KIND),
+            "a destroyed handle or a handle of another kind",
+        ));
+    }
+    Ok(h)
+}
+
+/// Takes ownership of the handle behind `p` (for destroy functions).
+///
+/// # Safety
+/// As [`get`]; `p` must not be used after this.
+pub(crate) unsafe fn take<H: Handle>(
+    op: &'static str,
+    arg: &'static str,
+    p: *mut H,
+) -> Result<Box<H>> {
+    // SAFETY: forwarded contract.
+    unsafe { get(op, arg, p)? };
+    // SAFETY: a live handle created by Box::into_raw.
+    let mut b = unsafe { Box::from_raw(p) };
+    b.clear_magic();
+    Ok(b)
+}
+
+/// Writes `v` through an out-pointer after checking it for NULL.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of `T`.
+pub(crate) unsafe fn write_out<T>(
+    op: &'static str,
+    arg: &'static str,
+    out: *mut T,
+    v: T,
+) -> Result<()> {
+    if out.is_null() {
+        return Err(invalid(
+            op,
+            arg,
+            "a non-NULL pointer to write the result to",
+            "NULL",
+        ));
+    }
+    // SAFETY: non-NULL and valid by the contract.
+    unsafe { out.write(v) };
+    Ok(())
+}
+
+/// Checks an out-pointer for NULL before any work is done.
+pub(crate) fn check_out<T>(op: &'static str, arg: &'static str, out: *mut T) -> Result<()> {
+    if out.is_null() {
+        return Err(invalid(
+            op,
+            arg,
+            "a non-NULL pointer to write the result to",
+            "NULL",
+        ));
+    }
+    Ok(())
+}
+
+/// A non-owning typed view of `len` elements of caller memory at `ptr` on
+/// `dev`, checked for NULL (when `len > 0`), alignment and byte-size overflow.
+///
+/// # Safety
+/// `ptr` must be valid for `len` elements on `dev` until the work using the
+/// view has finished (the caller's contract, documented in the header).
+pub(crate) unsafe fn view<T: Element>(
+    dev: &Device,
+    op: &'static str,
+    arg: &'static str,
+    ptr: *const c_void,
+    len: usize,
+) -> Result<DeviceBuffer<T>> {
+    if ptr.is_null() && len > 0 {
+        return Err(invalid(
+            op,
+            arg,
+            format!("a non-NULL pointer to {len} elements of {}", T::DTYPE),
+            "NULL",
+        ));
+    }
+    let align = std::mem::align_of::<T>();
+    if (ptr as usize) % align != 0 {
+        return Err(invalid(
+            op,
+            arg,
+            format!("a pointer aligned to {align} bytes for {}", T::DTYPE),
+            format!("{ptr:p}"),
+        ));
+    }
+    if len
+        .checked_mul(std::mem::size_of::<T>())
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
+        return Err(invalid(
+            op,
+            arg,
+            "a size in bytes that fits in isize",
+            format!("{len} elements of {}", T::DTYPE),
+        ));
+    }
+    // SAFETY: validity for `len` elements is the caller's contract; NULL,
+    // alignment and size were checked above.
+    unsafe { DeviceBuffer::from_raw_parts(dev, ptr as u64, len) }
+}
+
+/// An optional view: NULL gives `None`.
+///
+/// # Safety
+/// As [`view`].
+pub(crate) unsafe fn opt_view<T: Element>(
+    dev: &Device,
+    op: &'static str,
+    arg: &'static str,
+    ptr: *const c_void,
+    len: usize,
+) -> Result<Option<DeviceBuffer<T>>> {
+    if ptr.is_null() {
+        Ok(None)
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { view(dev, op, arg, ptr, len).map(Some) }
+    }
+}
+
+/// A caller-given count (`int64_t` dims, `size_t` counts) as `usize`.
+pub(crate) fn dim(op: &'static str, arg: &'static str, v: i64) -> Result<usize> {
+    usize::try_from(v).map_err(|_| invalid(op, arg, "a dimension >= 0", v))
+}
+
+/// `a * b` with overflow reported against `arg`.
+pub(crate) fn mul(op: &'static str, arg: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .filter(|&n| n <= i64::MAX as usize)
+        .ok_or_else(|| {
+            invalid(
+                op,
+                arg,
+                "a product that fits in int64_t",
+                format!("{a} * {b} (overflows)"),
+            )
+        })
+}
+
+/// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
+/// ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
+/// emulator). With `ftnBackendAuto` the emulator is used when no GPU can
+/// be; query which with `ftn_context_get_backend`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_create(
+    backend: c_int,
+    device: c_int,
+    ctx: *mut ftnContext_t,
+) -> ftnResult_t {
+    guard("ftn_context_create", move || {
+        const OP: &str = "ftn_context_create";
+        check_out(OP, "ctx", ctx)?;
+        let ordinal = || {
+            usize::try_from(device).map_err(|_| invalid(OP, "device", "a GPU ordinal >= 0", device))
+        };
+        let dev = match backend {
+            0 => Device::emu(),
+            1 => Device::cuda(ordinal()?)?,
+            2 => Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu()),
+            other => {
+                return Err(invalid(
+                    OP,
+                    "backend",
+                    "ftnBackendEmu (0), ftnBackendCuda (1) or ftnBackendAuto (2)",
+                    other,
+                ))
+            }
+        };
+        let h = ftnContext::into_raw(dev, Mutex::new(HashMap::new()));
+        // SAFETY: checked non-NULL above; valid by the contract.
+        unsafe { ctx.write(h) };
+        Ok(())
+    })
+}
+
+/// Destroys a context: waits for its work, frees the memory it allocated
+/// with `ftn_malloc`. Streams and events of it must be destroyed first.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
+    guard("ftn_context_destroy", move || {
+        // SAFETY: handle contract.
+        let c = unsafe { take("ftn_context_destroy", "ctx", ctx)? };
+        let r = c.dev.synchronize();
+        drop(c);
+        r
+    })
+}
+
+/// The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_get_backend(
+    ctx: ftnContext_t,
+    backend: *mut c_int,
+) -> ftnResult_t {
+    guard("ftn_context_get_backend", move || {
+        const OP: &str = "ftn_context_get_backend";
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "ctx", ctx)? };
+        let b = match c.dev.kind() {
+            BackendKind::Emu => ftnBackend_t::ftnBackendEmu,
+            BackendKind::Cuda => ftnBackend_t::ftnBackendCuda,
+        };
+        // SAFETY: out-pointer contract.
+        unsafe { write_out(OP, "backend", backend, b as c_int) }
+    })
+}
+
+/// Writes the device's name, NUL-terminated and truncated to `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_get_name(
+    ctx: ftnContext_t,
+    name: *mut c_char,
+    len: usize,
+) -> ftnResult_t {
+    guard("ftn_context_get_name", move || {
+        const OP: &str = "ftn_context_get_name";
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "ctx", ctx)? };
+        check_out(OP, "name", name)?;
+        if len == 0 {
+            return Err(invalid(OP, "len", "at least 1 (room for the NUL)", 0));
+        }
+        let s = c.dev.name();
+        let n = s.len().min(len - 1);
+        // SAFETY: `name` is valid for `len` bytes by the contract; n < len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr(), name as *mut u8, n);
+            name.add(n).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// Waits for all work on every stream of the context; reports the first
+/// failure.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult_t {
+    guard("ftn_context_synchronize", move || {
+        // SAFETY: handle contract.
+        unsafe { get("ftn_context_synchronize", "ctx", ctx)? }
+            .dev
+            .synchronize()
+    })
+}
+
+/// Allocates `bytes` zeroed bytes of device memory (host memory on the
+/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_malloc(
+    ctx: ftnContext_t,
+    ptr: *mut *mut c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    guard("ftn_malloc", move || {
+        const OP: &str = "ftn_malloc";
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "ctx", ctx)? };
+        check_out(OP, "ptr", ptr)?;
+        if bytes == 0 {
+            // SAFETY: checked non-NULL.
+            unsafe { ptr.write(std::ptr::null_mut()) };
+            return Ok(());
+        }
+        let buf = c.dev.alloc_zeros::<u8>(bytes)?;
+        let addr = buf.addr();
+        c.allocs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, buf);
+        // SAFETY: checked non-NULL.
+        unsafe { ptr.write(addr as *mut c_void) };
+        Ok(())
+    })
+}
+
+/// Frees memory from `ftn_malloc` on the same context (waits for the
+/// context's work first, like `cudaFree`). NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnResult_t {
+    guard("ftn_free", move || {
+        const OP: &str = "ftn_free";
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "ctx", ctx)? };
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let buf = c
+            .allocs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(ptr as u64));
+        match buf {
+            Some(b) => {
+                drop(b);
+                Ok(())
+            }
+            None => Err(invalid(
+                OP,
+                "ptr",
+                "a pointer returned by ftn_malloc on this context",
+                format!("{ptr:p}"),
+            )),
+        }
+    })
+}
+
+/// Creates a stream (an in-order queue of work) on a context.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_create(
+    ctx: ftnContext_t,
+    stream: *mut ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_stream_create", move || {
+        const OP: &str = "ftn_stream_create";
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "ctx", ctx)? };
+        check_out(OP, "stream", stream)?;
+        let s = c.dev.new_stream()?;
+        // SAFETY: checked non-NULL.
+        unsafe { stream.write(ftnStream::into_raw(s, Mutex::new(MultiTensor::new()))) };
+        Ok(())
+    })
+}
+
+/// Waits for the stream's work, then destroys it. Returns the stream's
+/// pending failure, if any (the stream is destroyed either way).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t {
+    guard("ftn_stream_destroy", move || {
+        // SAFETY: handle contract.
+        let s = unsafe { take("ftn_stream_destroy", "stream", stream)? };
+        let r = s.stream.synchronize();
+        drop(s);
+        r
+    })
+}
+
+/// Blocks until all work enqueued on the stream has finished; reports the
+/// first failure since the last synchronize.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_synchronize(stream: ftnStream_t) -> ftnResult_t {
+    guard("ftn_stream_synchronize", move || {
+        // SAFETY: handle contract.
+        unsafe { get("ftn_stream_synchronize", "stream", stream)? }
+            .stream
+            .synchronize()
+    })
+}
+
+/// Makes later work on `stream` wait for the event's latest record.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_wait_event(
+    stream: ftnStream_t,
+    event: ftnEvent_t,
+) -> ftnResult_t {
+    guard("ftn_stream_wait_event", move || {
+        const OP: &str = "ftn_stream_wait_event";
+        // SAFETY: handle contracts.
+        let (s, e) = unsafe { (get(OP, "stream", stream)?, get(OP, "event", event)?) };
+        s.stream.wait_event(&e.event)
+    })
+}
+
+/// Creates an event on a context (not yet recorded: waiting on it
+/// returns at once).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_create(
+    ctx: ftnContext_t,
+    event: *mut ftnEvent_t,
+) -> ftnResult_t {
+    guard("ftn_event_create", move || {
+        const OP: &str = "ftn_event_create";
+        // SAFETY: handle contract.
+        let c = unsafe { get(OP, "ctx", ctx)? };
+        check_out(OP, "event", event)?;
+        let e = Event::new(&c.dev)?;
+        // SAFETY: checked non-NULL.
+        unsafe { event.write(ftnEvent::into_raw(e)) };
+        Ok(())
+    })
+}
+
+/// Destroys an event.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
+    guard("ftn_event_destroy", move || {
+        // SAFETY: handle contract.
+        drop(unsafe { take("ftn_event_destroy", "event", event)? });
+        Ok(())
+    })
+}
+
+/// Records the event at the current end of `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_record(event: ftnEvent_t, stream: ftnStream_t) -> ftnResult_t {
+    guard("ftn_event_record", move || {
+        const OP: &str = "ftn_event_record";
+        // SAFETY: handle contracts.
+        let (e, s) = unsafe { (get(OP, "event", event)?, get(OP, "stream", stream)?) };
+        s.stream.record(&e.event)
+    })
+}
+
+/// Blocks until the event's latest record has been reached.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t {
+    guard("ftn_event_synchronize", move || {
+        // SAFETY: handle contract.
+        unsafe { get("ftn_event_synchronize", "event", event)? }
+            .event
+            .synchronize()
+    })
+}
+
+/// `*complete` = 1 when the event's latest record has been reached, else 0.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int) -> ftnResult_t {
+    guard("ftn_event_query", move || {
+        const OP: &str = "ftn_event_query";
+        // SAFETY: handle contract.
+        let e = unsafe { get(OP, "event", event)? };
+        check_out(OP, "complete", complete)?;
+        let done = e.event.is_complete()?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(OP, "complete", complete, done as c_int) }
+    })
+}
+
+/// Milliseconds between two completed records (`start` before `end`).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_elapsed_ms(
+    start: ftnEvent_t,
+    end: ftnEvent_t,
+    ms: *mut f32,
+) -> ftnResult_t {
+    guard("ftn_event_elapsed_ms", move || {
+        const OP: &str = "ftn_event_elapsed_ms";
+        // SAFETY: handle contracts.
+        let (a, b) = unsafe { (get(OP, "start", start)?, get(OP, "end", end)?) };
+        check_out(OP, "ms", ms)?;
+        let v = a.event.elapsed_ms(&b.event)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(OP, "ms", ms, v) }
+    })
+}
+
+fn stream_dev(s: &ftnStream) -> Device {
+    s.stream.device().clone()
+}
+
+/// Enqueues a copy of `bytes` bytes from host memory `src` to device
+/// memory `dst`. `src` is staged before the call returns.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memcpy_htod(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    guard("ftn_memcpy_htod", move || {
+        const OP: &str = "ftn_memcpy_htod";
+        // SAFETY: handle contract.
+        let s = unsafe { get(OP, "stream", stream)? };
+        if src.is_null() && bytes > 0 {
+            return Err(invalid(
+                OP,
+                "src",
+                format!("a non-NULL host pointer to {bytes} bytes"),
+                "NULL",
+            ));
+        }
+        // SAFETY: pointer contracts (valid for `bytes` bytes).
+        let mut d = unsafe { view::<u8>(&stream_dev(s), OP, "dst", dst, bytes)? };
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: src is non-NULL and valid for `bytes` bytes by the contract.
+        let host = unsafe { std::slice::from_raw_parts(src as *const u8, bytes) };
+        s.stream.copy_from_host(host, &mut d)
+    })
+}
+
+/// Copies `bytes` bytes from device memory `src` to host memory `dst`
+/// after the stream's earlier work (blocks the caller).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memcpy_dtoh(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    guard("ftn_memcpy_dtoh", move || {
+        const OP: &str = "ftn_memcpy_dtoh";
+        // SAFETY: handle contract.
+        let s = unsafe { get(OP, "stream", stream)? };
+        if dst.is_null() && bytes > 0 {
+            return Err(invalid(
+                OP,
+                "dst",
+                format!("a non-NULL host pointer to {bytes} bytes"),
+                "NULL",
+            ));
+        }
+        // SAFETY: pointer contracts.
+        let v = unsafe { view::<u8>(&stream_dev(s), OP, "src", src, bytes)? };
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: dst is non-NULL and valid for `bytes` bytes by the contract.
+        let host = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, bytes) };
+        s.stream.copy_to_host(&v, host)
+    })
+}
+
+/// Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memcpy_dtod(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    guard("ftn_memcpy_dtod", move || {
+        const OP: &str = "ftn_memcpy_dtod";
+        // SAFETY: handle contract.
+        let s = unsafe { get(OP, "stream", stream)? };
+        let dev = stream_dev(s);
+        // SAFETY: pointer contracts.
+        let (v, mut d) = unsafe {
+            (
+                view::<u8>(&dev, OP, "src", src, bytes)?,
+                view::<u8>(&dev, OP, "dst", dst, bytes)?,
+            )
+        };
+        if bytes == 0 {
+            return Ok(());
+        }
+        s.stream.copy_device(&v, &mut d)
+    })
+}
+
+/// Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
+/// 0xFF makes float buffers NaN).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memset(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    value: c_int,
+    bytes: usize,
+) -> ftnResult_t {
+    guard("ftn_memset", move || {
+        const OP: &str = "ftn_memset";
+        // SAFETY: handle contract.
+        let s = unsafe { get(OP, "stream", stream)? };
+        let byte = u8::try_from(value)
+            .map_err(|_| invalid(OP, "value", "a byte value in 0..=255", value))?;
+        // SAFETY: pointer contract.
+        let mut d = unsafe { view::<u8>(&stream_dev(s), OP, "dst", dst, bytes)? };
+        if bytes == 0 {
+            return Ok(());
+        }
+        s.stream.fill_bytes(&mut d, byte)
+    })
+}
