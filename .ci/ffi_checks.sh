@@ -16,7 +16,7 @@ echo "== header as C99 and C++17"
 "${CXX:-c++}" -std=c++17 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ include/ferrotron.h
 
 echo "== fuzz: descriptors (${FTN_FUZZ_SECONDS:-60} s)"
-CACHE="$PWD/.ci-cache/cargo-fuzz"
+CACHE="${FTN_CI_CACHE:-$PWD/.ci-cache}/cargo-fuzz"
 if [ ! -x "$CACHE/bin/cargo-fuzz" ]; then
   cargo install cargo-fuzz --locked --root "$CACHE"
 fi
