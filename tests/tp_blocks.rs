@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_close, to_f64, Rng};
+use common::{assert_close_scaled, to_f64, Rng};
 use ferrotron::comm::Communicator;
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::ops::Gelu;
@@ -373,7 +373,14 @@ fn check_block<T: TpElement>(block: Block, tp: usize, sp: bool, fuse: bool, salt
         ];
         for ((o, w), n) in out.iter().zip(&want).zip(names) {
             let what = format!("{block:?} tp={tp} sp={sp} fuse={fuse} rank {r}: {n}");
-            assert_close(&what, T::DTYPE, seed, o, w);
+            // The attention backward chains five ops that each store their
+            // result in T (QKV, scores P, dP/dS, context, projection), so its
+            // gradients carry up to ~3 single-op roundings; the MLP two.
+            let factor = match block {
+                Block::Attention => 3.0,
+                _ => 2.0,
+            };
+            assert_close_scaled(&what, T::DTYPE, seed, o, w, factor);
         }
     }
 }
