@@ -11,9 +11,8 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// `target/<profile>`: where cargo put libferrotron.{a,so} (this test binary
-/// lives in `target/<profile>/deps`).
-fn lib_dir() -> PathBuf {
+/// `target/<profile>` (this test binary lives in `target/<profile>/deps`).
+fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     exe.parent()
         .and_then(Path::parent)
@@ -21,8 +20,36 @@ fn lib_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// Where libferrotron.{a,so} are. `cargo test` does not build a package's
+/// cdylib/staticlib for its integration tests, so the first caller builds
+/// them with cargo into a target dir of their own (no lock shared with the
+/// running `cargo test`), as trybuild does; later builds are incremental.
+fn lib_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let target = profile_dir().join("ffi-consumers-build");
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        run(
+            Command::new(cargo)
+                .args([
+                    "build",
+                    "--offline",
+                    "-q",
+                    "-p",
+                    "ferrotron-ffi",
+                    "--target-dir",
+                ])
+                .arg(&target)
+                .current_dir(repo()),
+            "building libferrotron (cdylib + staticlib) for the consumers",
+        );
+        target.join("debug")
+    })
+    .clone()
+}
+
 fn out_dir() -> PathBuf {
-    let d = lib_dir().join("ffi-consumers");
+    let d = profile_dir().join("ffi-consumers");
     std::fs::create_dir_all(&d).expect("create output dir");
     d
 }
