@@ -32,41 +32,13 @@
 //   HBM in the worst case (L2 misses), 2n|T| / 3n|T| when the re-read hits L2.
 // FLOPs: ~5 per element plus one expf -> far below the FP32 rate: HBM-bound.
 #include "ftn_dtype.cuh"
+#include "reduce.cuh"
 
 #define SM_NEG_INF (__int_as_float((int)0xff800000u))
 #define SM_MASKED_VALUE (-10000.0f)
 #define SM_WARPS_PER_BLOCK 4
 #define SM_BLOCK_ITEMS 32
 
-struct SmMaxOp {
-  static FTN_DEVICE float apply(float a, float b) { return a > b ? a : b; }
-  static FTN_DEVICE float identity() { return SM_NEG_INF; }
-};
-struct SmSumOp {
-  static FTN_DEVICE float apply(float a, float b) { return a + b; }
-  static FTN_DEVICE float identity() { return 0.0f; }
-};
-
-template <class Op> FTN_DEVICE float sm_warp_allreduce(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
-// Every thread of the block gets the reduction of `v`; `red` holds >= 32
-// floats. Needs blockDim.x % 32 == 0 and all threads of the block.
-template <class Op> FTN_DEVICE float sm_block_allreduce(float v, float *red) {
-  v = sm_warp_allreduce<Op>(v);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = lane < warps ? red[lane] : Op::identity();
-  v = sm_warp_allreduce<Op>(v);
-  __syncthreads();  // `red` may be reused by the next call
-  return v;
-}
 
 // Loads V elements of T at p (16-byte aligned when V > 1) as fp32.
 template <typename T, int V> FTN_DEVICE void sm_load(const T *p, float (&out)[V]) {
@@ -209,7 +181,7 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
       for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
     }
-    mx = sm_warp_allreduce<SmMaxOp>(mx);
+    mx = ftn_warp_allreduce<FtnMaxOp>(mx);
     if (pad != nullptr) any = __any_sync(0xffffffffu, any);
     float sum = 0.0f;
 #pragma unroll
@@ -220,7 +192,7 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
         sum += v[c][k];
       }
     }
-    sum = sm_warp_allreduce<SmSumOp>(sum);
+    sum = ftn_warp_allreduce<FtnSumOp>(sum);
     const float inv = any ? 1.0f / sum : 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
@@ -278,7 +250,7 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
       for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
     }
-    mx = sm_block_allreduce<SmMaxOp>(mx, red);
+    mx = ftn_block_allreduce<FtnMaxOp>(mx, red);
     const bool any_row = __syncthreads_or(any ? 1 : 0) != 0;
     float sum = 0.0f;
 #pragma unroll
@@ -289,7 +261,7 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
         sum += v[c][k];
       }
     }
-    sum = sm_block_allreduce<SmSumOp>(sum, red);
+    sum = ftn_block_allreduce<FtnSumOp>(sum, red);
     const float inv = any_row ? 1.0f / sum : 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
@@ -331,9 +303,9 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
 #pragma unroll
       for (int k = 0; k < V; ++k) ts += expf(v[k] - tm);
     }
-    const float mx = sm_block_allreduce<SmMaxOp>(tm, red);
+    const float mx = ftn_block_allreduce<FtnMaxOp>(tm, red);
     ts = tm == SM_NEG_INF ? 0.0f : ts * expf(tm - mx);
-    const float sum = sm_block_allreduce<SmSumOp>(ts, red);
+    const float sum = ftn_block_allreduce<FtnSumOp>(ts, red);
     const bool any_row = __syncthreads_or(any ? 1 : 0) != 0;
     const float inv = any_row ? 1.0f / sum : 0.0f;
     for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
@@ -382,9 +354,9 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
       for (int k = 0; k < V; ++k) dot += yv[c][k] * gv[c][k];
     }
     if constexpr (BLOCK) {
-      dot = sm_block_allreduce<SmSumOp>(dot, red);
+      dot = ftn_block_allreduce<FtnSumOp>(dot, red);
     } else {
-      dot = sm_warp_allreduce<SmSumOp>(dot);
+      dot = ftn_warp_allreduce<FtnSumOp>(dot);
     }
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
@@ -427,7 +399,7 @@ template <typename T, int V> FTN_DEVICE void sm_bwd_long_impl(const FtnSoftmaxBw
 #pragma unroll
       for (int k = 0; k < V; ++k) dot += yv[k] * gv[k];
     }
-    dot = sm_block_allreduce<SmSumOp>(dot, red);
+    dot = ftn_block_allreduce<FtnSumOp>(dot, red);
     for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
       float yv[V], gv[V];
       sm_load<T, V>(y + off + col0, yv);

@@ -19,6 +19,7 @@
 //   ce_bwd   grad = dloss * (softmax - (1-eps)*onehot - eps/V), may alias logits.
 //   Floor: forward reads the logits twice, backward reads once and writes once.
 #include "ftn_dtype.cuh"
+#include "reduce.cuh"
 
 #define VP_NEG_INF (-__int_as_float(0x7f800000))
 
@@ -26,35 +27,6 @@ FTN_DEVICE int64_t vp_load_id(const void *ids, uint32_t i64, int64_t t) {
   return i64 ? static_cast<const int64_t *>(ids)[t] : (int64_t) static_cast<const int32_t *>(ids)[t];
 }
 
-struct VpMaxOp {
-  static FTN_DEVICE float apply(float a, float b) { return a > b ? a : b; }
-  static FTN_DEVICE float identity() { return VP_NEG_INF; }
-};
-struct VpSumOp {
-  static FTN_DEVICE float apply(float a, float b) { return a + b; }
-  static FTN_DEVICE float identity() { return 0.0f; }
-};
-
-template <class Op> FTN_DEVICE float vp_warp_allreduce(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
-// Every thread of the block gets the reduction of `v` (fixed order: lanes by
-// xor butterfly, then warps). `red` holds >= 32 floats; blockDim.x % 32 == 0.
-template <class Op> FTN_DEVICE float vp_block_allreduce(float v, float *red) {
-  v = vp_warp_allreduce<Op>(v);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = lane < warps ? red[lane] : Op::identity();
-  v = vp_warp_allreduce<Op>(v);
-  __syncthreads();  // `red` may be reused by the next call
-  return v;
-}
 
 template <typename T>
 FTN_DEVICE void vocab_embed_fwd(const FtnVocabEmbedFwdParams &p) {
@@ -122,7 +94,7 @@ FTN_DEVICE void vocab_ce_max(const FtnVocabCeMaxParams &p) {
   const T *x = static_cast<const T *>(p.logits) + (int64_t)blockIdx.x * p.cols;
   float m = VP_NEG_INF;
   for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) m = fmaxf(m, ftn_to_float(x[c]));
-  m = vp_block_allreduce<VpMaxOp>(m, red);
+  m = ftn_block_allreduce<FtnMaxOp>(m, red);
   if (threadIdx.x == 0) p.row_max[blockIdx.x] = m;
 }
 
@@ -140,8 +112,8 @@ FTN_DEVICE void vocab_ce_stats(const FtnVocabCeStatsParams &p) {
     se += expf(v - m);
     sx += v;
   }
-  se = vp_block_allreduce<VpSumOp>(se, red);
-  if (p.with_logit_sum) sx = vp_block_allreduce<VpSumOp>(sx, red);
+  se = ftn_block_allreduce<FtnSumOp>(se, red);
+  if (p.with_logit_sum) sx = ftn_block_allreduce<FtnSumOp>(sx, red);
   if (threadIdx.x == 0) {
     const int64_t c = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
     p.sums[t] = se;
