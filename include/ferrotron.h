@@ -22,6 +22,11 @@ typedef struct ftnStream ftnStream;
 typedef struct ftnEvent ftnEvent;
 typedef struct ftnComm ftnComm;
 typedef struct ftnGradScaler ftnGradScaler;
+typedef struct ftnColumnParallelLinear ftnColumnParallelLinear;
+typedef struct ftnRowParallelLinear ftnRowParallelLinear;
+typedef struct ftnTpMlp ftnTpMlp;
+typedef struct ftnTpAttention ftnTpAttention;
+typedef struct ftnCrossEntropySaved ftnCrossEntropySaved;
 /* A device: the CUDA-on-CPU emulator or one GPU. */
 typedef ftnContext *ftnContext_t;
 /* An in-order queue of work on a context. */
@@ -32,6 +37,16 @@ typedef ftnEvent *ftnEvent_t;
 typedef ftnComm *ftnComm_t;
 /* A dynamic loss scaler whose state lives in device memory. */
 typedef ftnGradScaler *ftnGradScaler_t;
+/* One rank's shard of a column-parallel linear layer. */
+typedef ftnColumnParallelLinear *ftnColumnParallelLinear_t;
+/* One rank's shard of a row-parallel linear layer. */
+typedef ftnRowParallelLinear *ftnRowParallelLinear_t;
+/* One rank's shard of the tensor-parallel MLP block. */
+typedef ftnTpMlp *ftnTpMlp_t;
+/* One rank's shard of the tensor-parallel causal self-attention block. */
+typedef ftnTpAttention *ftnTpAttention_t;
+/* The statistics a vocab-parallel cross-entropy forward keeps for its backward. */
+typedef ftnCrossEntropySaved *ftnCrossEntropySaved_t;
 
 /*
  Major version of the library this header belongs to.
@@ -211,6 +226,108 @@ typedef enum {
 } ftnGemmEpilogue_t;
 
 /*
+ A fused activation (`ftnColumnParallelLinearDesc_t.activation`, the
+ `dgelu` of `ftn_row_parallel_linear_backward`).
+ */
+typedef enum {
+  ftnActivationNone = 0,
+  /*
+   GeLU, Megatron's tanh approximation.
+   */
+  ftnActivationGeluTanh = 1,
+  /*
+   GeLU, exact (erf).
+   */
+  ftnActivationGeluErf = 2,
+} ftnActivation_t;
+
+/*
+ Where a weight gradient goes (`ftnLinearGrads_t.weight_mode`).
+ */
+typedef enum {
+  /*
+   `weight = dW` in the layer's element type (overwritten).
+   */
+  ftnWeightGradStore = 0,
+  /*
+   `weight += dW` into an fp32 main_grad, fused into the GEMM.
+   */
+  ftnWeightGradAccumulate = 1,
+} ftnWeightGradMode_t;
+
+/*
+ A mapping primitive: forward and backward are each other's duals.
+ Tensors are row-major `[rows, cols]`; "last dim" is `cols`, the
+ sequence-parallel "first dim" is `rows`.
+ */
+typedef enum {
+  /*
+   Forward identity, backward all-reduce.
+   */
+  ftnCopyToTp = 0,
+  /*
+   Forward all-reduce, backward identity.
+   */
+  ftnReduceFromTp = 1,
+  /*
+   Forward split last dim, backward all-gather last dim.
+   */
+  ftnScatterToTp = 2,
+  /*
+   Forward all-gather last dim, backward split last dim.
+   */
+  ftnGatherFromTp = 3,
+  /*
+   Forward split first dim, backward all-gather first dim.
+   */
+  ftnScatterToSp = 4,
+  /*
+   Forward all-gather first dim, backward reduce-scatter first dim.
+   */
+  ftnGatherFromSp = 5,
+  /*
+   Forward reduce-scatter first dim, backward all-gather first dim.
+   */
+  ftnReduceScatterToSp = 6,
+} ftnMapping_t;
+
+/*
+ Bits of an axis set (`axes` arguments): OR them together.
+ */
+typedef enum {
+  /*
+   Tensor parallelism.
+   */
+  ftnAxisTp = 1,
+  /*
+   Context parallelism.
+   */
+  ftnAxisCp = 2,
+  /*
+   Data parallelism.
+   */
+  ftnAxisDp = 4,
+  /*
+   Pipeline parallelism.
+   */
+  ftnAxisPp = 8,
+} ftnAxis_t;
+
+/*
+ Rank layout orders (`ftnRankGridDesc_t.order`).
+ */
+typedef enum {
+  /*
+   `tp-cp-ep-dp-pp` (first fastest), Megatron-Core's default.
+   */
+  ftnOrderTpCpEpDpPp = 0,
+  /*
+   `tp-cp-ep-pp-dp`.
+   */
+  ftnOrderTpCpEpPpDp = 1,
+} ftnRankOrder_t;
+
+/*
  An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
  the bytes to the other ranks (any way it likes).
  */
@@ -233,6 +350,60 @@ typedef struct {
    */
   int32_t is_recv;
 } ftnP2pOp_t;
+
+/*
+ A job of `world` ranks as TP x CP x DP x PP (DP is what remains:
+ `world / (tp*cp*pp)`).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnRankGridDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  int32_t world;
+  int32_t tp;
+  int32_t cp;
+  int32_t pp;
+  /*
+   `ftnRankOrder_t`.
+   */
+  int32_t order;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+} ftnRankGridDesc_t;
+
+/*
+ A rank's position on every axis of a grid.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnRankCoords_t)` as the caller compiled it (set it).
+   */
+  size_t size;
+  int32_t tp;
+  int32_t cp;
+  int32_t dp;
+  int32_t pp;
+} ftnRankCoords_t;
+
+/*
+ A process's place in a torchrun-launched job.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnJobEnv_t)` as the caller compiled it (set it).
+   */
+  size_t size;
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;
+  /*
+   Always 0.
+   */
+  int32_t reserved;
+} ftnJobEnv_t;
 
 /*
  Shape and options of bias + GeLU over a row-major `[rows, cols]` matrix.
@@ -523,6 +694,292 @@ typedef struct {
   int64_t ld;
 } ftnBiasGradDesc_t;
 
+/*
+ Shape and options of the tensor-parallel MLP block `Y = gelu(X W1^T +
+ b1) W2^T + b2` (fc1 column-parallel `[ffn, hidden]`, fc2 row-parallel
+ `[hidden, ffn]`).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnTpMlpDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   `ftnGelu_t`.
+   */
+  int32_t gelu;
+  int64_t hidden;
+  /*
+   A multiple of the communicator's size.
+   */
+  int64_t ffn;
+  /*
+   Non-zero: input and output are this rank's `[tokens/tp, hidden]` rows.
+   */
+  int32_t sequence_parallel;
+  /*
+   Non-zero: backward communication serialised on the compute stream.
+   */
+  int32_t serialize_comm;
+} ftnTpMlpDesc_t;
+
+/*
+ A layer's parameters in device memory, owned by the layer (valid until
+ it is destroyed): update them in place (an optimizer step).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnLinearParams_t)` as the caller compiled it (set it).
+   */
+  size_t size;
+  /*
+   The weight shard, row-major `[out, in]` of this rank.
+   */
+  void *weight;
+  /*
+   Elements of `weight`.
+   */
+  size_t weight_count;
+  /*
+   The bias (shard), NULL for a layer without bias.
+   */
+  void *bias;
+  /*
+   Elements of `bias` (0 without bias).
+   */
+  size_t bias_count;
+} ftnLinearParams_t;
+
+/*
+ Where one linear layer's backward writes its gradients.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnLinearGrads_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnWeightGradMode_t`.
+   */
+  int32_t weight_mode;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+  /*
+   The weight shard's gradient: the layer's element type
+   (`ftnWeightGradStore`) or fp32 (`ftnWeightGradAccumulate`), shaped
+   like the weight shard (`ftn_*_get_params` tells the count).
+   */
+  void *weight;
+  /*
+   The bias gradient (the layer's element type, shaped like the bias);
+   NULL skips it.
+   */
+  void *bias;
+} ftnLinearGrads_t;
+
+/*
+ Shape and options of the tensor-parallel causal self-attention block
+ (QKV column-parallel `[3*heads*head_dim, hidden]` with rows ordered
+ `(head, {q,k,v}, dim)`, output projection row-parallel `[hidden,
+ heads*head_dim]`; tokens in Megatron's `[seq, batch]` order).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnTpAttentionDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+  int64_t hidden;
+  /*
+   A positive multiple of the communicator's size.
+   */
+  int64_t heads;
+  int64_t head_dim;
+  /*
+   Non-zero: input and output are this rank's `[seq*batch/tp, hidden]` rows.
+   */
+  int32_t sequence_parallel;
+  /*
+   Non-zero: backward communication serialised on the compute stream.
+   */
+  int32_t serialize_comm;
+} ftnTpAttentionDesc_t;
+
+/*
+ Shape and options of a column-parallel linear layer `Y = X W^T + b`
+ (`W` is `[out_features, in_features]`; rank `r` owns rows
+ `[r*out/tp, (r+1)*out/tp)` of `W` and `b`). All-zero flags are off.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnColumnParallelLinearDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Non-zero: the layer has a bias.
+   */
+  int32_t bias;
+  int64_t in_features;
+  /*
+   A multiple of the communicator's size.
+   */
+  int64_t out_features;
+  /*
+   Non-zero: all-gather the output columns (`[tokens, out]` on every rank).
+   */
+  int32_t gather_output;
+  /*
+   Non-zero: do not add the bias (the caller adds it later, fused).
+   */
+  int32_t skip_bias_add;
+  /*
+   Non-zero: the input is this rank's `[tokens/tp, in]` rows, all-gathered.
+   */
+  int32_t sequence_parallel;
+  /*
+   `ftnActivation_t` fused in the GEMM epilogue (saves the pre-activation).
+   */
+  int32_t activation;
+  /*
+   Non-zero: backward communication serialised on the compute stream
+   (zero: overlapped with the weight gradient, Megatron's way).
+   */
+  int32_t serialize_comm;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+} ftnColumnParallelLinearDesc_t;
+
+/*
+ Shape and options of a row-parallel linear layer `Y = X W^T + b` (rank
+ `r` owns columns `[r*in/tp, (r+1)*in/tp)` of `W`; the bias is
+ replicated). All-zero flags are off.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnRowParallelLinearDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Non-zero: the layer has a bias.
+   */
+  int32_t bias;
+  /*
+   A multiple of the communicator's size.
+   */
+  int64_t in_features;
+  int64_t out_features;
+  /*
+   Non-zero: the input is already this rank's `[tokens, in/tp]` columns
+   (Megatron's default); zero: `[tokens, in]`, split here.
+   */
+  int32_t input_is_parallel;
+  /*
+   Non-zero: do not add the bias (the caller adds it later, fused).
+   */
+  int32_t skip_bias_add;
+  /*
+   Non-zero: reduce-scatter the output rows (`[tokens/tp, out]`);
+   requires `input_is_parallel`.
+   */
+  int32_t sequence_parallel;
+  /*
+   Non-zero: backward communication serialised on the compute stream.
+   */
+  int32_t serialize_comm;
+} ftnRowParallelLinearDesc_t;
+
+/*
+ Where a `[rows, cols]` block lives in a row-major matrix.
+ */
+typedef struct {
+  /*
+   Index of the block's first element.
+   */
+  int64_t offset;
+  /*
+   Elements between the starts of consecutive rows (`>= cols`).
+   */
+  int64_t pitch;
+} ftnBlock2d_t;
+
+/*
+ Shape of a vocab-parallel embedding table `[vocab, hidden]`.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnVocabEmbeddingDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t` of the table and output: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   `ftnDataType_t` of the token ids: ftnInt32 or ftnInt64.
+   */
+  int32_t id_dtype;
+  /*
+   Unpadded vocabulary size.
+   */
+  int64_t vocab;
+  int64_t hidden;
+} ftnVocabEmbeddingDesc_t;
+
+/*
+ Shape and options of the vocab-parallel cross-entropy over this rank's
+ `[tokens, shard_vocab]` logits (the padded vocabulary is `tp * shard_vocab`).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnCrossEntropyDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t` of the logits: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   `ftnDataType_t` of the labels: ftnInt32 or ftnInt64.
+   */
+  int32_t label_dtype;
+  int64_t tokens;
+  /*
+   Vocab columns on each rank.
+   */
+  int64_t shard_vocab;
+  /*
+   `eps` in `[0, 1)`; 0 disables label smoothing.
+   */
+  float label_smoothing;
+  /*
+   Must be 0.
+   */
+  uint32_t reserved;
+} ftnCrossEntropyDesc_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -592,6 +1049,24 @@ ftnResult_t ftn_comm_user_rank(ftnComm_t comm, int *rank);
  until all have).
  */
 ftnResult_t ftn_comm_split(ftnComm_t comm, int color, int key, ftnComm_t *newcomm);
+
+/*
+ Waits from the host, up to `timeout_ms`, for everything enqueued on
+ `stream` so far (this communicator's collectives, and those a layer
+ enqueued on the communicator's own stream and made `stream` wait for).
+ On timeout it fails with ftnBackendError and, on NCCL, aborts the
+ communicator (a dead peer becomes an error instead of a hang); the
+ communicator must then be destroyed.
+ */
+ftnResult_t ftn_comm_wait(ftnComm_t comm, ftnStream_t stream, int64_t timeout_ms);
+
+/*
+ A new handle to the communicator's own stream: the one the parallel
+ layers overlap their backward communication on. Make other streams
+ wait for it with events; destroy the handle with `ftn_stream_destroy`
+ (the stream itself lives as long as the communicator).
+ */
+ftnResult_t ftn_comm_get_stream(ftnComm_t comm, ftnStream_t *stream);
 
 /*
  `recvbuff = reduce over ranks of sendbuff` (`count` elements each; in
@@ -791,6 +1266,64 @@ ftnResult_t ftn_memcpy_dtod(ftnStream_t stream, void *dst, const void *src, size
  0xFF makes float buffers NaN).
  */
 ftnResult_t ftn_memset(ftnStream_t stream, void *dst, int value, size_t bytes);
+
+/*
+ The grid's data-parallel size (what remains of `world`), after validating it.
+ */
+ftnResult_t ftn_rank_grid_dp(const ftnRankGridDesc_t *desc, int *dp);
+
+/*
+ The coordinates of `rank` (`coords->size` set by the caller).
+ */
+ftnResult_t ftn_rank_grid_coords(const ftnRankGridDesc_t *desc, int rank, ftnRankCoords_t *coords);
+
+/*
+ The rank at `coords`.
+ */
+ftnResult_t ftn_rank_grid_rank(const ftnRankGridDesc_t *desc,
+                               const ftnRankCoords_t *coords,
+                               int *rank);
+
+/*
+ The members (ascending) of `rank`'s group along `axes` (an OR of
+ `ftnAxis_t`): written to `ranks` (room for `capacity`), their number
+ to `*count`. A `capacity` too small is an error that still sets
+ `*count` (call with `ranks = NULL, capacity = 0` to ask for the size).
+ */
+ftnResult_t ftn_rank_grid_group(const ftnRankGridDesc_t *desc,
+                                int rank,
+                                int axes,
+                                int *ranks,
+                                int capacity,
+                                int *count);
+
+/*
+ This rank's communicator for its group along `axes` of the grid (e.g.
+ `ftnAxisTp`: its tensor-parallel group) as a new handle. Every rank of
+ `comm` calls it (from its own thread) with the same grid and axes; the
+ grid's world must be `comm`'s size.
+ */
+ftnResult_t ftn_comm_split_for_grid(ftnComm_t comm,
+                                    const ftnRankGridDesc_t *desc,
+                                    int axes,
+                                    ftnComm_t *newcomm);
+
+/*
+ Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default RANK),
+ MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
+ */
+ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
+
+/*
+ Shares an NCCL unique id over TCP the torchrun way (the variables of
+ `ftn_job_env_from_environment`): rank 0 passes the id it created with
+ `ftn_get_unique_id` in `*id` and serves it on MASTER_ADDR:MASTER_PORT;
+ every other rank connects and receives it into `*id`. Fails with a
+ clear error after `timeout_ms` if a peer never arrives, on a busy port,
+ a wrong world size or a malformed message. `env` (optional, NULL to
+ skip) receives this process's place in the job.
+ */
+ftnResult_t ftn_rendezvous_share_unique_id(ftnUniqueId_t *id, int64_t timeout_ms, ftnJobEnv_t *env);
 
 /*
  `out = gelu(x + bias)` (`bias` may be NULL: plain GeLU; `out` may be
@@ -1005,6 +1538,366 @@ ftnResult_t ftn_gemm_bias_grad(ftnStream_t stream,
                                const ftnBiasGradDesc_t *desc,
                                const void *dy,
                                void *dbias);
+
+/*
+ Creates this rank's shard of the MLP block from the full host
+ parameters: fc1 weight `[ffn, hidden]` and bias `[ffn]`, fc2 weight
+ `[hidden, ffn]` and bias `[hidden]` (Megatron's `[out, in]` layout).
+ */
+ftnResult_t ftn_tp_mlp_create(ftnComm_t comm,
+                              const ftnTpMlpDesc_t *desc,
+                              const void *fc1_weight,
+                              const void *fc1_bias,
+                              const void *fc2_weight,
+                              const void *fc2_bias,
+                              ftnTpMlp_t *mlp);
+
+/*
+ Destroys an MLP block (waits for the device's work first).
+ */
+ftnResult_t ftn_tp_mlp_destroy(ftnTpMlp_t mlp);
+
+/*
+ This rank's parameters in device memory (owned by the block): fc1
+ weight `[ffn/tp, hidden]` and bias `[ffn/tp]`, fc2 weight `[hidden,
+ ffn/tp]` and the replicated bias `[hidden]`.
+ */
+ftnResult_t ftn_tp_mlp_get_params(ftnTpMlp_t mlp, ftnLinearParams_t *fc1, ftnLinearParams_t *fc2);
+
+/*
+ Forward on `stream`: `input` and `output` `[tokens, hidden]`
+ (`[tokens/tp, hidden]` with sequence parallelism). Saves the
+ activations for `ftn_tp_mlp_backward`.
+ */
+ftnResult_t ftn_tp_mlp_forward(ftnTpMlp_t mlp,
+                               ftnComm_t comm,
+                               ftnStream_t stream,
+                               const void *input,
+                               void *output,
+                               int64_t tokens);
+
+/*
+ Backward on `stream` of the last forward (same `tokens` and `input`):
+ `grad_input` and the gradients of fc1 (weight `[ffn/tp, hidden]`, bias
+ `[ffn/tp]`) and fc2 (weight `[hidden, ffn/tp]`, bias `[hidden]`) from
+ `grad_output`, all shaped like the forward's tensors.
+ */
+ftnResult_t ftn_tp_mlp_backward(ftnTpMlp_t mlp,
+                                ftnComm_t comm,
+                                ftnStream_t stream,
+                                const void *input,
+                                const void *grad_output,
+                                void *grad_input,
+                                const ftnLinearGrads_t *fc1,
+                                const ftnLinearGrads_t *fc2,
+                                int64_t tokens);
+
+/*
+ Creates this rank's shard of the attention block from the full host
+ parameters: QKV weight `[3*heads*head_dim, hidden]` (rows ordered
+ `(head, {q,k,v}, dim)`) and bias `[3*heads*head_dim]`, output
+ projection weight `[hidden, heads*head_dim]` and bias `[hidden]`.
+ */
+ftnResult_t ftn_tp_attention_create(ftnComm_t comm,
+                                    const ftnTpAttentionDesc_t *desc,
+                                    const void *qkv_weight,
+                                    const void *qkv_bias,
+                                    const void *proj_weight,
+                                    const void *proj_bias,
+                                    ftnTpAttention_t *attention);
+
+/*
+ Destroys an attention block (waits for the device's work first).
+ */
+ftnResult_t ftn_tp_attention_destroy(ftnTpAttention_t attention);
+
+/*
+ This rank's parameters in device memory (owned by the block): QKV
+ weight `[3*hp*d, hidden]` and bias `[3*hp*d]` (`hp = heads/tp` whole
+ heads), projection weight `[hidden, hp*d]` and the replicated bias.
+ */
+ftnResult_t ftn_tp_attention_get_params(ftnTpAttention_t attention,
+                                        ftnLinearParams_t *qkv,
+                                        ftnLinearParams_t *proj);
+
+/*
+ Forward on `stream`: `input` and `output` `[seq*batch, hidden]` in
+ `[seq, batch]` row order (this rank's `[seq*batch/tp, hidden]` rows
+ with sequence parallelism). Saves the activations for the backward.
+ */
+ftnResult_t ftn_tp_attention_forward(ftnTpAttention_t attention,
+                                     ftnComm_t comm,
+                                     ftnStream_t stream,
+                                     const void *input,
+                                     void *output,
+                                     int64_t seq,
+                                     int64_t batch);
+
+/*
+ Backward on `stream` of the last forward (same `seq`, `batch` and
+ `input`): `grad_input` and the gradients of the QKV layer (weight
+ `[3*hp*d, hidden]`, bias `[3*hp*d]`) and the output projection (weight
+ `[hidden, hp*d]`, bias `[hidden]`) from `grad_output`.
+ */
+ftnResult_t ftn_tp_attention_backward(ftnTpAttention_t attention,
+                                      ftnComm_t comm,
+                                      ftnStream_t stream,
+                                      const void *input,
+                                      const void *grad_output,
+                                      void *grad_input,
+                                      const ftnLinearGrads_t *qkv,
+                                      const ftnLinearGrads_t *proj,
+                                      int64_t seq,
+                                      int64_t batch);
+
+/*
+ Creates this rank's shard of a column-parallel layer from the full
+ weight `full_weight` (host memory, row-major `[out_features,
+ in_features]`) and bias `full_bias` (host, `[out_features]`; NULL iff
+ `desc->bias` is 0). Every rank passes the same full parameters. The
+ layer keeps its shard in device memory (`ftn_column_parallel_linear_get_params`).
+ */
+ftnResult_t ftn_column_parallel_linear_create(ftnComm_t comm,
+                                              const ftnColumnParallelLinearDesc_t *desc,
+                                              const void *full_weight,
+                                              const void *full_bias,
+                                              ftnColumnParallelLinear_t *layer);
+
+/*
+ Destroys a column-parallel layer (waits for the device's work first).
+ */
+ftnResult_t ftn_column_parallel_linear_destroy(ftnColumnParallelLinear_t layer);
+
+/*
+ This rank's weight shard `[out/tp, in]` and bias shard `[out/tp]` in
+ device memory (owned by the layer).
+ */
+ftnResult_t ftn_column_parallel_linear_get_params(ftnColumnParallelLinear_t layer,
+                                                  ftnLinearParams_t *params);
+
+/*
+ Forward on `stream`: `output = [act](input W^T + b)`. `input`: `[tokens,
+ in]` (`[tokens/tp, in]` with sequence parallelism); `output`: `[tokens,
+ out/tp]` (`[tokens, out]` with gather_output); `pre` receives the
+ pre-activation `[tokens, out/tp]`, given iff the layer has an activation.
+ Every rank calls it; returns when enqueued.
+ */
+ftnResult_t ftn_column_parallel_linear_forward(ftnColumnParallelLinear_t layer,
+                                               ftnComm_t comm,
+                                               ftnStream_t stream,
+                                               const void *input,
+                                               void *output,
+                                               void *pre,
+                                               int64_t tokens);
+
+/*
+ Backward on `stream`: `grad_input` (shaped like the forward's `input`,
+ which is passed again) and the gradients in `grads` (weight `[out/tp,
+ in]`, bias `[out/tp]`) from `grad_output` (shaped like `output`). With a
+ fused activation, `pre` is the forward's pre-activation and
+ `grad_output` the gradient of the activated output; `pre = NULL` means
+ `grad_output` already is the pre-activation's gradient (the GeLU
+ backward fused into the next row layer's dgrad). The dgrad all-reduce
+ (reduce-scatter with sequence parallelism) overlaps the weight gradient
+ unless `serialize_comm`.
+ */
+ftnResult_t ftn_column_parallel_linear_backward(ftnColumnParallelLinear_t layer,
+                                                ftnComm_t comm,
+                                                ftnStream_t stream,
+                                                const void *input,
+                                                const void *grad_output,
+                                                const void *pre,
+                                                void *grad_input,
+                                                const ftnLinearGrads_t *grads,
+                                                int64_t tokens);
+
+/*
+ Creates this rank's shard of a row-parallel layer from the full weight
+ (host, row-major `[out_features, in_features]`) and bias (host,
+ `[out_features]`, replicated; NULL iff `desc->bias` is 0).
+ */
+ftnResult_t ftn_row_parallel_linear_create(ftnComm_t comm,
+                                           const ftnRowParallelLinearDesc_t *desc,
+                                           const void *full_weight,
+                                           const void *full_bias,
+                                           ftnRowParallelLinear_t *layer);
+
+/*
+ Destroys a row-parallel layer (waits for the device's work first).
+ */
+ftnResult_t ftn_row_parallel_linear_destroy(ftnRowParallelLinear_t layer);
+
+/*
+ This rank's weight shard `[out, in/tp]` and the replicated bias `[out]`
+ in device memory (owned by the layer).
+ */
+ftnResult_t ftn_row_parallel_linear_get_params(ftnRowParallelLinear_t layer,
+                                               ftnLinearParams_t *params);
+
+/*
+ Forward on `stream`: `output = sum over ranks of input_r W_r^T + b`.
+ `input`: `[tokens, in/tp]` (`[tokens, in]` unless input_is_parallel);
+ `output`: `[tokens, out]` (`[tokens/tp, out]` with sequence
+ parallelism). Every rank calls it; returns when enqueued.
+ */
+ftnResult_t ftn_row_parallel_linear_forward(ftnRowParallelLinear_t layer,
+                                            ftnComm_t comm,
+                                            ftnStream_t stream,
+                                            const void *input,
+                                            void *output,
+                                            int64_t tokens);
+
+/*
+ Backward on `stream`: `grad_input` (shaped like `input`, passed again)
+ and the gradients in `grads` (weight `[out, in/tp]`, bias `[out]`) from
+ `grad_output` (shaped like `output`). `dgelu` (`ftnActivation_t`) other
+ than ftnActivationNone fuses the GeLU backward of a preceding fused
+ column layer into dgrad: `grad_input = (dY W) * gelu'(dgelu_pre)` with
+ `dgelu_pre` that layer's pre-activation `[tokens, in/tp]` (requires
+ input_is_parallel); NULL otherwise.
+ */
+ftnResult_t ftn_row_parallel_linear_backward(ftnRowParallelLinear_t layer,
+                                             ftnComm_t comm,
+                                             ftnStream_t stream,
+                                             const void *input,
+                                             const void *grad_output,
+                                             int32_t dgelu,
+                                             const void *dgelu_pre,
+                                             void *grad_input,
+                                             const ftnLinearGrads_t *grads,
+                                             int64_t tokens);
+
+/*
+ Output shape of `mapping`'s forward (`backward == 0`) or backward
+ (non-zero) for an input of `[rows, cols]` on `tp` ranks.
+ */
+ftnResult_t ftn_tp_mapping_shape(int mapping,
+                                 int backward,
+                                 int64_t rows,
+                                 int64_t cols,
+                                 int tp,
+                                 int64_t *out_rows,
+                                 int64_t *out_cols);
+
+/*
+ Forward of `mapping` on `stream`: `output = f(input)`, `input` `[rows,
+ cols]` on this rank, `output` of the shape `ftn_tp_mapping_shape` gives
+ (`input` and `output` must not overlap). Every rank of `comm` calls it.
+ */
+ftnResult_t ftn_tp_mapping_forward(int mapping,
+                                   const void *input,
+                                   void *output,
+                                   int64_t rows,
+                                   int64_t cols,
+                                   int datatype,
+                                   ftnComm_t comm,
+                                   ftnStream_t stream);
+
+/*
+ Backward of `mapping` on `stream`: `grad_input = f'(grad_output)`,
+ `grad_output` `[rows, cols]` (shaped like the forward's output),
+ `grad_input` shaped like the forward's input.
+ */
+ftnResult_t ftn_tp_mapping_backward(int mapping,
+                                    const void *grad_output,
+                                    void *grad_input,
+                                    int64_t rows,
+                                    int64_t cols,
+                                    int datatype,
+                                    ftnComm_t comm,
+                                    ftnStream_t stream);
+
+/*
+ Copies the `[rows, cols]` block `src_block` of `src` to `dst_block` of
+ `dst` on `stream` (`datatype` any ftnDataType_t; the blocks must not
+ overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
+ cols` elements.
+ */
+ftnResult_t ftn_copy_2d(ftnStream_t stream,
+                        int datatype,
+                        const void *src,
+                        ftnBlock2d_t src_block,
+                        void *dst,
+                        ftnBlock2d_t dst_block,
+                        int64_t rows,
+                        int64_t cols);
+
+/*
+ The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
+ `make_vocab_size_divisible_by = 128`).
+ */
+ftnResult_t ftn_vocab_padded_size(int64_t vocab, int tp, int64_t *padded);
+
+/*
+ Rows `[*start, *start + *rows)` of the padded vocabulary owned by `rank`
+ of `tp`.
+ */
+ftnResult_t ftn_vocab_range(int64_t vocab, int tp, int rank, int64_t *start, int64_t *rows);
+
+/*
+ `out[t, :] = weight[ids[t], :]` (zero for ids outside `[0, vocab)`) as
+ the all-reduce of each rank's lookup. `weight_shard`: this rank's rows
+ `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
+ (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
+ */
+ftnResult_t ftn_vocab_parallel_embedding_forward(const ftnVocabEmbeddingDesc_t *desc,
+                                                 ftnComm_t comm,
+                                                 ftnStream_t stream,
+                                                 const void *ids,
+                                                 const void *weight_shard,
+                                                 void *out,
+                                                 int64_t tokens);
+
+/*
+ This rank's weight gradient, fp32 `[rows, hidden]`: `dweight[v] (+)=` the
+ sum of `dy[t]` over the tokens with `ids[t] == start + v`, in token order
+ (bitwise deterministic). `accumulate` non-zero adds to `dweight` (a
+ main_grad), zero overwrites it. No communication.
+ */
+ftnResult_t ftn_vocab_parallel_embedding_backward(const ftnVocabEmbeddingDesc_t *desc,
+                                                  ftnComm_t comm,
+                                                  ftnStream_t stream,
+                                                  const void *ids,
+                                                  const void *dy,
+                                                  float *dweight,
+                                                  int64_t tokens,
+                                                  int accumulate);
+
+/*
+ Per-token loss `loss` (fp32 `[tokens]`) of this rank's `logits`
+ (`[tokens, shard_vocab]`) and the replicated `labels` (`[tokens]`; ids
+ of the padded vocabulary). Every rank calls it (three all-reduces).
+ `*saved` receives the statistics the backward needs (a new handle; free
+ it with `ftn_cross_entropy_saved_destroy`).
+ */
+ftnResult_t ftn_vocab_parallel_cross_entropy_forward(const ftnCrossEntropyDesc_t *desc,
+                                                     ftnComm_t comm,
+                                                     ftnStream_t stream,
+                                                     const void *logits,
+                                                     const void *labels,
+                                                     float *loss,
+                                                     ftnCrossEntropySaved_t *saved);
+
+/*
+ This rank's logits gradient `grad` (`[tokens, shard_vocab]`, may equal
+ `logits`: in place) `= dloss[t] * (softmax - (1 - eps) * onehot - eps / V)`
+ from the forward's `logits`, `labels` and `saved`; `dloss` is fp32
+ `[tokens]`. No communication.
+ */
+ftnResult_t ftn_vocab_parallel_cross_entropy_backward(const ftnCrossEntropyDesc_t *desc,
+                                                      ftnComm_t comm,
+                                                      ftnStream_t stream,
+                                                      const void *logits,
+                                                      const void *labels,
+                                                      ftnCrossEntropySaved_t saved,
+                                                      const float *dloss,
+                                                      void *grad);
+
+/*
+ Frees the statistics of a cross-entropy forward (waits for the device's
+ work first).
+ */
+ftnResult_t ftn_cross_entropy_saved_destroy(ftnCrossEntropySaved_t saved);
 
 #ifdef __cplusplus
 }  // extern "C"

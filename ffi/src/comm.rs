@@ -57,7 +57,7 @@ impl Handle for ftnComm {
     }
 }
 
-fn wrap(comm: Communicator) -> ftnComm_t {
+pub(crate) fn wrap(comm: Communicator) -> ftnComm_t {
     Box::into_raw(Box::new(ftnComm {
         magic: ftnComm::MAGIC,
         comm,
@@ -246,6 +246,52 @@ pub unsafe extern "C" fn ftn_comm_split(
     })
 }
 
+/// Waits from the host, up to `timeout_ms`, for everything enqueued on
+/// `stream` so far (this communicator's collectives, and those a layer
+/// enqueued on the communicator's own stream and made `stream` wait for).
+/// On timeout it fails with ftnBackendError and, on NCCL, aborts the
+/// communicator (a dead peer becomes an error instead of a hang); the
+/// communicator must then be destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_wait(
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    timeout_ms: i64,
+) -> ftnResult_t {
+    guard("ftn_comm_wait", move || {
+        const OP: &str = "ftn_comm_wait";
+        let c = call(OP, comm, stream)?;
+        let ms =
+            u64::try_from(timeout_ms).map_err(|_| invalid(OP, "timeout_ms", ">= 0", timeout_ms))?;
+        c.comm
+            .wait_stream(c.stream, std::time::Duration::from_millis(ms))
+    })
+}
+
+/// A new handle to the communicator's own stream: the one the parallel
+/// layers overlap their backward communication on. Make other streams
+/// wait for it with events; destroy the handle with `ftn_stream_destroy`
+/// (the stream itself lives as long as the communicator).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_get_stream(
+    comm: ftnComm_t,
+    stream: *mut ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_comm_get_stream", move || {
+        const OP: &str = "ftn_comm_get_stream";
+        // SAFETY: handle contract.
+        let c = unsafe { get::<ftnComm>(OP, "comm", comm)? };
+        check_out(OP, "stream", stream)?;
+        let s = ftnStream::into_raw(
+            c.comm.stream().clone(),
+            std::sync::Mutex::new(ferrotron::ops::multi_tensor::MultiTensor::new()),
+        );
+        // SAFETY: checked non-NULL.
+        unsafe { stream.write(s) };
+        Ok(())
+    })
+}
+
 fn red_op(op: &'static str, v: c_int) -> Result<ReduceOp> {
     Ok(match v {
         0 => ReduceOp::Sum,
@@ -263,13 +309,14 @@ fn red_op(op: &'static str, v: c_int) -> Result<ReduceOp> {
     })
 }
 
-struct Call<'a> {
-    comm: &'a Communicator,
-    stream: &'a ferrotron::Stream,
-    dev: Device,
+pub(crate) struct Call<'a> {
+    pub(crate) comm: &'a Communicator,
+    pub(crate) stream: &'a ferrotron::Stream,
+    pub(crate) dev: Device,
 }
 
-fn call<'a>(op: &'static str, comm: ftnComm_t, stream: ftnStream_t) -> Result<Call<'a>> {
+/// The communicator and stream of a call, checked.
+pub(crate) fn call<'a>(op: &'static str, comm: ftnComm_t, stream: ftnStream_t) -> Result<Call<'a>> {
     // SAFETY: handle contracts of every exported function.
     let (c, s) = unsafe {
         (
@@ -315,6 +362,7 @@ macro_rules! comm_dispatch {
         }
     };
 }
+pub(crate) use comm_dispatch;
 
 fn count_times(op: &'static str, arg: &'static str, count: usize, ranks: usize) -> Result<usize> {
     count.checked_mul(ranks).ok_or_else(|| {

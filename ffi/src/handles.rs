@@ -59,6 +59,8 @@ macro_rules! handle {
     };
 }
 
+pub(crate) use handle;
+
 handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
     dev: Device,
     allocs: Mutex<HashMap<u64, DeviceBuffer<u8>>>,
@@ -152,19 +154,14 @@ pub(crate) fn check_out<T>(op: &'static str, arg: &'static str, out: *mut T) -> 
     Ok(())
 }
 
-/// A non-owning typed view of `len` elements of caller memory at `ptr` on
-/// `dev`, checked for NULL (when `len > 0`), alignment and byte-size overflow.
-///
-/// # Safety
-/// `ptr` must be valid for `len` elements on `dev` until the work using the
-/// view has finished (the caller's contract, documented in the header).
-pub(crate) unsafe fn view<T: Element>(
-    dev: &Device,
+/// Checks caller memory of `len` elements of `T` at `ptr`: non-NULL (when
+/// `len > 0`), aligned for `T`, and a byte size that fits in `isize`.
+pub(crate) fn check_ptr<T: Element>(
     op: &'static str,
     arg: &'static str,
     ptr: *const c_void,
     len: usize,
-) -> Result<DeviceBuffer<T>> {
+) -> Result<()> {
     if ptr.is_null() && len > 0 {
         return Err(invalid(
             op,
@@ -193,9 +190,46 @@ pub(crate) unsafe fn view<T: Element>(
             format!("{len} elements of {}", T::DTYPE),
         ));
     }
+    Ok(())
+}
+
+/// A non-owning typed view of `len` elements of caller memory at `ptr` on
+/// `dev`, checked by [`check_ptr`].
+///
+/// # Safety
+/// `ptr` must be valid for `len` elements on `dev` until the work using the
+/// view has finished (the caller's contract, documented in the header).
+pub(crate) unsafe fn view<T: Element>(
+    dev: &Device,
+    op: &'static str,
+    arg: &'static str,
+    ptr: *const c_void,
+    len: usize,
+) -> Result<DeviceBuffer<T>> {
+    check_ptr::<T>(op, arg, ptr, len)?;
     // SAFETY: validity for `len` elements is the caller's contract; NULL,
     // alignment and size were checked above.
     unsafe { DeviceBuffer::from_raw_parts(dev, ptr as u64, len) }
+}
+
+/// A host slice of `len` elements at `ptr` (caller memory, read during the
+/// call), checked for NULL (when `len > 0`), alignment and size overflow.
+///
+/// # Safety
+/// `ptr` must be valid for reads of `len` elements for the call's duration.
+pub(crate) unsafe fn host_slice<'a, T: Element>(
+    op: &'static str,
+    arg: &'static str,
+    ptr: *const c_void,
+    len: usize,
+) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    check_ptr::<T>(op, arg, ptr, len)?;
+    // SAFETY: non-NULL, aligned, size fits in isize; validity for `len`
+    // elements is the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, len) })
 }
 
 /// An optional view: NULL gives `None`.

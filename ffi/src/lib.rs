@@ -15,12 +15,24 @@
 mod boundary;
 mod comm;
 mod handles;
+mod job;
 mod ops;
+mod tp_blocks;
+mod tp_common;
+mod tp_linear;
+mod tp_mappings;
+mod tp_vocab;
 
 pub use boundary::ftnResult_t;
 pub use comm::*;
 pub use handles::*;
+pub use job::*;
 pub use ops::*;
+pub use tp_blocks::*;
+pub use tp_common::{ftnActivation_t, ftnLinearGrads_t, ftnLinearParams_t, ftnWeightGradMode_t};
+pub use tp_linear::*;
+pub use tp_mappings::*;
+pub use tp_vocab::*;
 
 use std::ffi::{c_char, c_int};
 

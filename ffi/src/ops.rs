@@ -189,6 +189,7 @@ macro_rules! float_dispatch {
         }
     };
 }
+pub(crate) use float_dispatch;
 
 /// Shape and options of bias + GeLU over a row-major `[rows, cols]` matrix.
 #[allow(non_camel_case_types)]
@@ -236,7 +237,7 @@ unsafe impl Desc for ftnNormDesc_t {
     const V1_SIZE: usize = 40;
 }
 
-fn gelu_of(op: &'static str, g: i32) -> Result<Gelu> {
+pub(crate) fn gelu_of(op: &'static str, g: i32) -> Result<Gelu> {
     match g {
         0 => Ok(Gelu::Tanh),
         1 => Ok(Gelu::Erf),

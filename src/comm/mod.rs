@@ -541,6 +541,17 @@ impl Communicator {
         }
     }
 
+    /// Waits from the host for everything enqueued on `stream` so far (this
+    /// communicator's collectives on it, and those a layer enqueued on the
+    /// communicator's own stream and made `stream` wait for), with the
+    /// failure and abort of [`Communicator::wait`] after `timeout`.
+    pub fn wait_stream(&self, stream: &Stream, timeout: Duration) -> Result<()> {
+        let handle = CommHandle {
+            event: stream.record_event()?,
+        };
+        self.wait(&handle, timeout)
+    }
+
     fn sub(&self, rank: usize, size: usize, imp: CommImpl) -> Result<Communicator> {
         Ok(Communicator {
             rank,

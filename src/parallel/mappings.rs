@@ -74,6 +74,12 @@ impl Mapping {
         self.steps().0.out_shape(rows, cols, tp)
     }
 
+    /// Output shape of the backward for a gradient `[rows, cols]` (shaped
+    /// like the forward's output): the forward's input shape.
+    pub fn backward_shape(self, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
+        self.steps().1.out_shape(rows, cols, tp)
+    }
+
     /// Forward: `output = f(input)`, `input` is `[rows, cols]` on this rank.
     /// Every rank of `comm` must call it. Returns when enqueued on `stream`.
     pub fn forward<T: CommElement>(

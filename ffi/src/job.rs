@@ -1,0 +1,356 @@
+//! The layout of a Megatron-style job: the rank grid
+//! (`ferrotron::core::rank_grid`), communicators split along its axes, and
+//! the torchrun-style rendezvous that shares an NCCL unique id
+//! (`ferrotron::comm::rendezvous`).
+
+use std::ffi::c_int;
+use std::time::Duration;
+
+use ferrotron::comm::rendezvous::{share_id, JobEnv};
+use ferrotron::core::rank_grid::{Axis, Coords, RankGrid, RankOrder};
+use ferrotron::Result;
+
+use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::comm::{ftnComm, ftnComm_t, ftnUniqueId_t};
+use crate::handles::{check_out, get, write_out};
+use crate::ops::{check_out_desc, read_desc, Desc};
+
+/// Bits of an axis set (`axes` arguments): OR them together.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnAxis_t {
+    /// Tensor parallelism.
+    ftnAxisTp = 1,
+    /// Context parallelism.
+    ftnAxisCp = 2,
+    /// Data parallelism.
+    ftnAxisDp = 4,
+    /// Pipeline parallelism.
+    ftnAxisPp = 8,
+}
+
+/// Rank layout orders (`ftnRankGridDesc_t.order`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnRankOrder_t {
+    /// `tp-cp-ep-dp-pp` (first fastest), Megatron-Core's default.
+    ftnOrderTpCpEpDpPp = 0,
+    /// `tp-cp-ep-pp-dp`.
+    ftnOrderTpCpEpPpDp = 1,
+}
+
+/// A job of `world` ranks as TP x CP x DP x PP (DP is what remains:
+/// `world / (tp*cp*pp)`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnRankGridDesc_t {
+    /// `sizeof(ftnRankGridDesc_t)` as the caller compiled it.
+    pub size: usize,
+    pub world: i32,
+    pub tp: i32,
+    pub cp: i32,
+    pub pp: i32,
+    /// `ftnRankOrder_t`.
+    pub order: i32,
+    /// Must be 0.
+    pub reserved: i32,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnRankGridDesc_t {
+    const NAME: &'static str = "ftnRankGridDesc_t";
+    const V1_SIZE: usize = 32;
+}
+
+/// A rank's position on every axis of a grid.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnRankCoords_t {
+    /// `sizeof(ftnRankCoords_t)` as the caller compiled it (set it).
+    pub size: usize,
+    pub tp: i32,
+    pub cp: i32,
+    pub dp: i32,
+    pub pp: i32,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnRankCoords_t {
+    const NAME: &'static str = "ftnRankCoords_t";
+    const V1_SIZE: usize = 24;
+}
+
+fn nonneg(op: &'static str, arg: &'static str, v: i32) -> Result<usize> {
+    usize::try_from(v).map_err(|_| invalid(op, arg, ">= 0", v))
+}
+
+/// # Safety
+/// `desc` is NULL or a valid descriptor.
+unsafe fn grid(op: &'static str, desc: *const ftnRankGridDesc_t) -> Result<RankGrid> {
+    // SAFETY: descriptor contract.
+    let d = unsafe { read_desc(op, "desc", desc)? };
+    if d.reserved != 0 {
+        return Err(invalid(op, "desc.reserved", "0", d.reserved));
+    }
+    let order = match d.order {
+        0 => RankOrder::TpCpEpDpPp,
+        1 => RankOrder::TpCpEpPpDp,
+        other => {
+            return Err(invalid(
+                op,
+                "desc.order",
+                "ftnOrderTpCpEpDpPp (0) or ftnOrderTpCpEpPpDp (1)",
+                other,
+            ))
+        }
+    };
+    RankGrid::new(
+        nonneg(op, "desc.world", d.world)?,
+        nonneg(op, "desc.tp", d.tp)?,
+        nonneg(op, "desc.cp", d.cp)?,
+        nonneg(op, "desc.pp", d.pp)?,
+        order,
+    )
+}
+
+fn axes_of(op: &'static str, mask: c_int) -> Result<Vec<Axis>> {
+    if mask <= 0 || mask > 15 {
+        return Err(invalid(
+            op,
+            "axes",
+            "a non-empty OR of ftnAxisTp, ftnAxisCp, ftnAxisDp, ftnAxisPp (1..=15)",
+            mask,
+        ));
+    }
+    Ok([(1, Axis::Tp), (2, Axis::Cp), (4, Axis::Dp), (8, Axis::Pp)]
+        .into_iter()
+        .filter(|(bit, _)| mask & bit != 0)
+        .map(|(_, a)| a)
+        .collect())
+}
+
+fn rank_of(op: &'static str, rank: c_int) -> Result<usize> {
+    usize::try_from(rank).map_err(|_| invalid(op, "rank", "a rank >= 0", rank))
+}
+
+/// The grid's data-parallel size (what remains of `world`), after validating it.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_rank_grid_dp(
+    desc: *const ftnRankGridDesc_t,
+    dp: *mut c_int,
+) -> ftnResult_t {
+    guard("ftn_rank_grid_dp", move || {
+        const OP: &str = "ftn_rank_grid_dp";
+        // SAFETY: descriptor contract.
+        let g = unsafe { grid(OP, desc)? };
+        // SAFETY: out-pointer contract.
+        unsafe { write_out(OP, "dp", dp, g.dp as c_int) }
+    })
+}
+
+/// The coordinates of `rank` (`coords->size` set by the caller).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_rank_grid_coords(
+    desc: *const ftnRankGridDesc_t,
+    rank: c_int,
+    coords: *mut ftnRankCoords_t,
+) -> ftnResult_t {
+    guard("ftn_rank_grid_coords", move || {
+        const OP: &str = "ftn_rank_grid_coords";
+        // SAFETY: descriptor contracts.
+        let g = unsafe { grid(OP, desc)? };
+        unsafe { check_out_desc(OP, "coords", coords)? };
+        let c = g.coords(rank_of(OP, rank)?)?;
+        // SAFETY: checked non-NULL, aligned and at least V1_SIZE bytes;
+        // every coordinate is < world, which came from an i32.
+        unsafe {
+            (*coords).tp = c.tp as i32;
+            (*coords).cp = c.cp as i32;
+            (*coords).dp = c.dp as i32;
+            (*coords).pp = c.pp as i32;
+        }
+        Ok(())
+    })
+}
+
+/// The rank at `coords`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_rank_grid_rank(
+    desc: *const ftnRankGridDesc_t,
+    coords: *const ftnRankCoords_t,
+    rank: *mut c_int,
+) -> ftnResult_t {
+    guard("ftn_rank_grid_rank", move || {
+        const OP: &str = "ftn_rank_grid_rank";
+        // SAFETY: descriptor contracts.
+        let (g, c) = unsafe { (grid(OP, desc)?, read_desc(OP, "coords", coords)?) };
+        let r = g.rank(Coords {
+            tp: nonneg(OP, "coords.tp", c.tp)?,
+            cp: nonneg(OP, "coords.cp", c.cp)?,
+            dp: nonneg(OP, "coords.dp", c.dp)?,
+            pp: nonneg(OP, "coords.pp", c.pp)?,
+        })?;
+        // SAFETY: out-pointer contract.
+        unsafe { write_out(OP, "rank", rank, r as c_int) }
+    })
+}
+
+/// The members (ascending) of `rank`'s group along `axes` (an OR of
+/// `ftnAxis_t`): written to `ranks` (room for `capacity`), their number
+/// to `*count`. A `capacity` too small is an error that still sets
+/// `*count` (call with `ranks = NULL, capacity = 0` to ask for the size).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_rank_grid_group(
+    desc: *const ftnRankGridDesc_t,
+    rank: c_int,
+    axes: c_int,
+    ranks: *mut c_int,
+    capacity: c_int,
+    count: *mut c_int,
+) -> ftnResult_t {
+    guard("ftn_rank_grid_group", move || {
+        const OP: &str = "ftn_rank_grid_group";
+        // SAFETY: descriptor contract.
+        let g = unsafe { grid(OP, desc)? };
+        let members = g.group(rank_of(OP, rank)?, &axes_of(OP, axes)?)?;
+        // SAFETY: out-pointer contract.
+        unsafe { write_out(OP, "count", count, members.len() as c_int)? };
+        let cap =
+            usize::try_from(capacity).map_err(|_| invalid(OP, "capacity", ">= 0", capacity))?;
+        if ranks.is_null() && cap == 0 {
+            return Ok(());
+        }
+        if cap < members.len() {
+            return Err(invalid(
+                OP,
+                "capacity",
+                format!("room for the group's {} ranks", members.len()),
+                capacity,
+            ));
+        }
+        check_out(OP, "ranks", ranks)?;
+        for (i, m) in members.iter().enumerate() {
+            // SAFETY: `ranks` has room for `capacity >= members.len()` ints.
+            unsafe { ranks.add(i).write(*m as c_int) };
+        }
+        Ok(())
+    })
+}
+
+/// This rank's communicator for its group along `axes` of the grid (e.g.
+/// `ftnAxisTp`: its tensor-parallel group) as a new handle. Every rank of
+/// `comm` calls it (from its own thread) with the same grid and axes; the
+/// grid's world must be `comm`'s size.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_split_for_grid(
+    comm: ftnComm_t,
+    desc: *const ftnRankGridDesc_t,
+    axes: c_int,
+    newcomm: *mut ftnComm_t,
+) -> ftnResult_t {
+    guard("ftn_comm_split_for_grid", move || {
+        const OP: &str = "ftn_comm_split_for_grid";
+        // SAFETY: handle and descriptor contracts.
+        let (c, g) = unsafe { (get::<ftnComm>(OP, "comm", comm)?, grid(OP, desc)?) };
+        check_out(OP, "newcomm", newcomm)?;
+        let sub = c.comm.split_for_grid(&g, &axes_of(OP, axes)?)?;
+        // SAFETY: checked non-NULL.
+        unsafe { newcomm.write(crate::comm::wrap(sub)) };
+        Ok(())
+    })
+}
+
+/// A process's place in a torchrun-launched job.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnJobEnv_t {
+    /// `sizeof(ftnJobEnv_t)` as the caller compiled it (set it).
+    pub size: usize,
+    pub rank: i32,
+    pub world_size: i32,
+    pub local_rank: i32,
+    /// Always 0.
+    pub reserved: i32,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnJobEnv_t {
+    const NAME: &'static str = "ftnJobEnv_t";
+    const V1_SIZE: usize = 24;
+}
+
+fn small(op: &'static str, arg: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| invalid(op, arg, "a value that fits in int", v))
+}
+
+/// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default RANK),
+/// MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_job_env_from_environment(env: *mut ftnJobEnv_t) -> ftnResult_t {
+    guard("ftn_job_env_from_environment", move || {
+        const OP: &str = "ftn_job_env_from_environment";
+        // SAFETY: out-struct contract.
+        unsafe { check_out_desc(OP, "env", env)? };
+        let e = JobEnv::from_env()?;
+        // SAFETY: out-struct contract.
+        unsafe { write_env(OP, env, &e) }
+    })
+}
+
+/// # Safety
+/// `out` passed [`check_out_desc`].
+unsafe fn write_env(op: &'static str, out: *mut ftnJobEnv_t, e: &JobEnv) -> Result<()> {
+    let (r, w, l) = (
+        small(op, "RANK", e.rank)?,
+        small(op, "WORLD_SIZE", e.world_size)?,
+        small(op, "LOCAL_RANK", e.local_rank)?,
+    );
+    // SAFETY: checked non-NULL, aligned and at least V1_SIZE bytes.
+    unsafe {
+        (*out).rank = r;
+        (*out).world_size = w;
+        (*out).local_rank = l;
+        (*out).reserved = 0;
+    }
+    Ok(())
+}
+
+/// Shares an NCCL unique id over TCP the torchrun way (the variables of
+/// `ftn_job_env_from_environment`): rank 0 passes the id it created with
+/// `ftn_get_unique_id` in `*id` and serves it on MASTER_ADDR:MASTER_PORT;
+/// every other rank connects and receives it into `*id`. Fails with a
+/// clear error after `timeout_ms` if a peer never arrives, on a busy port,
+/// a wrong world size or a malformed message. `env` (optional, NULL to
+/// skip) receives this process's place in the job.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_rendezvous_share_unique_id(
+    id: *mut ftnUniqueId_t,
+    timeout_ms: i64,
+    env: *mut ftnJobEnv_t,
+) -> ftnResult_t {
+    guard("ftn_rendezvous_share_unique_id", move || {
+        const OP: &str = "ftn_rendezvous_share_unique_id";
+        check_out(OP, "id", id)?;
+        if !env.is_null() {
+            // SAFETY: out-struct contract.
+            unsafe { check_out_desc(OP, "env", env)? };
+        }
+        let ms = u64::try_from(timeout_ms)
+            .ok()
+            .filter(|&m| m >= 1)
+            .ok_or_else(|| invalid(OP, "timeout_ms", "at least 1", timeout_ms))?;
+        let e = JobEnv::from_env()?;
+        // SAFETY: checked non-NULL; rank 0's id is its input.
+        let mine = (e.rank == 0).then(|| unsafe { id.read() }.internal);
+        let shared = share_id(&e, mine, Duration::from_millis(ms))?;
+        // SAFETY: checked non-NULL.
+        unsafe { id.write(ftnUniqueId_t { internal: shared }) };
+        if !env.is_null() {
+            // SAFETY: checked above.
+            unsafe { write_env(OP, env, &e)? };
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,507 @@
+//! The tensor-parallel transformer blocks behind opaque handles: the MLP
+//! (`ferrotron::parallel::mlp::TpMlp`) and causal self-attention
+//! (`ferrotron::parallel::attention::TpAttention`). Each keeps the
+//! activations of its last forward for the backward.
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use ferrotron::parallel::attention::{AttentionGrads, AttentionOptions, TpAttention};
+use ferrotron::parallel::linear::TpElement;
+use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
+use ferrotron::Result;
+
+use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::comm::{call, ftnComm, ftnComm_t, Call};
+use crate::handles::{check_out, ftnStream_t, get, handle, host_slice, take, view, Handle};
+use crate::ops::{gelu_of, read_desc, Desc};
+use crate::tp_common::{
+    count, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, lock, on_typed, times, tp_new,
+    write_params, GradViews, Typed,
+};
+
+/// Shape and options of the tensor-parallel MLP block `Y = gelu(X W1^T +
+/// b1) W2^T + b2` (fc1 column-parallel `[ffn, hidden]`, fc2 row-parallel
+/// `[hidden, ffn]`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnTpMlpDesc_t {
+    /// `sizeof(ftnTpMlpDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// `ftnGelu_t`.
+    pub gelu: i32,
+    pub hidden: i64,
+    /// A multiple of the communicator's size.
+    pub ffn: i64,
+    /// Non-zero: input and output are this rank's `[tokens/tp, hidden]` rows.
+    pub sequence_parallel: i32,
+    /// Non-zero: backward communication serialised on the compute stream.
+    pub serialize_comm: i32,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnTpMlpDesc_t {
+    const NAME: &'static str = "ftnTpMlpDesc_t";
+    const V1_SIZE: usize = 40;
+}
+
+/// Shape and options of the tensor-parallel causal self-attention block
+/// (QKV column-parallel `[3*heads*head_dim, hidden]` with rows ordered
+/// `(head, {q,k,v}, dim)`, output projection row-parallel `[hidden,
+/// heads*head_dim]`; tokens in Megatron's `[seq, batch]` order).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnTpAttentionDesc_t {
+    /// `sizeof(ftnTpAttentionDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// Must be 0.
+    pub reserved: i32,
+    pub hidden: i64,
+    /// A positive multiple of the communicator's size.
+    pub heads: i64,
+    pub head_dim: i64,
+    /// Non-zero: input and output are this rank's `[seq*batch/tp, hidden]` rows.
+    pub sequence_parallel: i32,
+    /// Non-zero: backward communication serialised on the compute stream.
+    pub serialize_comm: i32,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnTpAttentionDesc_t {
+    const NAME: &'static str = "ftnTpAttentionDesc_t";
+    const V1_SIZE: usize = 48;
+}
+
+type MlpImpl = Typed<TpMlp<half::f16>, TpMlp<half::bf16>>;
+type AttentionImpl = Typed<TpAttention<half::f16>, TpAttention<half::bf16>>;
+
+handle!(ftnTpMlp, ftnTpMlp_t, 0x4654_4e4d_4c50_0008, "ftnTpMlp_t", {
+    block: Mutex<MlpImpl>,
+});
+handle!(ftnTpAttention, ftnTpAttention_t, 0x4654_4e41_544e_0009, "ftnTpAttention_t", {
+    block: Mutex<AttentionImpl>,
+});
+
+/// The host parameters of a block: four arrays of the given lengths.
+///
+/// # Safety
+/// Each pointer is valid for reads of its length during the call.
+unsafe fn host_params<'a, T: TpElement>(
+    op: &'static str,
+    names: [&'static str; 4],
+    ptrs: [*const c_void; 4],
+    lens: [usize; 4],
+) -> Result<[&'a [T]; 4]> {
+    let mut out: [&[T]; 4] = [&[]; 4];
+    for i in 0..4 {
+        // SAFETY: forwarded contract.
+        out[i] = unsafe { host_slice::<T>(op, names[i], ptrs[i], lens[i])? };
+    }
+    Ok(out)
+}
+
+// ---- MLP ----
+
+/// Creates this rank's shard of the MLP block from the full host
+/// parameters: fc1 weight `[ffn, hidden]` and bias `[ffn]`, fc2 weight
+/// `[hidden, ffn]` and bias `[hidden]` (Megatron's `[out, in]` layout).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mlp_create(
+    comm: ftnComm_t,
+    desc: *const ftnTpMlpDesc_t,
+    fc1_weight: *const c_void,
+    fc1_bias: *const c_void,
+    fc2_weight: *const c_void,
+    fc2_bias: *const c_void,
+    mlp: *mut ftnTpMlp_t,
+) -> ftnResult_t {
+    guard("ftn_tp_mlp_create", move || {
+        const OP: &str = "ftn_tp_mlp_create";
+        // SAFETY: handle and descriptor contracts.
+        let (c, d) = unsafe {
+            (
+                get::<ftnComm>(OP, "comm", comm)?,
+                read_desc(OP, "desc", desc)?,
+            )
+        };
+        check_out(OP, "mlp", mlp)?;
+        let hidden = count(OP, "desc.hidden", d.hidden)?;
+        let ffn = count(OP, "desc.ffn", d.ffn)?;
+        let options = MlpOptions {
+            gelu: gelu_of(OP, d.gelu)?,
+            sequence_parallel: flag(d.sequence_parallel),
+            overlap: !flag(d.serialize_comm),
+        };
+        let w = times(OP, "desc.hidden * ffn", hidden, ffn)?;
+        let names = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"];
+        let ptrs = [fc1_weight, fc1_bias, fc2_weight, fc2_bias];
+        let block: MlpImpl = tp_new!(OP, d.dtype, T => {
+            // SAFETY: host pointer contracts.
+            let [w1, b1, w2, b2] = unsafe { host_params::<T>(OP, names, ptrs, [w, ffn, w, hidden])? };
+            TpMlp::from_full(&c.comm, hidden, ffn, w1, b1, w2, b2, options)
+        })?;
+        // SAFETY: checked non-NULL.
+        unsafe { mlp.write(ftnTpMlp::into_raw(Mutex::new(block))) };
+        Ok(())
+    })
+}
+
+/// Destroys an MLP block (waits for the device's work first).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mlp_destroy(mlp: ftnTpMlp_t) -> ftnResult_t {
+    guard("ftn_tp_mlp_destroy", move || {
+        // SAFETY: handle contract.
+        drop(unsafe { take("ftn_tp_mlp_destroy", "mlp", mlp)? });
+        Ok(())
+    })
+}
+
+/// This rank's parameters in device memory (owned by the block): fc1
+/// weight `[ffn/tp, hidden]` and bias `[ffn/tp]`, fc2 weight `[hidden,
+/// ffn/tp]` and the replicated bias `[hidden]`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mlp_get_params(
+    mlp: ftnTpMlp_t,
+    fc1: *mut ftnLinearParams_t,
+    fc2: *mut ftnLinearParams_t,
+) -> ftnResult_t {
+    guard("ftn_tp_mlp_get_params", move || {
+        const OP: &str = "ftn_tp_mlp_get_params";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnTpMlp>(OP, "mlp", mlp)? };
+        let g = lock(&h.block);
+        // SAFETY: out-struct contracts.
+        on_typed!(&*g, m, T => unsafe {
+            write_params(OP, "fc1", fc1, &m.fc1.weight, m.fc1.bias.as_ref())?;
+            write_params(OP, "fc2", fc2, &m.fc2.weight, m.fc2.bias.as_ref())
+        })
+    })
+}
+
+unsafe fn mlp_forward_t<T: TpElement>(
+    m: &mut TpMlp<T>,
+    c: &Call,
+    input: *const c_void,
+    output: *mut c_void,
+    tokens: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_tp_mlp_forward";
+    let n = times(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    // SAFETY: pointer contracts, sizes from the block's shape.
+    let (x, mut y) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, n)?,
+            view::<T>(&c.dev, OP, "output", output, n)?,
+        )
+    };
+    m.forward(c.comm, c.stream, &x, &mut y, tokens)
+}
+
+/// Forward on `stream`: `input` and `output` `[tokens, hidden]`
+/// (`[tokens/tp, hidden]` with sequence parallelism). Saves the
+/// activations for `ftn_tp_mlp_backward`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mlp_forward(
+    mlp: ftnTpMlp_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    output: *mut c_void,
+    tokens: i64,
+) -> ftnResult_t {
+    guard("ftn_tp_mlp_forward", move || {
+        const OP: &str = "ftn_tp_mlp_forward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnTpMlp>(OP, "mlp", mlp)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        let mut g = lock(&h.block);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, m, T => unsafe { mlp_forward_t::<T>(m, &c, input, output, tokens) })
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn mlp_backward_t<T: TpElement>(
+    m: &mut TpMlp<T>,
+    c: &Call,
+    input: *const c_void,
+    grad_output: *const c_void,
+    grad_input: *mut c_void,
+    fc1: *const ftnLinearGrads_t,
+    fc2: *const ftnLinearGrads_t,
+    tokens: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_tp_mlp_backward";
+    let n = times(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    let fp = m.fc1.out_per_rank();
+    let nw = times(OP, "weight", fp, m.hidden)?;
+    // SAFETY: pointer contracts, sizes from the block's shape.
+    let (x, dy, mut dx, mut g1, mut g2) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, n)?,
+            view::<T>(&c.dev, OP, "grad_output", grad_output, n)?,
+            view::<T>(&c.dev, OP, "grad_input", grad_input, n)?,
+            GradViews::<T>::read(&c.dev, OP, "fc1", fc1, nw, fp)?,
+            GradViews::<T>::read(&c.dev, OP, "fc2", fc2, nw, m.hidden)?,
+        )
+    };
+    let grads = MlpGrads {
+        fc1: g1.as_grads(),
+        fc2: g2.as_grads(),
+    };
+    m.backward(c.comm, c.stream, &x, &dy, &mut dx, grads)
+}
+
+/// Backward on `stream` of the last forward (same `tokens` and `input`):
+/// `grad_input` and the gradients of fc1 (weight `[ffn/tp, hidden]`, bias
+/// `[ffn/tp]`) and fc2 (weight `[hidden, ffn/tp]`, bias `[hidden]`) from
+/// `grad_output`, all shaped like the forward's tensors.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mlp_backward(
+    mlp: ftnTpMlp_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    grad_output: *const c_void,
+    grad_input: *mut c_void,
+    fc1: *const ftnLinearGrads_t,
+    fc2: *const ftnLinearGrads_t,
+    tokens: i64,
+) -> ftnResult_t {
+    guard("ftn_tp_mlp_backward", move || {
+        const OP: &str = "ftn_tp_mlp_backward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnTpMlp>(OP, "mlp", mlp)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        let mut g = lock(&h.block);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, m, T => unsafe {
+            mlp_backward_t::<T>(m, &c, input, grad_output, grad_input, fc1, fc2, tokens)
+        })
+    })
+}
+
+// ---- attention ----
+
+/// Creates this rank's shard of the attention block from the full host
+/// parameters: QKV weight `[3*heads*head_dim, hidden]` (rows ordered
+/// `(head, {q,k,v}, dim)`) and bias `[3*heads*head_dim]`, output
+/// projection weight `[hidden, heads*head_dim]` and bias `[hidden]`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_attention_create(
+    comm: ftnComm_t,
+    desc: *const ftnTpAttentionDesc_t,
+    qkv_weight: *const c_void,
+    qkv_bias: *const c_void,
+    proj_weight: *const c_void,
+    proj_bias: *const c_void,
+    attention: *mut ftnTpAttention_t,
+) -> ftnResult_t {
+    guard("ftn_tp_attention_create", move || {
+        const OP: &str = "ftn_tp_attention_create";
+        // SAFETY: handle and descriptor contracts.
+        let (c, d) = unsafe {
+            (
+                get::<ftnComm>(OP, "comm", comm)?,
+                read_desc(OP, "desc", desc)?,
+            )
+        };
+        check_out(OP, "attention", attention)?;
+        if d.reserved != 0 {
+            return Err(invalid(OP, "desc.reserved", "0", d.reserved));
+        }
+        let hidden = count(OP, "desc.hidden", d.hidden)?;
+        let heads = count(OP, "desc.heads", d.heads)?;
+        let head_dim = count(OP, "desc.head_dim", d.head_dim)?;
+        let options = AttentionOptions {
+            sequence_parallel: flag(d.sequence_parallel),
+            overlap: !flag(d.serialize_comm),
+        };
+        let proj_in = times(OP, "desc.heads * head_dim", heads, head_dim)?;
+        let qkv_out = times(OP, "desc.heads * head_dim", 3, proj_in)?;
+        let nqkv = times(OP, "desc.hidden", qkv_out, hidden)?;
+        let nproj = times(OP, "desc.hidden", hidden, proj_in)?;
+        let names = ["qkv_weight", "qkv_bias", "proj_weight", "proj_bias"];
+        let ptrs = [qkv_weight, qkv_bias, proj_weight, proj_bias];
+        let block: AttentionImpl = tp_new!(OP, d.dtype, T => {
+            // SAFETY: host pointer contracts.
+            let [wq, bq, wo, bo] =
+                unsafe { host_params::<T>(OP, names, ptrs, [nqkv, qkv_out, nproj, hidden])? };
+            TpAttention::from_full(&c.comm, hidden, heads, head_dim, wq, bq, wo, bo, options)
+        })?;
+        // SAFETY: checked non-NULL.
+        unsafe { attention.write(ftnTpAttention::into_raw(Mutex::new(block))) };
+        Ok(())
+    })
+}
+
+/// Destroys an attention block (waits for the device's work first).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_attention_destroy(attention: ftnTpAttention_t) -> ftnResult_t {
+    guard("ftn_tp_attention_destroy", move || {
+        // SAFETY: handle contract.
+        drop(unsafe { take("ftn_tp_attention_destroy", "attention", attention)? });
+        Ok(())
+    })
+}
+
+/// This rank's parameters in device memory (owned by the block): QKV
+/// weight `[3*hp*d, hidden]` and bias `[3*hp*d]` (`hp = heads/tp` whole
+/// heads), projection weight `[hidden, hp*d]` and the replicated bias.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_attention_get_params(
+    attention: ftnTpAttention_t,
+    qkv: *mut ftnLinearParams_t,
+    proj: *mut ftnLinearParams_t,
+) -> ftnResult_t {
+    guard("ftn_tp_attention_get_params", move || {
+        const OP: &str = "ftn_tp_attention_get_params";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnTpAttention>(OP, "attention", attention)? };
+        let g = lock(&h.block);
+        // SAFETY: out-struct contracts.
+        on_typed!(&*g, a, T => unsafe {
+            write_params(OP, "qkv", qkv, &a.qkv.weight, a.qkv.bias.as_ref())?;
+            write_params(OP, "proj", proj, &a.proj.weight, a.proj.bias.as_ref())
+        })
+    })
+}
+
+/// Elements of the block's input/output on this rank.
+fn attention_rows<T: TpElement>(
+    op: &'static str,
+    a: &TpAttention<T>,
+    tp: usize,
+    seq: i64,
+    batch: i64,
+) -> Result<(usize, usize, usize)> {
+    let seq = count(op, "seq", seq)?;
+    let batch = count(op, "batch", batch)?;
+    let tokens = times(op, "seq * batch", seq, batch)?;
+    let rows = local_rows(tokens, tp, a.options.sequence_parallel);
+    Ok((seq, batch, times(op, "seq * batch", rows, a.hidden)?))
+}
+
+unsafe fn attention_forward_t<T: TpElement>(
+    a: &mut TpAttention<T>,
+    c: &Call,
+    input: *const c_void,
+    output: *mut c_void,
+    (seq, batch): (i64, i64),
+) -> Result<()> {
+    const OP: &str = "ftn_tp_attention_forward";
+    let (seq, batch, n) = attention_rows(OP, a, c.comm.size(), seq, batch)?;
+    // SAFETY: pointer contracts, sizes from the block's shape.
+    let (x, mut y) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, n)?,
+            view::<T>(&c.dev, OP, "output", output, n)?,
+        )
+    };
+    a.forward(c.comm, c.stream, &x, &mut y, seq, batch)
+}
+
+/// Forward on `stream`: `input` and `output` `[seq*batch, hidden]` in
+/// `[seq, batch]` row order (this rank's `[seq*batch/tp, hidden]` rows
+/// with sequence parallelism). Saves the activations for the backward.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_attention_forward(
+    attention: ftnTpAttention_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    output: *mut c_void,
+    seq: i64,
+    batch: i64,
+) -> ftnResult_t {
+    guard("ftn_tp_attention_forward", move || {
+        const OP: &str = "ftn_tp_attention_forward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnTpAttention>(OP, "attention", attention)? };
+        let c = call(OP, comm, stream)?;
+        let mut g = lock(&h.block);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, a, T => unsafe { attention_forward_t::<T>(a, &c, input, output, (seq, batch)) })
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_backward_t<T: TpElement>(
+    a: &mut TpAttention<T>,
+    c: &Call,
+    input: *const c_void,
+    grad_output: *const c_void,
+    grad_input: *mut c_void,
+    qkv: *const ftnLinearGrads_t,
+    proj: *const ftnLinearGrads_t,
+    (seq, batch): (i64, i64),
+) -> Result<()> {
+    const OP: &str = "ftn_tp_attention_backward";
+    let (_, _, n) = attention_rows(OP, a, c.comm.size(), seq, batch)?;
+    let (qo, pi) = (a.qkv.out_per_rank(), a.proj.in_per_rank());
+    // SAFETY: pointer contracts, sizes from the block's shape.
+    let (x, dy, mut dx, mut gq, mut gp) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, n)?,
+            view::<T>(&c.dev, OP, "grad_output", grad_output, n)?,
+            view::<T>(&c.dev, OP, "grad_input", grad_input, n)?,
+            GradViews::<T>::read(
+                &c.dev,
+                OP,
+                "qkv",
+                qkv,
+                times(OP, "weight", qo, a.hidden)?,
+                qo,
+            )?,
+            GradViews::<T>::read(
+                &c.dev,
+                OP,
+                "proj",
+                proj,
+                times(OP, "weight", a.hidden, pi)?,
+                a.hidden,
+            )?,
+        )
+    };
+    let grads = AttentionGrads {
+        qkv: gq.as_grads(),
+        proj: gp.as_grads(),
+    };
+    a.backward(c.comm, c.stream, &x, &dy, &mut dx, grads)
+}
+
+/// Backward on `stream` of the last forward (same `seq`, `batch` and
+/// `input`): `grad_input` and the gradients of the QKV layer (weight
+/// `[3*hp*d, hidden]`, bias `[3*hp*d]`) and the output projection (weight
+/// `[hidden, hp*d]`, bias `[hidden]`) from `grad_output`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_attention_backward(
+    attention: ftnTpAttention_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    grad_output: *const c_void,
+    grad_input: *mut c_void,
+    qkv: *const ftnLinearGrads_t,
+    proj: *const ftnLinearGrads_t,
+    seq: i64,
+    batch: i64,
+) -> ftnResult_t {
+    guard("ftn_tp_attention_backward", move || {
+        const OP: &str = "ftn_tp_attention_backward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnTpAttention>(OP, "attention", attention)? };
+        let c = call(OP, comm, stream)?;
+        let mut g = lock(&h.block);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, a, T => unsafe {
+            attention_backward_t::<T>(a, &c, input, grad_output, grad_input, qkv, proj, (seq, batch))
+        })
+    })
+}

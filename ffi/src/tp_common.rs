@@ -1,0 +1,305 @@
+//! What the tensor-parallel layer and block handles share: the 16-bit element
+//! type switch, the activation enum, the gradient and parameter structs, and
+//! the per-call checks.
+
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
+
+use ferrotron::ops::Gelu;
+use ferrotron::parallel::linear::{LinearGrads, TpElement, WeightGrad};
+use ferrotron::{Device, DeviceBuffer, Result};
+
+use crate::boundary::invalid;
+use crate::handles::view;
+use crate::ops::{check_out_desc, read_desc, Desc};
+
+/// A fused activation (`ftnColumnParallelLinearDesc_t.activation`, the
+/// `dgelu` of `ftn_row_parallel_linear_backward`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnActivation_t {
+    ftnActivationNone = 0,
+    /// GeLU, Megatron's tanh approximation.
+    ftnActivationGeluTanh = 1,
+    /// GeLU, exact (erf).
+    ftnActivationGeluErf = 2,
+}
+
+/// Where a weight gradient goes (`ftnLinearGrads_t.weight_mode`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnWeightGradMode_t {
+    /// `weight = dW` in the layer's element type (overwritten).
+    ftnWeightGradStore = 0,
+    /// `weight += dW` into an fp32 main_grad, fused into the GEMM.
+    ftnWeightGradAccumulate = 1,
+}
+
+/// Where one linear layer's backward writes its gradients.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnLinearGrads_t {
+    /// `sizeof(ftnLinearGrads_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnWeightGradMode_t`.
+    pub weight_mode: i32,
+    /// Must be 0.
+    pub reserved: i32,
+    /// The weight shard's gradient: the layer's element type
+    /// (`ftnWeightGradStore`) or fp32 (`ftnWeightGradAccumulate`), shaped
+    /// like the weight shard (`ftn_*_get_params` tells the count).
+    pub weight: *mut c_void,
+    /// The bias gradient (the layer's element type, shaped like the bias);
+    /// NULL skips it.
+    pub bias: *mut c_void,
+}
+// SAFETY: repr(C), size_t first, integer and raw-pointer fields (any bytes
+// are valid raw pointers; the pointers are checked before use), no padding.
+unsafe impl Desc for ftnLinearGrads_t {
+    const NAME: &'static str = "ftnLinearGrads_t";
+    const V1_SIZE: usize = 32;
+}
+
+/// A layer's parameters in device memory, owned by the layer (valid until
+/// it is destroyed): update them in place (an optimizer step).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnLinearParams_t {
+    /// `sizeof(ftnLinearParams_t)` as the caller compiled it (set it).
+    pub size: usize,
+    /// The weight shard, row-major `[out, in]` of this rank.
+    pub weight: *mut c_void,
+    /// Elements of `weight`.
+    pub weight_count: usize,
+    /// The bias (shard), NULL for a layer without bias.
+    pub bias: *mut c_void,
+    /// Elements of `bias` (0 without bias).
+    pub bias_count: usize,
+}
+// SAFETY: repr(C), size_t first, integer and raw-pointer fields, no padding.
+unsafe impl Desc for ftnLinearParams_t {
+    const NAME: &'static str = "ftnLinearParams_t";
+    const V1_SIZE: usize = 40;
+}
+
+/// A value of either 16-bit element type the parallel layers support.
+pub(crate) enum Typed<A, B> {
+    F16(A),
+    Bf16(B),
+}
+
+/// `on_typed!(value, binding, T => body)`: `body` with `binding` the inner
+/// value and `T` its element type.
+macro_rules! on_typed {
+    ($v:expr, $b:ident, $T:ident => $body:expr) => {
+        match $v {
+            $crate::tp_common::Typed::F16($b) => {
+                #[allow(dead_code)]
+                type $T = half::f16;
+                $body
+            }
+            $crate::tp_common::Typed::Bf16($b) => {
+                #[allow(dead_code)]
+                type $T = half::bf16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_typed;
+
+/// `tp_new!(op, dtype, T => body)`: `body` (a `Result` of a layer) with `T`
+/// the element type named by a descriptor's `dtype` (fp16 or bf16 only),
+/// its value wrapped in the matching [`Typed`] variant.
+macro_rules! tp_new {
+    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            1 => {
+                type $T = half::f16;
+                ($body).map($crate::tp_common::Typed::F16)
+            }
+            2 => {
+                type $T = half::bf16;
+                ($body).map($crate::tp_common::Typed::Bf16)
+            }
+            other => Err($crate::boundary::invalid(
+                $op,
+                "desc.dtype",
+                "ftnFloat16 (1) or ftnBfloat16 (2) (the tensor-core GEMM's inputs)",
+                other,
+            )),
+        }
+    };
+}
+pub(crate) use tp_new;
+
+/// Locks a layer for one call (a poisoned lock is taken over: the layer's
+/// state is only scratch buffers and saved activations).
+pub(crate) fn lock<L>(m: &Mutex<L>) -> MutexGuard<'_, L> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn flag(v: i32) -> bool {
+    v != 0
+}
+
+/// The GeLU of an `ftnActivation_t` (`None` for `ftnActivationNone`).
+pub(crate) fn activation(op: &'static str, arg: &'static str, v: i32) -> Result<Option<Gelu>> {
+    match v {
+        0 => Ok(None),
+        1 => Ok(Some(Gelu::Tanh)),
+        2 => Ok(Some(Gelu::Erf)),
+        other => Err(invalid(
+            op,
+            arg,
+            "ftnActivationNone (0), ftnActivationGeluTanh (1) or ftnActivationGeluErf (2)",
+            other,
+        )),
+    }
+}
+
+/// A non-negative `int64_t` count as `usize`.
+pub(crate) fn count(op: &'static str, arg: &'static str, v: i64) -> Result<usize> {
+    usize::try_from(v).map_err(|_| invalid(op, arg, "a count >= 0", v))
+}
+
+/// `a * b`, overflow reported against `arg`.
+pub(crate) fn times(op: &'static str, arg: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| invalid(op, arg, "a size that fits in size_t", "an overflow"))
+}
+
+/// `rows` of a sequence-parallel tensor on `tp` ranks (`tokens / tp`; the
+/// layer rejects a `tokens` that is not a multiple).
+pub(crate) fn local_rows(tokens: usize, tp: usize, sequence_parallel: bool) -> usize {
+    if sequence_parallel {
+        tokens / tp.max(1)
+    } else {
+        tokens
+    }
+}
+
+enum WeightView<T: TpElement> {
+    Store(DeviceBuffer<T>),
+    Accumulate(DeviceBuffer<f32>),
+}
+
+/// Views of the memory an `ftnLinearGrads_t` names, alive for one call.
+pub(crate) struct GradViews<T: TpElement> {
+    weight: WeightView<T>,
+    bias: Option<DeviceBuffer<T>>,
+}
+
+impl<T: TpElement> GradViews<T> {
+    /// Reads and checks `grads` (`arg` names it in errors) for a weight of
+    /// `weight_len` and a bias of `bias_len` elements.
+    ///
+    /// # Safety
+    /// `grads` is NULL or a valid descriptor whose pointers are valid for the
+    /// counts above until the call's work has finished.
+    pub(crate) unsafe fn read(
+        dev: &Device,
+        op: &'static str,
+        arg: &'static str,
+        grads: *const ftnLinearGrads_t,
+        weight_len: usize,
+        bias_len: usize,
+    ) -> Result<GradViews<T>> {
+        // SAFETY: descriptor contract.
+        let g = unsafe { read_desc(op, arg, grads)? };
+        if g.reserved != 0 {
+            return Err(invalid(op, "grads.reserved", "0", g.reserved));
+        }
+        let weight = match g.weight_mode {
+            // SAFETY (both arms): pointer contract, `weight_len` elements.
+            0 => WeightView::Store(unsafe {
+                view::<T>(dev, op, "grads.weight", g.weight, weight_len)?
+            }),
+            1 => WeightView::Accumulate(unsafe {
+                view::<f32>(dev, op, "grads.weight", g.weight, weight_len)?
+            }),
+            other => {
+                return Err(invalid(
+                    op,
+                    "grads.weight_mode",
+                    "ftnWeightGradStore (0) or ftnWeightGradAccumulate (1)",
+                    other,
+                ))
+            }
+        };
+        let bias = if g.bias.is_null() {
+            None
+        } else {
+            // SAFETY: pointer contract, `bias_len` elements.
+            Some(unsafe { view::<T>(dev, op, "grads.bias", g.bias, bias_len)? })
+        };
+        Ok(GradViews { weight, bias })
+    }
+
+    /// The Rust API's gradients over these views.
+    pub(crate) fn as_grads(&mut self) -> LinearGrads<'_, T> {
+        LinearGrads {
+            weight: match &mut self.weight {
+                WeightView::Store(b) => WeightGrad::Store(b),
+                WeightView::Accumulate(b) => WeightGrad::Accumulate(b),
+            },
+            bias: self.bias.as_mut(),
+        }
+    }
+}
+
+/// Writes a layer's parameter pointers to `out` (whose `size` the caller
+/// has set).
+///
+/// # Safety
+/// `out` is NULL or valid for writes of its `size` bytes.
+pub(crate) unsafe fn write_params<T: TpElement>(
+    op: &'static str,
+    arg: &'static str,
+    out: *mut ftnLinearParams_t,
+    weight: &DeviceBuffer<T>,
+    bias: Option<&DeviceBuffer<T>>,
+) -> Result<()> {
+    // SAFETY: descriptor contract.
+    unsafe { check_out_desc(op, arg, out)? };
+    // SAFETY: checked non-NULL, aligned and at least V1_SIZE bytes.
+    unsafe {
+        (*out).weight = weight.addr() as *mut c_void;
+        (*out).weight_count = weight.len();
+        (*out).bias = bias.map_or(std::ptr::null_mut(), |b| b.addr() as *mut c_void);
+        (*out).bias_count = bias.map_or(0, DeviceBuffer::len);
+    }
+    Ok(())
+}
+
+/// A device view of an optional caller pointer that must be given iff
+/// `wanted` (`what` explains when).
+///
+/// # Safety
+/// As [`view`].
+pub(crate) unsafe fn view_iff<T: TpElement>(
+    dev: &Device,
+    op: &'static str,
+    arg: &'static str,
+    ptr: *const c_void,
+    len: usize,
+    wanted: bool,
+    what: &str,
+) -> Result<Option<DeviceBuffer<T>>> {
+    match (ptr.is_null(), wanted) {
+        (true, false) => Ok(None),
+        // SAFETY: forwarded contract.
+        (false, true) => unsafe { view::<T>(dev, op, arg, ptr, len).map(Some) },
+        (true, true) => Err(invalid(
+            op,
+            arg,
+            format!("a pointer to {len} elements ({what})"),
+            "NULL",
+        )),
+        (false, false) => Err(invalid(op, arg, format!("NULL ({what})"), "a pointer")),
+    }
+}

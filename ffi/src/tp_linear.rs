@@ -1,0 +1,602 @@
+//! Megatron-Core's `ColumnParallelLinear` and `RowParallelLinear` behind
+//! opaque handles (`ferrotron::parallel::linear`): created from the full
+//! host weights on every rank of a communicator, forward and backward over
+//! device pointers.
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use ferrotron::parallel::linear::{
+    ColumnOptions, ColumnParallelLinear, RowOptions, RowParallelLinear, TpElement,
+};
+use ferrotron::Result;
+
+use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::comm::{call, ftnComm, ftnComm_t};
+use crate::handles::{check_out, get, handle, host_slice, take, view, Handle};
+use crate::handles::{ftnStream_t, mul};
+use crate::ops::{read_desc, Desc};
+use crate::tp_common::{
+    activation, count, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, lock, on_typed,
+    times, tp_new, view_iff, write_params, GradViews, Typed,
+};
+
+/// Shape and options of a column-parallel linear layer `Y = X W^T + b`
+/// (`W` is `[out_features, in_features]`; rank `r` owns rows
+/// `[r*out/tp, (r+1)*out/tp)` of `W` and `b`). All-zero flags are off.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnColumnParallelLinearDesc_t {
+    /// `sizeof(ftnColumnParallelLinearDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// Non-zero: the layer has a bias.
+    pub bias: i32,
+    pub in_features: i64,
+    /// A multiple of the communicator's size.
+    pub out_features: i64,
+    /// Non-zero: all-gather the output columns (`[tokens, out]` on every rank).
+    pub gather_output: i32,
+    /// Non-zero: do not add the bias (the caller adds it later, fused).
+    pub skip_bias_add: i32,
+    /// Non-zero: the input is this rank's `[tokens/tp, in]` rows, all-gathered.
+    pub sequence_parallel: i32,
+    /// `ftnActivation_t` fused in the GEMM epilogue (saves the pre-activation).
+    pub activation: i32,
+    /// Non-zero: backward communication serialised on the compute stream
+    /// (zero: overlapped with the weight gradient, Megatron's way).
+    pub serialize_comm: i32,
+    /// Must be 0.
+    pub reserved: i32,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnColumnParallelLinearDesc_t {
+    const NAME: &'static str = "ftnColumnParallelLinearDesc_t";
+    const V1_SIZE: usize = 56;
+}
+
+/// Shape and options of a row-parallel linear layer `Y = X W^T + b` (rank
+/// `r` owns columns `[r*in/tp, (r+1)*in/tp)` of `W`; the bias is
+/// replicated). All-zero flags are off.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnRowParallelLinearDesc_t {
+    /// `sizeof(ftnRowParallelLinearDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnDataType_t`: ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// Non-zero: the layer has a bias.
+    pub bias: i32,
+    /// A multiple of the communicator's size.
+    pub in_features: i64,
+    pub out_features: i64,
+    /// Non-zero: the input is already this rank's `[tokens, in/tp]` columns
+    /// (Megatron's default); zero: `[tokens, in]`, split here.
+    pub input_is_parallel: i32,
+    /// Non-zero: do not add the bias (the caller adds it later, fused).
+    pub skip_bias_add: i32,
+    /// Non-zero: reduce-scatter the output rows (`[tokens/tp, out]`);
+    /// requires `input_is_parallel`.
+    pub sequence_parallel: i32,
+    /// Non-zero: backward communication serialised on the compute stream.
+    pub serialize_comm: i32,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnRowParallelLinearDesc_t {
+    const NAME: &'static str = "ftnRowParallelLinearDesc_t";
+    const V1_SIZE: usize = 48;
+}
+
+type ColumnImpl = Typed<ColumnParallelLinear<half::f16>, ColumnParallelLinear<half::bf16>>;
+type RowImpl = Typed<RowParallelLinear<half::f16>, RowParallelLinear<half::bf16>>;
+
+handle!(ftnColumnParallelLinear, ftnColumnParallelLinear_t, 0x4654_4e43_504c_0006, "ftnColumnParallelLinear_t", {
+    layer: Mutex<ColumnImpl>,
+});
+handle!(ftnRowParallelLinear, ftnRowParallelLinear_t, 0x4654_4e52_504c_0007, "ftnRowParallelLinear_t", {
+    layer: Mutex<RowImpl>,
+});
+
+// ---- column-parallel ----
+
+unsafe fn column_new<T: TpElement>(
+    comm: &ferrotron::comm::Communicator,
+    d: &ftnColumnParallelLinearDesc_t,
+    weight: *const c_void,
+    bias: *const c_void,
+) -> Result<ColumnParallelLinear<T>> {
+    const OP: &str = "ftn_column_parallel_linear_create";
+    let inp = count(OP, "desc.in_features", d.in_features)?;
+    let out = count(OP, "desc.out_features", d.out_features)?;
+    let options = ColumnOptions {
+        bias: flag(d.bias),
+        gather_output: flag(d.gather_output),
+        skip_bias_add: flag(d.skip_bias_add),
+        sequence_parallel: flag(d.sequence_parallel),
+        activation: activation(OP, "desc.activation", d.activation)?,
+        overlap: !flag(d.serialize_comm),
+    };
+    // SAFETY: host pointer contracts: `out * in` and `out` elements.
+    let (w, b) = unsafe {
+        (
+            host_slice::<T>(
+                OP,
+                "full_weight",
+                weight,
+                mul(OP, "desc.out_features * in_features", out, inp)?,
+            )?,
+            if bias.is_null() {
+                None
+            } else {
+                Some(host_slice::<T>(OP, "full_bias", bias, out)?)
+            },
+        )
+    };
+    ColumnParallelLinear::from_full(comm, inp, out, w, b, options)
+}
+
+/// Creates this rank's shard of a column-parallel layer from the full
+/// weight `full_weight` (host memory, row-major `[out_features,
+/// in_features]`) and bias `full_bias` (host, `[out_features]`; NULL iff
+/// `desc->bias` is 0). Every rank passes the same full parameters. The
+/// layer keeps its shard in device memory (`ftn_column_parallel_linear_get_params`).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_column_parallel_linear_create(
+    comm: ftnComm_t,
+    desc: *const ftnColumnParallelLinearDesc_t,
+    full_weight: *const c_void,
+    full_bias: *const c_void,
+    layer: *mut ftnColumnParallelLinear_t,
+) -> ftnResult_t {
+    guard("ftn_column_parallel_linear_create", move || {
+        const OP: &str = "ftn_column_parallel_linear_create";
+        // SAFETY: handle and descriptor contracts.
+        let (c, d) = unsafe {
+            (
+                get::<ftnComm>(OP, "comm", comm)?,
+                read_desc(OP, "desc", desc)?,
+            )
+        };
+        check_out(OP, "layer", layer)?;
+        if d.reserved != 0 {
+            return Err(invalid(OP, "desc.reserved", "0", d.reserved));
+        }
+        // SAFETY: host pointer contracts.
+        let l: ColumnImpl = tp_new!(OP, d.dtype, T => unsafe {
+            column_new::<T>(&c.comm, &d, full_weight, full_bias)
+        })?;
+        // SAFETY: checked non-NULL.
+        unsafe { layer.write(ftnColumnParallelLinear::into_raw(Mutex::new(l))) };
+        Ok(())
+    })
+}
+
+/// Destroys a column-parallel layer (waits for the device's work first).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_column_parallel_linear_destroy(
+    layer: ftnColumnParallelLinear_t,
+) -> ftnResult_t {
+    guard("ftn_column_parallel_linear_destroy", move || {
+        // SAFETY: handle contract.
+        drop(unsafe { take("ftn_column_parallel_linear_destroy", "layer", layer)? });
+        Ok(())
+    })
+}
+
+/// This rank's weight shard `[out/tp, in]` and bias shard `[out/tp]` in
+/// device memory (owned by the layer).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_column_parallel_linear_get_params(
+    layer: ftnColumnParallelLinear_t,
+    params: *mut ftnLinearParams_t,
+) -> ftnResult_t {
+    guard("ftn_column_parallel_linear_get_params", move || {
+        const OP: &str = "ftn_column_parallel_linear_get_params";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnColumnParallelLinear>(OP, "layer", layer)? };
+        let g = lock(&h.layer);
+        // SAFETY: out-struct contract.
+        on_typed!(&*g, l, T => unsafe { write_params(OP, "params", params, &l.weight, l.bias.as_ref()) })
+    })
+}
+
+/// Element counts of a column layer's tensors for `tokens` on `tp` ranks:
+/// (input, output, pre-activation).
+fn column_sizes<T: TpElement>(
+    op: &'static str,
+    l: &ColumnParallelLinear<T>,
+    tokens: usize,
+    tp: usize,
+) -> Result<(usize, usize, usize)> {
+    let o = &l.options;
+    let rows = local_rows(tokens, tp, o.sequence_parallel);
+    let cols = if o.gather_output {
+        l.out_features
+    } else {
+        l.out_per_rank()
+    };
+    Ok((
+        times(op, "tokens", rows, l.in_features)?,
+        times(op, "tokens", tokens, cols)?,
+        times(op, "tokens", tokens, l.out_per_rank())?,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn column_forward_t<T: TpElement>(
+    l: &mut ColumnParallelLinear<T>,
+    c: &crate::comm::Call,
+    input: *const c_void,
+    output: *mut c_void,
+    pre: *mut c_void,
+    tokens: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_column_parallel_linear_forward";
+    let (nin, nout, npre) = column_sizes(OP, l, tokens, c.comm.size())?;
+    let fused = l.options.activation.is_some();
+    // SAFETY: pointer contracts, sizes from the layer's shape.
+    let (x, mut y, mut p) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, nin)?,
+            view::<T>(&c.dev, OP, "output", output, nout)?,
+            view_iff::<T>(
+                &c.dev,
+                OP,
+                "pre",
+                pre,
+                npre,
+                fused,
+                "given iff the layer fuses an activation",
+            )?,
+        )
+    };
+    l.forward(c.comm, c.stream, &x, &mut y, p.as_mut(), tokens)
+}
+
+/// Forward on `stream`: `output = [act](input W^T + b)`. `input`: `[tokens,
+/// in]` (`[tokens/tp, in]` with sequence parallelism); `output`: `[tokens,
+/// out/tp]` (`[tokens, out]` with gather_output); `pre` receives the
+/// pre-activation `[tokens, out/tp]`, given iff the layer has an activation.
+/// Every rank calls it; returns when enqueued.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_column_parallel_linear_forward(
+    layer: ftnColumnParallelLinear_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    output: *mut c_void,
+    pre: *mut c_void,
+    tokens: i64,
+) -> ftnResult_t {
+    guard("ftn_column_parallel_linear_forward", move || {
+        const OP: &str = "ftn_column_parallel_linear_forward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnColumnParallelLinear>(OP, "layer", layer)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        let mut g = lock(&h.layer);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, l, T => unsafe { column_forward_t::<T>(l, &c, input, output, pre, tokens) })
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn column_backward_t<T: TpElement>(
+    l: &mut ColumnParallelLinear<T>,
+    c: &crate::comm::Call,
+    input: *const c_void,
+    grad_output: *const c_void,
+    pre: *const c_void,
+    grad_input: *mut c_void,
+    grads: *const ftnLinearGrads_t,
+    tokens: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_column_parallel_linear_backward";
+    let (nin, nout, npre) = column_sizes(OP, l, tokens, c.comm.size())?;
+    let nw = times(OP, "weight", l.out_per_rank(), l.in_features)?;
+    // SAFETY: pointer contracts, sizes from the layer's shape.
+    let (x, dy, p, mut dx, mut gv) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, nin)?,
+            view::<T>(&c.dev, OP, "grad_output", grad_output, nout)?,
+            if pre.is_null() {
+                None
+            } else {
+                Some(view::<T>(&c.dev, OP, "pre", pre, npre)?)
+            },
+            view::<T>(&c.dev, OP, "grad_input", grad_input, nin)?,
+            GradViews::<T>::read(&c.dev, OP, "grads", grads, nw, l.out_per_rank())?,
+        )
+    };
+    l.backward(
+        c.comm,
+        c.stream,
+        &x,
+        &dy,
+        p.as_ref(),
+        &mut dx,
+        gv.as_grads(),
+        tokens,
+    )
+}
+
+/// Backward on `stream`: `grad_input` (shaped like the forward's `input`,
+/// which is passed again) and the gradients in `grads` (weight `[out/tp,
+/// in]`, bias `[out/tp]`) from `grad_output` (shaped like `output`). With a
+/// fused activation, `pre` is the forward's pre-activation and
+/// `grad_output` the gradient of the activated output; `pre = NULL` means
+/// `grad_output` already is the pre-activation's gradient (the GeLU
+/// backward fused into the next row layer's dgrad). The dgrad all-reduce
+/// (reduce-scatter with sequence parallelism) overlaps the weight gradient
+/// unless `serialize_comm`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_column_parallel_linear_backward(
+    layer: ftnColumnParallelLinear_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    grad_output: *const c_void,
+    pre: *const c_void,
+    grad_input: *mut c_void,
+    grads: *const ftnLinearGrads_t,
+    tokens: i64,
+) -> ftnResult_t {
+    guard("ftn_column_parallel_linear_backward", move || {
+        const OP: &str = "ftn_column_parallel_linear_backward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnColumnParallelLinear>(OP, "layer", layer)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        let mut g = lock(&h.layer);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, l, T => unsafe {
+            column_backward_t::<T>(l, &c, input, grad_output, pre, grad_input, grads, tokens)
+        })
+    })
+}
+
+// ---- row-parallel ----
+
+unsafe fn row_new<T: TpElement>(
+    comm: &ferrotron::comm::Communicator,
+    d: &ftnRowParallelLinearDesc_t,
+    weight: *const c_void,
+    bias: *const c_void,
+) -> Result<RowParallelLinear<T>> {
+    const OP: &str = "ftn_row_parallel_linear_create";
+    let inp = count(OP, "desc.in_features", d.in_features)?;
+    let out = count(OP, "desc.out_features", d.out_features)?;
+    let options = RowOptions {
+        bias: flag(d.bias),
+        input_is_parallel: flag(d.input_is_parallel),
+        skip_bias_add: flag(d.skip_bias_add),
+        sequence_parallel: flag(d.sequence_parallel),
+        overlap: !flag(d.serialize_comm),
+    };
+    // SAFETY: host pointer contracts: `out * in` and `out` elements.
+    let (w, b) = unsafe {
+        (
+            host_slice::<T>(
+                OP,
+                "full_weight",
+                weight,
+                mul(OP, "desc.out_features * in_features", out, inp)?,
+            )?,
+            if bias.is_null() {
+                None
+            } else {
+                Some(host_slice::<T>(OP, "full_bias", bias, out)?)
+            },
+        )
+    };
+    RowParallelLinear::from_full(comm, inp, out, w, b, options)
+}
+
+/// Creates this rank's shard of a row-parallel layer from the full weight
+/// (host, row-major `[out_features, in_features]`) and bias (host,
+/// `[out_features]`, replicated; NULL iff `desc->bias` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_row_parallel_linear_create(
+    comm: ftnComm_t,
+    desc: *const ftnRowParallelLinearDesc_t,
+    full_weight: *const c_void,
+    full_bias: *const c_void,
+    layer: *mut ftnRowParallelLinear_t,
+) -> ftnResult_t {
+    guard("ftn_row_parallel_linear_create", move || {
+        const OP: &str = "ftn_row_parallel_linear_create";
+        // SAFETY: handle and descriptor contracts.
+        let (c, d) = unsafe {
+            (
+                get::<ftnComm>(OP, "comm", comm)?,
+                read_desc(OP, "desc", desc)?,
+            )
+        };
+        check_out(OP, "layer", layer)?;
+        // SAFETY: host pointer contracts.
+        let l: RowImpl = tp_new!(OP, d.dtype, T => unsafe {
+            row_new::<T>(&c.comm, &d, full_weight, full_bias)
+        })?;
+        // SAFETY: checked non-NULL.
+        unsafe { layer.write(ftnRowParallelLinear::into_raw(Mutex::new(l))) };
+        Ok(())
+    })
+}
+
+/// Destroys a row-parallel layer (waits for the device's work first).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_row_parallel_linear_destroy(
+    layer: ftnRowParallelLinear_t,
+) -> ftnResult_t {
+    guard("ftn_row_parallel_linear_destroy", move || {
+        // SAFETY: handle contract.
+        drop(unsafe { take("ftn_row_parallel_linear_destroy", "layer", layer)? });
+        Ok(())
+    })
+}
+
+/// This rank's weight shard `[out, in/tp]` and the replicated bias `[out]`
+/// in device memory (owned by the layer).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_row_parallel_linear_get_params(
+    layer: ftnRowParallelLinear_t,
+    params: *mut ftnLinearParams_t,
+) -> ftnResult_t {
+    guard("ftn_row_parallel_linear_get_params", move || {
+        const OP: &str = "ftn_row_parallel_linear_get_params";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnRowParallelLinear>(OP, "layer", layer)? };
+        let g = lock(&h.layer);
+        // SAFETY: out-struct contract.
+        on_typed!(&*g, l, T => unsafe { write_params(OP, "params", params, &l.weight, l.bias.as_ref()) })
+    })
+}
+
+/// Element counts of a row layer's tensors: (input, output).
+fn row_sizes<T: TpElement>(
+    op: &'static str,
+    l: &RowParallelLinear<T>,
+    tokens: usize,
+    tp: usize,
+) -> Result<(usize, usize)> {
+    let o = &l.options;
+    let cols = if o.input_is_parallel {
+        l.in_per_rank()
+    } else {
+        l.in_features
+    };
+    let rows = local_rows(tokens, tp, o.sequence_parallel);
+    Ok((
+        times(op, "tokens", tokens, cols)?,
+        times(op, "tokens", rows, l.out_features)?,
+    ))
+}
+
+unsafe fn row_forward_t<T: TpElement>(
+    l: &mut RowParallelLinear<T>,
+    c: &crate::comm::Call,
+    input: *const c_void,
+    output: *mut c_void,
+    tokens: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_row_parallel_linear_forward";
+    let (nin, nout) = row_sizes(OP, l, tokens, c.comm.size())?;
+    // SAFETY: pointer contracts, sizes from the layer's shape.
+    let (x, mut y) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, nin)?,
+            view::<T>(&c.dev, OP, "output", output, nout)?,
+        )
+    };
+    l.forward(c.comm, c.stream, &x, &mut y, tokens)
+}
+
+/// Forward on `stream`: `output = sum over ranks of input_r W_r^T + b`.
+/// `input`: `[tokens, in/tp]` (`[tokens, in]` unless input_is_parallel);
+/// `output`: `[tokens, out]` (`[tokens/tp, out]` with sequence
+/// parallelism). Every rank calls it; returns when enqueued.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_row_parallel_linear_forward(
+    layer: ftnRowParallelLinear_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    output: *mut c_void,
+    tokens: i64,
+) -> ftnResult_t {
+    guard("ftn_row_parallel_linear_forward", move || {
+        const OP: &str = "ftn_row_parallel_linear_forward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnRowParallelLinear>(OP, "layer", layer)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        let mut g = lock(&h.layer);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, l, T => unsafe { row_forward_t::<T>(l, &c, input, output, tokens) })
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_backward_t<T: TpElement>(
+    l: &mut RowParallelLinear<T>,
+    c: &crate::comm::Call,
+    input: *const c_void,
+    grad_output: *const c_void,
+    dgelu: i32,
+    dgelu_pre: *const c_void,
+    grad_input: *mut c_void,
+    grads: *const ftnLinearGrads_t,
+    tokens: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_row_parallel_linear_backward";
+    let (nin, nout) = row_sizes(OP, l, tokens, c.comm.size())?;
+    let act = activation(OP, "dgelu", dgelu)?;
+    let npre = times(OP, "tokens", tokens, l.in_per_rank())?;
+    let nw = times(OP, "weight", l.out_features, l.in_per_rank())?;
+    // SAFETY: pointer contracts, sizes from the layer's shape.
+    let (x, dy, pre, mut dx, mut gv) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "input", input, nin)?,
+            view::<T>(&c.dev, OP, "grad_output", grad_output, nout)?,
+            view_iff::<T>(
+                &c.dev,
+                OP,
+                "dgelu_pre",
+                dgelu_pre,
+                npre,
+                act.is_some(),
+                "given iff dgelu is not ftnActivationNone",
+            )?,
+            view::<T>(&c.dev, OP, "grad_input", grad_input, nin)?,
+            GradViews::<T>::read(&c.dev, OP, "grads", grads, nw, l.out_features)?,
+        )
+    };
+    let fused = act.zip(pre.as_ref());
+    l.backward(
+        c.comm,
+        c.stream,
+        &x,
+        &dy,
+        fused,
+        &mut dx,
+        gv.as_grads(),
+        tokens,
+    )
+}
+
+/// Backward on `stream`: `grad_input` (shaped like `input`, passed again)
+/// and the gradients in `grads` (weight `[out, in/tp]`, bias `[out]`) from
+/// `grad_output` (shaped like `output`). `dgelu` (`ftnActivation_t`) other
+/// than ftnActivationNone fuses the GeLU backward of a preceding fused
+/// column layer into dgrad: `grad_input = (dY W) * gelu'(dgelu_pre)` with
+/// `dgelu_pre` that layer's pre-activation `[tokens, in/tp]` (requires
+/// input_is_parallel); NULL otherwise.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_row_parallel_linear_backward(
+    layer: ftnRowParallelLinear_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    grad_output: *const c_void,
+    dgelu: i32,
+    dgelu_pre: *const c_void,
+    grad_input: *mut c_void,
+    grads: *const ftnLinearGrads_t,
+    tokens: i64,
+) -> ftnResult_t {
+    guard("ftn_row_parallel_linear_backward", move || {
+        const OP: &str = "ftn_row_parallel_linear_backward";
+        // SAFETY: handle contract.
+        let h = unsafe { get::<ftnRowParallelLinear>(OP, "layer", layer)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        let mut g = lock(&h.layer);
+        // SAFETY: pointer contracts.
+        on_typed!(&mut *g, l, T => unsafe {
+            row_backward_t::<T>(l, &c, input, grad_output, dgelu, dgelu_pre, grad_input, grads, tokens)
+        })
+    })
+}

@@ -1,0 +1,317 @@
+//! Megatron-Core's tensor-parallel mapping primitives
+//! (`ferrotron::parallel::mappings`) and the strided 2-D copy they are built
+//! from (`ferrotron::ops::copy`).
+
+use std::ffi::{c_int, c_void};
+
+use ferrotron::comm::CommElement;
+use ferrotron::ops::copy::{copy_2d, Block2d};
+use ferrotron::parallel::mappings::Mapping;
+use ferrotron::{Element, Result};
+use half::{bf16, f16};
+
+use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::comm::{call, comm_dispatch, ftnComm_t, Call};
+use crate::handles::{ftnStream, ftnStream_t, get, view, write_out};
+use crate::tp_common::{count, times};
+
+/// A mapping primitive: forward and backward are each other's duals.
+/// Tensors are row-major `[rows, cols]`; "last dim" is `cols`, the
+/// sequence-parallel "first dim" is `rows`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnMapping_t {
+    /// Forward identity, backward all-reduce.
+    ftnCopyToTp = 0,
+    /// Forward all-reduce, backward identity.
+    ftnReduceFromTp = 1,
+    /// Forward split last dim, backward all-gather last dim.
+    ftnScatterToTp = 2,
+    /// Forward all-gather last dim, backward split last dim.
+    ftnGatherFromTp = 3,
+    /// Forward split first dim, backward all-gather first dim.
+    ftnScatterToSp = 4,
+    /// Forward all-gather first dim, backward reduce-scatter first dim.
+    ftnGatherFromSp = 5,
+    /// Forward reduce-scatter first dim, backward all-gather first dim.
+    ftnReduceScatterToSp = 6,
+}
+
+fn mapping_of(op: &'static str, v: c_int) -> Result<Mapping> {
+    Ok(match v {
+        0 => Mapping::CopyToTp,
+        1 => Mapping::ReduceFromTp,
+        2 => Mapping::ScatterToTp,
+        3 => Mapping::GatherFromTp,
+        4 => Mapping::ScatterToSp,
+        5 => Mapping::GatherFromSp,
+        6 => Mapping::ReduceScatterToSp,
+        other => return Err(invalid(op, "mapping", "an ftnMapping_t (0..=6)", other)),
+    })
+}
+
+/// Which direction of a mapping a call runs.
+#[derive(Clone, Copy)]
+enum Direction {
+    Forward,
+    Backward,
+}
+
+impl Direction {
+    fn shape(self, m: Mapping, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
+        match self {
+            Direction::Forward => m.forward_shape(rows, cols, tp),
+            Direction::Backward => m.backward_shape(rows, cols, tp),
+        }
+    }
+}
+
+/// Output shape of `mapping`'s forward (`backward == 0`) or backward
+/// (non-zero) for an input of `[rows, cols]` on `tp` ranks.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mapping_shape(
+    mapping: c_int,
+    backward: c_int,
+    rows: i64,
+    cols: i64,
+    tp: c_int,
+    out_rows: *mut i64,
+    out_cols: *mut i64,
+) -> ftnResult_t {
+    guard("ftn_tp_mapping_shape", move || {
+        const OP: &str = "ftn_tp_mapping_shape";
+        let m = mapping_of(OP, mapping)?;
+        let (r, c) = (count(OP, "rows", rows)?, count(OP, "cols", cols)?);
+        let tp = usize::try_from(tp)
+            .ok()
+            .filter(|&t| t >= 1)
+            .ok_or_else(|| invalid(OP, "tp", "at least 1", tp))?;
+        let dir = if backward != 0 {
+            Direction::Backward
+        } else {
+            Direction::Forward
+        };
+        // Growing directions must not overflow.
+        times(OP, "rows * tp", r, tp)?;
+        times(OP, "cols * tp", c, tp)?;
+        let (orows, ocols) = dir.shape(m, r, c, tp);
+        let as_i64 = |v: usize, arg| {
+            i64::try_from(v).map_err(|_| invalid(OP, arg, "a result that fits in int64_t", v))
+        };
+        let (orows, ocols) = (as_i64(orows, "rows")?, as_i64(ocols, "cols")?);
+        // SAFETY: out-pointer contracts.
+        unsafe {
+            if out_cols.is_null() {
+                return Err(invalid(OP, "out_cols", "a non-NULL pointer", "NULL"));
+            }
+            write_out(OP, "out_rows", out_rows, orows)?;
+            write_out(OP, "out_cols", out_cols, ocols)
+        }
+    })
+}
+
+unsafe fn mapping_t<T: CommElement>(
+    op: &'static str,
+    c: &Call,
+    (m, dir): (Mapping, Direction),
+    input: *const c_void,
+    output: *mut c_void,
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    let tp = c.comm.size();
+    times(op, "rows * tp", rows, tp)?;
+    times(op, "cols * tp", cols, tp)?;
+    let nin = times(op, "rows * cols", rows, cols)?;
+    let (orows, ocols) = dir.shape(m, rows, cols, tp);
+    let nout = times(op, "output", orows, ocols)?;
+    // SAFETY: pointer contracts: `[rows, cols]` in, the mapping's shape out.
+    let (x, mut y) = unsafe {
+        (
+            view::<T>(&c.dev, op, "input", input, nin)?,
+            view::<T>(&c.dev, op, "output", output, nout)?,
+        )
+    };
+    match dir {
+        Direction::Forward => m.forward(c.comm, c.stream, &x, &mut y, (rows, cols)),
+        Direction::Backward => m.backward(c.comm, c.stream, &x, &mut y, (rows, cols)),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_mapping(
+    op: &'static str,
+    dir: Direction,
+    mapping_: c_int,
+    input: *const c_void,
+    output: *mut c_void,
+    rows: i64,
+    cols: i64,
+    datatype: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> Result<()> {
+    let m = mapping_of(op, mapping_)?;
+    let c = call(op, comm, stream)?;
+    let shape = (count(op, "rows", rows)?, count(op, "cols", cols)?);
+    // SAFETY: pointer contracts.
+    comm_dispatch!(op, datatype, T => unsafe { mapping_t::<T>(op, &c, (m, dir), input, output, shape) })
+}
+
+/// Forward of `mapping` on `stream`: `output = f(input)`, `input` `[rows,
+/// cols]` on this rank, `output` of the shape `ftn_tp_mapping_shape` gives
+/// (`input` and `output` must not overlap). Every rank of `comm` calls it.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mapping_forward(
+    mapping: c_int,
+    input: *const c_void,
+    output: *mut c_void,
+    rows: i64,
+    cols: i64,
+    datatype: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_tp_mapping_forward", move || {
+        // SAFETY: forwarded contracts.
+        unsafe {
+            run_mapping(
+                "ftn_tp_mapping_forward",
+                Direction::Forward,
+                mapping,
+                input,
+                output,
+                rows,
+                cols,
+                datatype,
+                comm,
+                stream,
+            )
+        }
+    })
+}
+
+/// Backward of `mapping` on `stream`: `grad_input = f'(grad_output)`,
+/// `grad_output` `[rows, cols]` (shaped like the forward's output),
+/// `grad_input` shaped like the forward's input.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_tp_mapping_backward(
+    mapping: c_int,
+    grad_output: *const c_void,
+    grad_input: *mut c_void,
+    rows: i64,
+    cols: i64,
+    datatype: c_int,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    guard("ftn_tp_mapping_backward", move || {
+        // SAFETY: forwarded contracts.
+        unsafe {
+            run_mapping(
+                "ftn_tp_mapping_backward",
+                Direction::Backward,
+                mapping,
+                grad_output,
+                grad_input,
+                rows,
+                cols,
+                datatype,
+                comm,
+                stream,
+            )
+        }
+    })
+}
+
+/// Where a `[rows, cols]` block lives in a row-major matrix.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnBlock2d_t {
+    /// Index of the block's first element.
+    pub offset: i64,
+    /// Elements between the starts of consecutive rows (`>= cols`).
+    pub pitch: i64,
+}
+
+/// Elements from the buffer's start to the block's end.
+fn extent(
+    op: &'static str,
+    arg: &'static str,
+    b: Block2d,
+    rows: usize,
+    cols: usize,
+) -> Result<usize> {
+    if rows == 0 || cols == 0 {
+        return Ok(0);
+    }
+    (rows - 1)
+        .checked_mul(b.pitch)
+        .and_then(|v| v.checked_add(b.offset))
+        .and_then(|v| v.checked_add(cols))
+        .ok_or_else(|| {
+            invalid(
+                op,
+                arg,
+                "a block whose extent fits in size_t",
+                "an overflow",
+            )
+        })
+}
+
+unsafe fn copy_t<T: Element>(
+    s: &ftnStream,
+    (src, src_at): (*const c_void, Block2d),
+    (dst, dst_at): (*mut c_void, Block2d),
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_copy_2d";
+    let dev = s.stream.device().clone();
+    let ns = extent(OP, "src_block", src_at, rows, cols)?;
+    let nd = extent(OP, "dst_block", dst_at, rows, cols)?;
+    // SAFETY: pointer contracts: each buffer holds its block.
+    let (x, mut y) = unsafe {
+        (
+            view::<T>(&dev, OP, "src", src, ns)?,
+            view::<T>(&dev, OP, "dst", dst, nd)?,
+        )
+    };
+    copy_2d(&s.stream, &x, src_at, &mut y, dst_at, rows, cols)
+}
+
+fn block(op: &'static str, arg: &'static str, b: ftnBlock2d_t) -> Result<Block2d> {
+    let offset =
+        usize::try_from(b.offset).map_err(|_| invalid(op, arg, "offset >= 0", b.offset))?;
+    let pitch = usize::try_from(b.pitch).map_err(|_| invalid(op, arg, "pitch >= 0", b.pitch))?;
+    Ok(Block2d { offset, pitch })
+}
+
+/// Copies the `[rows, cols]` block `src_block` of `src` to `dst_block` of
+/// `dst` on `stream` (`datatype` any ftnDataType_t; the blocks must not
+/// overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
+/// cols` elements.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ftn_copy_2d(
+    stream: ftnStream_t,
+    datatype: c_int,
+    src: *const c_void,
+    src_block: ftnBlock2d_t,
+    dst: *mut c_void,
+    dst_block: ftnBlock2d_t,
+    rows: i64,
+    cols: i64,
+) -> ftnResult_t {
+    guard("ftn_copy_2d", move || {
+        const OP: &str = "ftn_copy_2d";
+        // SAFETY: handle contract.
+        let s = unsafe { get::<ftnStream>(OP, "stream", stream)? };
+        let (r, c) = (count(OP, "rows", rows)?, count(OP, "cols", cols)?);
+        let sa = block(OP, "src_block", src_block)?;
+        let da = block(OP, "dst_block", dst_block)?;
+        // SAFETY: pointer contracts.
+        comm_dispatch!(OP, datatype, T => unsafe { copy_t::<T>(s, (src, sa), (dst, da), r, c) })
+    })
+}

@@ -1,0 +1,416 @@
+//! Vocab-parallel embedding and cross-entropy
+//! (`ferrotron::parallel::vocab`): the padded vocabulary's rows split over
+//! the ranks of a tensor-parallel communicator.
+
+use std::ffi::{c_int, c_void};
+
+use ferrotron::comm::CommElement;
+use ferrotron::core::dtype::FloatElement;
+use ferrotron::parallel::vocab::{
+    padded_vocab_size, vocab_range, CrossEntropySaved, TokenId, VocabParallelCrossEntropy,
+    VocabParallelEmbedding,
+};
+use ferrotron::Result;
+use half::{bf16, f16};
+
+use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::comm::{call, ftnComm_t, Call};
+use crate::handles::{check_out, ftnStream_t, get, handle, take, view, write_out, Handle};
+use crate::ops::{float_dispatch, read_desc, Desc};
+use crate::tp_common::{count, times};
+
+/// `id_dispatch!(op, arg, id_dtype, I => body)`: `body` with `I` the token
+/// id type (ftnInt32 or ftnInt64).
+macro_rules! id_dispatch {
+    ($op:expr, $arg:expr, $dtype:expr, $I:ident => $body:expr) => {
+        match $dtype {
+            4 => {
+                type $I = i32;
+                $body
+            }
+            5 => {
+                type $I = i64;
+                $body
+            }
+            other => Err(invalid($op, $arg, "ftnInt32 (4) or ftnInt64 (5)", other)),
+        }
+    };
+}
+
+fn tp_of(op: &'static str, tp: c_int) -> Result<usize> {
+    usize::try_from(tp)
+        .ok()
+        .filter(|&t| t >= 1)
+        .ok_or_else(|| invalid(op, "tp", "at least 1", tp))
+}
+
+fn to_i64(op: &'static str, arg: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| invalid(op, arg, "a result that fits in int64_t", v))
+}
+
+/// The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
+/// `make_vocab_size_divisible_by = 128`).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_vocab_padded_size(
+    vocab: i64,
+    tp: c_int,
+    padded: *mut i64,
+) -> ftnResult_t {
+    guard("ftn_vocab_padded_size", move || {
+        const OP: &str = "ftn_vocab_padded_size";
+        let v = count(OP, "vocab", vocab)?;
+        let p = padded_vocab_size(v, tp_of(OP, tp)?)
+            .ok_or_else(|| invalid(OP, "vocab", "a size whose padding fits in size_t", vocab))?;
+        // SAFETY: out-pointer contract.
+        unsafe { write_out(OP, "padded", padded, to_i64(OP, "vocab", p)?) }
+    })
+}
+
+/// Rows `[*start, *start + *rows)` of the padded vocabulary owned by `rank`
+/// of `tp`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_vocab_range(
+    vocab: i64,
+    tp: c_int,
+    rank: c_int,
+    start: *mut i64,
+    rows: *mut i64,
+) -> ftnResult_t {
+    guard("ftn_vocab_range", move || {
+        const OP: &str = "ftn_vocab_range";
+        let v = count(OP, "vocab", vocab)?;
+        let tp = tp_of(OP, tp)?;
+        let r = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < tp)
+            .ok_or_else(|| invalid(OP, "rank", format!("a rank in 0..{tp}"), rank))?;
+        let (s, n) = vocab_range(v, tp, r)
+            .ok_or_else(|| invalid(OP, "vocab", "a size whose padding fits in size_t", vocab))?;
+        check_out(OP, "rows", rows)?;
+        // SAFETY: out-pointer contracts.
+        unsafe {
+            write_out(OP, "start", start, to_i64(OP, "vocab", s)?)?;
+            write_out(OP, "rows", rows, to_i64(OP, "vocab", n)?)
+        }
+    })
+}
+
+/// Shape of a vocab-parallel embedding table `[vocab, hidden]`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnVocabEmbeddingDesc_t {
+    /// `sizeof(ftnVocabEmbeddingDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnDataType_t` of the table and output: ftnFloat32, ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// `ftnDataType_t` of the token ids: ftnInt32 or ftnInt64.
+    pub id_dtype: i32,
+    /// Unpadded vocabulary size.
+    pub vocab: i64,
+    pub hidden: i64,
+}
+// SAFETY: repr(C), size_t first, integer fields, no implicit padding.
+unsafe impl Desc for ftnVocabEmbeddingDesc_t {
+    const NAME: &'static str = "ftnVocabEmbeddingDesc_t";
+    const V1_SIZE: usize = 32;
+}
+
+fn embedding(
+    op: &'static str,
+    d: &ftnVocabEmbeddingDesc_t,
+    c: &Call,
+) -> Result<(VocabParallelEmbedding, usize)> {
+    let e = VocabParallelEmbedding::new(
+        count(op, "desc.vocab", d.vocab)?,
+        count(op, "desc.hidden", d.hidden)?,
+    );
+    let (_, rows) = e.shard(c.comm.size(), c.comm.rank()).ok_or_else(|| {
+        invalid(
+            op,
+            "desc.vocab",
+            "a size whose padding fits in size_t",
+            d.vocab,
+        )
+    })?;
+    let n = times(op, "desc.hidden", rows, e.hidden)?;
+    Ok((e, n))
+}
+
+unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
+    c: &Call,
+    d: &ftnVocabEmbeddingDesc_t,
+    ids: *const c_void,
+    weight: *const c_void,
+    out: *mut c_void,
+    tokens: usize,
+) -> Result<()> {
+    const OP: &str = "ftn_vocab_parallel_embedding_forward";
+    let (e, nw) = embedding(OP, d, c)?;
+    let nout = times(OP, "tokens", tokens, e.hidden)?;
+    // SAFETY: pointer contracts.
+    let (i, w, mut y) = unsafe {
+        (
+            view::<I>(&c.dev, OP, "ids", ids, tokens)?,
+            view::<T>(&c.dev, OP, "weight_shard", weight, nw)?,
+            view::<T>(&c.dev, OP, "out", out, nout)?,
+        )
+    };
+    e.forward(c.comm, c.stream, &i, &w, &mut y)
+}
+
+/// `out[t, :] = weight[ids[t], :]` (zero for ids outside `[0, vocab)`) as
+/// the all-reduce of each rank's lookup. `weight_shard`: this rank's rows
+/// `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
+/// (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
+    desc: *const ftnVocabEmbeddingDesc_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    ids: *const c_void,
+    weight_shard: *const c_void,
+    out: *mut c_void,
+    tokens: i64,
+) -> ftnResult_t {
+    guard("ftn_vocab_parallel_embedding_forward", move || {
+        const OP: &str = "ftn_vocab_parallel_embedding_forward";
+        // SAFETY: descriptor contract.
+        let d = unsafe { read_desc(OP, "desc", desc)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        // SAFETY: pointer contracts.
+        float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.id_dtype", d.id_dtype, I => unsafe {
+            embed_fwd_t::<T, I>(&c, &d, ids, weight_shard, out, tokens)
+        }))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn embed_bwd_t<T: FloatElement + CommElement, I: TokenId>(
+    c: &Call,
+    d: &ftnVocabEmbeddingDesc_t,
+    ids: *const c_void,
+    dy: *const c_void,
+    dweight: *mut c_void,
+    tokens: usize,
+    accumulate: bool,
+) -> Result<()> {
+    const OP: &str = "ftn_vocab_parallel_embedding_backward";
+    let (e, nw) = embedding(OP, d, c)?;
+    let ndy = times(OP, "tokens", tokens, e.hidden)?;
+    // SAFETY: pointer contracts.
+    let (i, g, mut dw) = unsafe {
+        (
+            view::<I>(&c.dev, OP, "ids", ids, tokens)?,
+            view::<T>(&c.dev, OP, "dy", dy, ndy)?,
+            view::<f32>(&c.dev, OP, "dweight", dweight, nw)?,
+        )
+    };
+    e.backward(c.comm, c.stream, &i, &g, &mut dw, accumulate)
+}
+
+/// This rank's weight gradient, fp32 `[rows, hidden]`: `dweight[v] (+)=` the
+/// sum of `dy[t]` over the tokens with `ids[t] == start + v`, in token order
+/// (bitwise deterministic). `accumulate` non-zero adds to `dweight` (a
+/// main_grad), zero overwrites it. No communication.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ftn_vocab_parallel_embedding_backward(
+    desc: *const ftnVocabEmbeddingDesc_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    ids: *const c_void,
+    dy: *const c_void,
+    dweight: *mut f32,
+    tokens: i64,
+    accumulate: c_int,
+) -> ftnResult_t {
+    guard("ftn_vocab_parallel_embedding_backward", move || {
+        const OP: &str = "ftn_vocab_parallel_embedding_backward";
+        // SAFETY: descriptor contract.
+        let d = unsafe { read_desc(OP, "desc", desc)? };
+        let c = call(OP, comm, stream)?;
+        let tokens = count(OP, "tokens", tokens)?;
+        let dw = dweight as *mut c_void;
+        // SAFETY: pointer contracts.
+        float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.id_dtype", d.id_dtype, I => unsafe {
+            embed_bwd_t::<T, I>(&c, &d, ids, dy, dw, tokens, accumulate != 0)
+        }))
+    })
+}
+
+/// Shape and options of the vocab-parallel cross-entropy over this rank's
+/// `[tokens, shard_vocab]` logits (the padded vocabulary is `tp * shard_vocab`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnCrossEntropyDesc_t {
+    /// `sizeof(ftnCrossEntropyDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnDataType_t` of the logits: ftnFloat32, ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// `ftnDataType_t` of the labels: ftnInt32 or ftnInt64.
+    pub label_dtype: i32,
+    pub tokens: i64,
+    /// Vocab columns on each rank.
+    pub shard_vocab: i64,
+    /// `eps` in `[0, 1)`; 0 disables label smoothing.
+    pub label_smoothing: f32,
+    /// Must be 0.
+    pub reserved: u32,
+}
+// SAFETY: repr(C), size_t first, integer/float fields, explicit padding.
+unsafe impl Desc for ftnCrossEntropyDesc_t {
+    const NAME: &'static str = "ftnCrossEntropyDesc_t";
+    const V1_SIZE: usize = 40;
+}
+
+handle!(ftnCrossEntropySaved, ftnCrossEntropySaved_t, 0x4654_4e43_4553_000a, "ftnCrossEntropySaved_t", {
+    saved: CrossEntropySaved,
+});
+
+fn cross_entropy(
+    op: &'static str,
+    d: &ftnCrossEntropyDesc_t,
+) -> Result<(VocabParallelCrossEntropy, usize)> {
+    if d.reserved != 0 {
+        return Err(invalid(op, "desc.reserved", "0", d.reserved));
+    }
+    let tokens = count(op, "desc.tokens", d.tokens)?;
+    let shard = count(op, "desc.shard_vocab", d.shard_vocab)?;
+    let n = times(op, "desc.tokens * shard_vocab", tokens, shard)?;
+    Ok((
+        VocabParallelCrossEntropy::new(tokens, shard).with_label_smoothing(d.label_smoothing),
+        n,
+    ))
+}
+
+unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
+    c: &Call,
+    d: &ftnCrossEntropyDesc_t,
+    logits: *const c_void,
+    labels: *const c_void,
+    loss: *mut c_void,
+) -> Result<CrossEntropySaved> {
+    const OP: &str = "ftn_vocab_parallel_cross_entropy_forward";
+    let (ce, n) = cross_entropy(OP, d)?;
+    // SAFETY: pointer contracts.
+    let (x, l, mut y) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "logits", logits, n)?,
+            view::<I>(&c.dev, OP, "labels", labels, ce.tokens)?,
+            view::<f32>(&c.dev, OP, "loss", loss, ce.tokens)?,
+        )
+    };
+    ce.forward(c.comm, c.stream, &x, &l, &mut y)
+}
+
+/// Per-token loss `loss` (fp32 `[tokens]`) of this rank's `logits`
+/// (`[tokens, shard_vocab]`) and the replicated `labels` (`[tokens]`; ids
+/// of the padded vocabulary). Every rank calls it (three all-reduces).
+/// `*saved` receives the statistics the backward needs (a new handle; free
+/// it with `ftn_cross_entropy_saved_destroy`).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_forward(
+    desc: *const ftnCrossEntropyDesc_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    logits: *const c_void,
+    labels: *const c_void,
+    loss: *mut f32,
+    saved: *mut ftnCrossEntropySaved_t,
+) -> ftnResult_t {
+    guard("ftn_vocab_parallel_cross_entropy_forward", move || {
+        const OP: &str = "ftn_vocab_parallel_cross_entropy_forward";
+        // SAFETY: descriptor contract.
+        let d = unsafe { read_desc(OP, "desc", desc)? };
+        let c = call(OP, comm, stream)?;
+        check_out(OP, "saved", saved)?;
+        let loss = loss as *mut c_void;
+        // SAFETY: pointer contracts.
+        let s = float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.label_dtype", d.label_dtype, I => unsafe {
+            ce_fwd_t::<T, I>(&c, &d, logits, labels, loss)
+        }))?;
+        // SAFETY: checked non-NULL.
+        unsafe { saved.write(ftnCrossEntropySaved::into_raw(s)) };
+        Ok(())
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn ce_bwd_t<T: FloatElement, I: TokenId>(
+    c: &Call,
+    d: &ftnCrossEntropyDesc_t,
+    logits: *const c_void,
+    labels: *const c_void,
+    saved: &CrossEntropySaved,
+    dloss: *const c_void,
+    grad: *mut c_void,
+) -> Result<()> {
+    const OP: &str = "ftn_vocab_parallel_cross_entropy_backward";
+    let (ce, n) = cross_entropy(OP, d)?;
+    // SAFETY: pointer contracts.
+    let (mut x, l, dl) = unsafe {
+        (
+            view::<T>(&c.dev, OP, "logits", logits, n)?,
+            view::<I>(&c.dev, OP, "labels", labels, ce.tokens)?,
+            view::<f32>(&c.dev, OP, "dloss", dloss, ce.tokens)?,
+        )
+    };
+    if std::ptr::eq(grad, logits) {
+        return ce.backward_in_place(c.comm, c.stream, &mut x, &l, saved, &dl);
+    }
+    // SAFETY: pointer contract.
+    let mut g = unsafe { view::<T>(&c.dev, OP, "grad", grad, n)? };
+    ce.backward(c.comm, c.stream, &x, &l, saved, &dl, &mut g)
+}
+
+/// This rank's logits gradient `grad` (`[tokens, shard_vocab]`, may equal
+/// `logits`: in place) `= dloss[t] * (softmax - (1 - eps) * onehot - eps / V)`
+/// from the forward's `logits`, `labels` and `saved`; `dloss` is fp32
+/// `[tokens]`. No communication.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(
+    desc: *const ftnCrossEntropyDesc_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    logits: *const c_void,
+    labels: *const c_void,
+    saved: ftnCrossEntropySaved_t,
+    dloss: *const f32,
+    grad: *mut c_void,
+) -> ftnResult_t {
+    guard("ftn_vocab_parallel_cross_entropy_backward", move || {
+        const OP: &str = "ftn_vocab_parallel_cross_entropy_backward";
+        // SAFETY: descriptor and handle contracts.
+        let (d, s) = unsafe {
+            (
+                read_desc(OP, "desc", desc)?,
+                get::<ftnCrossEntropySaved>(OP, "saved", saved)?,
+            )
+        };
+        let c = call(OP, comm, stream)?;
+        let dloss = dloss as *const c_void;
+        // SAFETY: pointer contracts.
+        float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.label_dtype", d.label_dtype, I => unsafe {
+            ce_bwd_t::<T, I>(&c, &d, logits, labels, &s.saved, dloss, grad)
+        }))
+    })
+}
+
+/// Frees the statistics of a cross-entropy forward (waits for the device's
+/// work first).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_cross_entropy_saved_destroy(
+    saved: ftnCrossEntropySaved_t,
+) -> ftnResult_t {
+    guard("ftn_cross_entropy_saved_destroy", move || {
+        // SAFETY: handle contract.
+        drop(unsafe { take("ftn_cross_entropy_saved_destroy", "saved", saved)? });
+        Ok(())
+    })
+}
