@@ -292,6 +292,33 @@ fn a_dead_peer_is_an_error_not_a_hang() {
 }
 
 #[test]
+fn wait_stream_fails_while_a_peer_is_late_and_succeeds_once_it_joins() {
+    let gate = std::sync::Barrier::new(2);
+    let got = run_ranks(2, Duration::from_secs(20), |c| {
+        let dev = c.device().clone();
+        let s = dev.new_stream().unwrap();
+        let mut b = dev.upload(&[c.rank() as f32 + 1.0; 4]).unwrap();
+        if c.rank() == 0 {
+            c.all_reduce_in_place(&s, &mut b, ReduceOp::Sum).unwrap();
+            let early = c.wait_stream(&s, Duration::from_millis(50));
+            gate.wait(); // now rank 1 joins
+            c.wait_stream(&s, Duration::from_secs(20)).unwrap();
+            (early.map_err(|e| e.to_string()), b.to_host().unwrap())
+        } else {
+            gate.wait();
+            c.all_reduce_in_place(&s, &mut b, ReduceOp::Sum).unwrap();
+            s.synchronize().unwrap();
+            (Ok(()), b.to_host().unwrap())
+        }
+    });
+    let early = got[0].0.as_ref().unwrap_err();
+    assert!(early.contains("did not complete within"), "{early}");
+    for (_, v) in &got {
+        assert_eq!(v, &vec![3.0; 4]);
+    }
+}
+
+#[test]
 fn sub_communicators_from_the_rank_grid() {
     // 8 ranks, tp=2, pp=2, dp=2: all-reduce over each TP group and DP group.
     let grid = RankGrid::new(8, 2, 1, 2, RankOrder::TpCpEpDpPp).unwrap();

@@ -34,13 +34,19 @@ fn apply(
         let x = dev.upload(&tensor(c.rank(), rows, cols)).unwrap();
         let shape = if backward {
             // The backward maps the forward's output shape back.
-            match m {
+            let shape = match m {
                 Mapping::ScatterToTp => (rows, cols * tp),
                 Mapping::GatherFromTp => (rows, cols / tp),
                 Mapping::ScatterToSp | Mapping::ReduceScatterToSp => (rows * tp, cols),
                 Mapping::GatherFromSp => (rows / tp, cols),
                 _ => (rows, cols),
-            }
+            };
+            assert_eq!(
+                m.backward_shape(rows, cols, tp),
+                shape,
+                "{m:?} backward shape"
+            );
+            shape
         } else {
             m.forward_shape(rows, cols, tp)
         };

@@ -15,6 +15,9 @@ use libfuzzer_sys::fuzz_target;
 struct Env {
     ctx: ftnContext_t,
     stream: ftnStream_t,
+    /// A one-rank in-process communicator: the parallel layers, mappings
+    /// and vocab ops run from this single thread.
+    comm: ftnComm_t,
 }
 // SAFETY: the handles are thread-safe (Arc/Mutex inside); libFuzzer calls
 // the target from one thread anyway.
@@ -27,12 +30,14 @@ fn env() -> &'static Env {
     ENV.get_or_init(|| {
         let mut ctx = null_mut();
         let mut stream = null_mut();
+        let mut comm = null_mut();
         // SAFETY: valid out-pointers.
         unsafe {
             assert_eq!(ftn_context_create(0, 0, &mut ctx), ftnResult_t::ftnSuccess);
             assert_eq!(ftn_stream_create(ctx, &mut stream), ftnResult_t::ftnSuccess);
+            assert_eq!(ftn_comm_init_all(&mut comm, 1, &ctx), ftnResult_t::ftnSuccess);
         }
-        Env { ctx, stream }
+        Env { ctx, stream, comm }
     })
 }
 
@@ -167,7 +172,7 @@ fuzz_target!(|data: &[u8]| {
     let e = env();
     let mut b = Bytes(data);
     let mut bufs: Vec<Vec<u32>> = Vec::new();
-    let op = b.u8() % 8;
+    let op = b.u8() % 13;
     let (rows, cols) = (b.dim(), b.dim());
     let dtype = match b.u8() % 8 {
         0 | 1 | 2 => 0,
@@ -400,6 +405,11 @@ fuzz_target!(|data: &[u8]| {
             let r = unsafe { ftn_gemm(e.stream, p, a, bb, bias, c, aux, out) };
             done(r, bad, "gemm");
         }
+        8 => parallel_linear(&mut b, &mut bufs, (rows, cols), dtype),
+        9 => mapping(&mut b, &mut bufs, (rows, cols)),
+        10 => cross_entropy(&mut b, &mut bufs, (rows, cols), dtype),
+        11 => rank_grid(&mut b),
+        12 => copy(&mut b, &mut bufs, (rows, cols)),
         _ => {
             let size = b.size(std::mem::size_of::<ftnGradScalerConfig_t>());
             let c = ftnGradScalerConfig_t {
@@ -451,3 +461,208 @@ fuzz_target!(|data: &[u8]| {
     }
     drop(bufs);
 });
+
+/// A column- or row-parallel layer on one rank: create from fuzzed
+/// descriptor and host weights, then a forward with a fuzzed token count.
+fn parallel_linear(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (inp, out): (i64, i64), dtype: i32) {
+    let e = env();
+    let column = b.u8() % 2 == 0;
+    let tokens = b.dim();
+    let w = small(inp, out);
+    let (weight, bias) = (arg(bufs, w, b), arg(bufs, small(out, 1), b));
+    let flags = b.u8() as i32;
+    let bit = |k: i32| (flags >> k) & 1;
+    let (size, r) = if column {
+        let size = b.size(std::mem::size_of::<ftnColumnParallelLinearDesc_t>());
+        let d = ftnColumnParallelLinearDesc_t {
+            size,
+            dtype,
+            bias: bit(0),
+            in_features: inp,
+            out_features: out,
+            gather_output: bit(1),
+            skip_bias_add: bit(2),
+            sequence_parallel: bit(3),
+            activation: (b.u8() % 4) as i32,
+            serialize_comm: bit(4),
+            reserved: 0,
+        };
+        let st = desc_storage(d, size, b);
+        let mut layer = null_mut();
+        // SAFETY: the weights hold out*in and out elements when non-NULL.
+        let r = unsafe {
+            ftn_column_parallel_linear_create(e.comm, st.as_ptr() as *const _, weight, bias, &mut layer)
+        };
+        if r == ftnResult_t::ftnSuccess {
+            let (x, y, pre) = (
+                arg(bufs, small(tokens, inp), b),
+                arg(bufs, small(tokens, out), b),
+                arg(bufs, small(tokens, out), b),
+            );
+            // SAFETY: buffers hold what the shapes claim when non-NULL.
+            let f = unsafe { ftn_column_parallel_linear_forward(layer, e.comm, e.stream, x, y, pre, tokens) };
+            done(f, tokens < 0, "column forward");
+            // SAFETY: a live layer.
+            done(unsafe { ftn_column_parallel_linear_destroy(layer) }, false, "column destroy");
+        }
+        (size, r)
+    } else {
+        let size = b.size(std::mem::size_of::<ftnRowParallelLinearDesc_t>());
+        let d = ftnRowParallelLinearDesc_t {
+            size,
+            dtype,
+            bias: bit(0),
+            in_features: inp,
+            out_features: out,
+            input_is_parallel: bit(1),
+            skip_bias_add: bit(2),
+            sequence_parallel: bit(3),
+            serialize_comm: bit(4),
+        };
+        let st = desc_storage(d, size, b);
+        let mut layer = null_mut();
+        // SAFETY: as above.
+        let r = unsafe {
+            ftn_row_parallel_linear_create(e.comm, st.as_ptr() as *const _, weight, bias, &mut layer)
+        };
+        if r == ftnResult_t::ftnSuccess {
+            let (x, y) = (arg(bufs, small(tokens, inp), b), arg(bufs, small(tokens, out), b));
+            // SAFETY: as above.
+            let f = unsafe { ftn_row_parallel_linear_forward(layer, e.comm, e.stream, x, y, tokens) };
+            done(f, tokens < 0, "row forward");
+            // SAFETY: a live layer.
+            done(unsafe { ftn_row_parallel_linear_destroy(layer) }, false, "row destroy");
+        }
+        (size, r)
+    };
+    let v1 = if column { 56 } else { 48 };
+    let bad = size < v1 || size > FTN_MAX_DESC_SIZE || inp < 0 || out < 0 || !(1..=2).contains(&dtype);
+    done(r, bad, "parallel linear create");
+}
+
+/// A mapping's forward or backward on one rank with fuzzed shape and type.
+fn mapping(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (rows, cols): (i64, i64)) {
+    let e = env();
+    let m = b.u8() as i32 % 9 - 1;
+    let datatype = b.u8() as i32 % 8 - 1;
+    // With one rank every output has the input's shape; 8-byte types need 2 words.
+    let n = small(rows, cols).map(|n| 2 * n);
+    let (x, y) = (arg(bufs, n, b), arg(bufs, n, b));
+    let backward = b.u8() % 2 == 0;
+    // SAFETY: buffers hold rows*cols elements of any type when non-NULL.
+    let r = unsafe {
+        if backward {
+            ftn_tp_mapping_backward(m, x, y, rows, cols, datatype, e.comm, e.stream)
+        } else {
+            ftn_tp_mapping_forward(m, x, y, rows, cols, datatype, e.comm, e.stream)
+        }
+    };
+    let bad = !(0..=6).contains(&m) || !(0..=5).contains(&datatype) || rows < 0 || cols < 0;
+    done(r, bad, "mapping");
+}
+
+/// The vocab-parallel cross-entropy forward on one rank.
+fn cross_entropy(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (tokens, vocab): (i64, i64), dtype: i32) {
+    let e = env();
+    let size = b.size(std::mem::size_of::<ftnCrossEntropyDesc_t>());
+    let d = ftnCrossEntropyDesc_t {
+        size,
+        dtype,
+        label_dtype: b.u8() as i32 % 4 + 3,
+        tokens,
+        shard_vocab: vocab,
+        label_smoothing: b.f32(),
+        reserved: (b.u8() % 8 == 0) as u32,
+    };
+    let st = desc_storage(d, size, b);
+    let t = small(tokens, 2);
+    let (x, labels, loss) = (arg(bufs, small(tokens, vocab), b), arg(bufs, t, b), arg(bufs, t, b));
+    let mut saved = null_mut();
+    // SAFETY: buffers hold what the shapes claim when non-NULL (labels: 2
+    // words per token, enough for int64).
+    let r = unsafe {
+        ftn_vocab_parallel_cross_entropy_forward(
+            st.as_ptr() as *const _,
+            e.comm,
+            e.stream,
+            x,
+            labels,
+            loss as *mut f32,
+            &mut saved,
+        )
+    };
+    let bad = size < 40
+        || size > FTN_MAX_DESC_SIZE
+        || tokens < 0
+        || vocab < 1
+        || d.reserved != 0
+        || !(0.0..1.0).contains(&d.label_smoothing)
+        || !(4..=5).contains(&d.label_dtype);
+    done(r, bad, "cross entropy");
+    if r == ftnResult_t::ftnSuccess {
+        // SAFETY: a live handle.
+        done(unsafe { ftn_cross_entropy_saved_destroy(saved) }, false, "saved destroy");
+    }
+}
+
+/// Rank-grid queries with fuzzed sizes and ranks.
+fn rank_grid(b: &mut Bytes) {
+    let size = b.size(std::mem::size_of::<ftnRankGridDesc_t>());
+    let mut v = || b.dim().clamp(i32::MIN as i64, i32::MAX as i64) as i32;
+    let d = ftnRankGridDesc_t {
+        size,
+        // Small worlds: a group query walks every rank.
+        world: v() % 4096,
+        tp: v(),
+        cp: v(),
+        pp: v(),
+        order: v() % 3,
+        reserved: 0,
+    };
+    let rank = v();
+    let axes = v() % 17;
+    let st = desc_storage(d, size, b);
+    let p = st.as_ptr() as *const ftnRankGridDesc_t;
+    let mut coords = ftnRankCoords_t {
+        size: 24,
+        tp: 0,
+        cp: 0,
+        dp: 0,
+        pp: 0,
+    };
+    let mut ranks = [0; 64];
+    let mut count = 0;
+    // SAFETY: the descriptor storage holds its claimed size; the outputs are valid.
+    let (r1, r2) = unsafe {
+        (
+            ftn_rank_grid_coords(p, rank, &mut coords),
+            ftn_rank_grid_group(p, rank, axes, ranks.as_mut_ptr(), 64, &mut count),
+        )
+    };
+    let bad = size < 32 || size > FTN_MAX_DESC_SIZE || d.world < 1 || rank < 0 || rank >= d.world;
+    done(r1, bad, "rank grid coords");
+    done(r2, bad || !(1..=15).contains(&axes), "rank grid group");
+}
+
+/// A strided 2-D copy with fuzzed blocks.
+fn copy(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (rows, cols): (i64, i64)) {
+    let e = env();
+    let blk = |b: &mut Bytes| ftnBlock2d_t {
+        offset: if b.u8() % 2 == 0 { 0 } else { b.dim() },
+        pitch: if b.u8() % 2 == 0 { cols } else { b.dim() },
+    };
+    let (sb, db) = (blk(b), blk(b));
+    let extent = |k: ftnBlock2d_t| {
+        let last = (rows as i128 - 1) * k.pitch as i128 + k.offset as i128 + cols as i128;
+        (rows > 0 && cols > 0 && k.pitch >= cols && k.offset >= 0 && last <= 1 << 14)
+            .then_some(last as usize)
+    };
+    let (src, dst) = (arg(bufs, extent(sb), b), arg(bufs, extent(db), b));
+    // SAFETY: each non-NULL buffer holds its block.
+    let r = unsafe { ftn_copy_2d(e.stream, 0, src, sb, dst, db, rows, cols) };
+    let any = rows > 0 && cols > 0;
+    let bad = rows < 0
+        || cols < 0
+        || (any && (src.is_null() || dst.is_null() || sb.pitch < cols || db.pitch < cols));
+    done(r, bad, "copy_2d");
+}
