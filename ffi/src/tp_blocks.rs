@@ -12,12 +12,12 @@ use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
 use ferrotron::Result;
 
 use crate::boundary::{ftnResult_t, guard, invalid};
-use crate::comm::{call, ftnComm, ftnComm_t, Call};
-use crate::handles::{check_out, ftnStream_t, get, handle, host_slice, take, view, Handle};
-use crate::ops::{gelu_of, read_desc, Desc};
+use crate::comm::{ftnComm_t, Call};
+use crate::handles::{ftnStream_t, handle, host_slice, take, view, Handle};
+use crate::ops::{gelu_of, Desc};
 use crate::tp_common::{
-    count, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, lock, on_typed, times, tp_new,
-    write_params, GradViews, Typed,
+    count, create, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, on_typed, owner, times,
+    tp_new, with_layer, with_params, write_params, GradViews, Typed,
 };
 
 /// Shape and options of the tensor-parallel MLP block `Y = gelu(X W1^T +
@@ -80,11 +80,13 @@ type MlpImpl = Typed<TpMlp<half::f16>, TpMlp<half::bf16>>;
 type AttentionImpl = Typed<TpAttention<half::f16>, TpAttention<half::bf16>>;
 
 handle!(ftnTpMlp, ftnTpMlp_t, 0x4654_4e4d_4c50_0008, "ftnTpMlp_t", {
-    block: Mutex<MlpImpl>,
+    inner: Mutex<MlpImpl>,
 });
 handle!(ftnTpAttention, ftnTpAttention_t, 0x4654_4e41_544e_0009, "ftnTpAttention_t", {
-    block: Mutex<AttentionImpl>,
+    inner: Mutex<AttentionImpl>,
 });
+owner!(ftnTpMlp, MlpImpl);
+owner!(ftnTpAttention, AttentionImpl);
 
 /// The host parameters of a block: four arrays of the given lengths.
 ///
@@ -121,32 +123,25 @@ pub unsafe extern "C" fn ftn_tp_mlp_create(
 ) -> ftnResult_t {
     guard("ftn_tp_mlp_create", move || {
         const OP: &str = "ftn_tp_mlp_create";
-        // SAFETY: handle and descriptor contracts.
-        let (c, d) = unsafe {
-            (
-                get::<ftnComm>(OP, "comm", comm)?,
-                read_desc(OP, "desc", desc)?,
-            )
-        };
-        check_out(OP, "mlp", mlp)?;
-        let hidden = count(OP, "desc.hidden", d.hidden)?;
-        let ffn = count(OP, "desc.ffn", d.ffn)?;
-        let options = MlpOptions {
-            gelu: gelu_of(OP, d.gelu)?,
-            sequence_parallel: flag(d.sequence_parallel),
-            overlap: !flag(d.serialize_comm),
-        };
-        let w = times(OP, "desc.hidden * ffn", hidden, ffn)?;
-        let names = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"];
-        let ptrs = [fc1_weight, fc1_bias, fc2_weight, fc2_bias];
-        let block: MlpImpl = tp_new!(OP, d.dtype, T => {
-            // SAFETY: host pointer contracts.
-            let [w1, b1, w2, b2] = unsafe { host_params::<T>(OP, names, ptrs, [w, ffn, w, hidden])? };
-            TpMlp::from_full(&c.comm, hidden, ffn, w1, b1, w2, b2, options)
-        })?;
-        // SAFETY: checked non-NULL.
-        unsafe { mlp.write(ftnTpMlp::into_raw(Mutex::new(block))) };
-        Ok(())
+        // SAFETY: handle, descriptor and host pointer contracts.
+        unsafe {
+            create(OP, comm, desc, ("mlp", mlp), |c, d| {
+                let hidden = count(OP, "desc.hidden", d.hidden)?;
+                let ffn = count(OP, "desc.ffn", d.ffn)?;
+                let options = MlpOptions {
+                    gelu: gelu_of(OP, d.gelu)?,
+                    sequence_parallel: flag(d.sequence_parallel),
+                    overlap: !flag(d.serialize_comm),
+                };
+                let w = times(OP, "desc.hidden * ffn", hidden, ffn)?;
+                let names = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"];
+                let ptrs = [fc1_weight, fc1_bias, fc2_weight, fc2_bias];
+                tp_new!(OP, d.dtype, T => {
+                    let [w1, b1, w2, b2] = host_params::<T>(OP, names, ptrs, [w, ffn, w, hidden])?;
+                    TpMlp::from_full(c, hidden, ffn, w1, b1, w2, b2, options)
+                })
+            })
+        }
     })
 }
 
@@ -171,14 +166,15 @@ pub unsafe extern "C" fn ftn_tp_mlp_get_params(
 ) -> ftnResult_t {
     guard("ftn_tp_mlp_get_params", move || {
         const OP: &str = "ftn_tp_mlp_get_params";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnTpMlp>(OP, "mlp", mlp)? };
-        let g = lock(&h.block);
-        // SAFETY: out-struct contracts.
-        on_typed!(&*g, m, T => unsafe {
-            write_params(OP, "fc1", fc1, &m.fc1.weight, m.fc1.bias.as_ref())?;
-            write_params(OP, "fc2", fc2, &m.fc2.weight, m.fc2.bias.as_ref())
-        })
+        // SAFETY: handle and out-struct contracts.
+        unsafe {
+            with_params(OP, "mlp", mlp, |g| {
+                on_typed!(g, m, T => {
+                    write_params(OP, "fc1", fc1, &m.fc1.weight, m.fc1.bias.as_ref())?;
+                    write_params(OP, "fc2", fc2, &m.fc2.weight, m.fc2.bias.as_ref())
+                })
+            })
+        }
     })
 }
 
@@ -215,13 +211,18 @@ pub unsafe extern "C" fn ftn_tp_mlp_forward(
 ) -> ftnResult_t {
     guard("ftn_tp_mlp_forward", move || {
         const OP: &str = "ftn_tp_mlp_forward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnTpMlp>(OP, "mlp", mlp)? };
-        let c = call(OP, comm, stream)?;
         let tokens = count(OP, "tokens", tokens)?;
-        let mut g = lock(&h.block);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, m, T => unsafe { mlp_forward_t::<T>(m, &c, input, output, tokens) })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "mlp",
+                mlp,
+                comm,
+                stream,
+                |g, c| on_typed!(g, m, T => mlp_forward_t::<T>(m, c, input, output, tokens)),
+            )
+        }
     })
 }
 
@@ -275,15 +276,18 @@ pub unsafe extern "C" fn ftn_tp_mlp_backward(
 ) -> ftnResult_t {
     guard("ftn_tp_mlp_backward", move || {
         const OP: &str = "ftn_tp_mlp_backward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnTpMlp>(OP, "mlp", mlp)? };
-        let c = call(OP, comm, stream)?;
         let tokens = count(OP, "tokens", tokens)?;
-        let mut g = lock(&h.block);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, m, T => unsafe {
-            mlp_backward_t::<T>(m, &c, input, grad_output, grad_input, fc1, fc2, tokens)
-        })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "mlp",
+                mlp,
+                comm,
+                stream,
+                |g, c| on_typed!(g, m, T => mlp_backward_t::<T>(m, c, input, grad_output, grad_input, fc1, fc2, tokens)),
+            )
+        }
     })
 }
 
@@ -305,39 +309,32 @@ pub unsafe extern "C" fn ftn_tp_attention_create(
 ) -> ftnResult_t {
     guard("ftn_tp_attention_create", move || {
         const OP: &str = "ftn_tp_attention_create";
-        // SAFETY: handle and descriptor contracts.
-        let (c, d) = unsafe {
-            (
-                get::<ftnComm>(OP, "comm", comm)?,
-                read_desc(OP, "desc", desc)?,
-            )
-        };
-        check_out(OP, "attention", attention)?;
-        if d.reserved != 0 {
-            return Err(invalid(OP, "desc.reserved", "0", d.reserved));
+        // SAFETY: handle, descriptor and host pointer contracts.
+        unsafe {
+            create(OP, comm, desc, ("attention", attention), |c, d| {
+                if d.reserved != 0 {
+                    return Err(invalid(OP, "desc.reserved", "0", d.reserved));
+                }
+                let hidden = count(OP, "desc.hidden", d.hidden)?;
+                let heads = count(OP, "desc.heads", d.heads)?;
+                let head_dim = count(OP, "desc.head_dim", d.head_dim)?;
+                let options = AttentionOptions {
+                    sequence_parallel: flag(d.sequence_parallel),
+                    overlap: !flag(d.serialize_comm),
+                };
+                let proj_in = times(OP, "desc.heads * head_dim", heads, head_dim)?;
+                let qkv_out = times(OP, "desc.heads * head_dim", 3, proj_in)?;
+                let nqkv = times(OP, "desc.hidden", qkv_out, hidden)?;
+                let nproj = times(OP, "desc.hidden", hidden, proj_in)?;
+                let names = ["qkv_weight", "qkv_bias", "proj_weight", "proj_bias"];
+                let ptrs = [qkv_weight, qkv_bias, proj_weight, proj_bias];
+                let lens = [nqkv, qkv_out, nproj, hidden];
+                tp_new!(OP, d.dtype, T => {
+                    let [wq, bq, wo, bo] = host_params::<T>(OP, names, ptrs, lens)?;
+                    TpAttention::from_full(c, hidden, heads, head_dim, wq, bq, wo, bo, options)
+                })
+            })
         }
-        let hidden = count(OP, "desc.hidden", d.hidden)?;
-        let heads = count(OP, "desc.heads", d.heads)?;
-        let head_dim = count(OP, "desc.head_dim", d.head_dim)?;
-        let options = AttentionOptions {
-            sequence_parallel: flag(d.sequence_parallel),
-            overlap: !flag(d.serialize_comm),
-        };
-        let proj_in = times(OP, "desc.heads * head_dim", heads, head_dim)?;
-        let qkv_out = times(OP, "desc.heads * head_dim", 3, proj_in)?;
-        let nqkv = times(OP, "desc.hidden", qkv_out, hidden)?;
-        let nproj = times(OP, "desc.hidden", hidden, proj_in)?;
-        let names = ["qkv_weight", "qkv_bias", "proj_weight", "proj_bias"];
-        let ptrs = [qkv_weight, qkv_bias, proj_weight, proj_bias];
-        let block: AttentionImpl = tp_new!(OP, d.dtype, T => {
-            // SAFETY: host pointer contracts.
-            let [wq, bq, wo, bo] =
-                unsafe { host_params::<T>(OP, names, ptrs, [nqkv, qkv_out, nproj, hidden])? };
-            TpAttention::from_full(&c.comm, hidden, heads, head_dim, wq, bq, wo, bo, options)
-        })?;
-        // SAFETY: checked non-NULL.
-        unsafe { attention.write(ftnTpAttention::into_raw(Mutex::new(block))) };
-        Ok(())
     })
 }
 
@@ -362,14 +359,15 @@ pub unsafe extern "C" fn ftn_tp_attention_get_params(
 ) -> ftnResult_t {
     guard("ftn_tp_attention_get_params", move || {
         const OP: &str = "ftn_tp_attention_get_params";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnTpAttention>(OP, "attention", attention)? };
-        let g = lock(&h.block);
-        // SAFETY: out-struct contracts.
-        on_typed!(&*g, a, T => unsafe {
-            write_params(OP, "qkv", qkv, &a.qkv.weight, a.qkv.bias.as_ref())?;
-            write_params(OP, "proj", proj, &a.proj.weight, a.proj.bias.as_ref())
-        })
+        // SAFETY: handle and out-struct contracts.
+        unsafe {
+            with_params(OP, "attention", attention, |g| {
+                on_typed!(g, a, T => {
+                    write_params(OP, "qkv", qkv, &a.qkv.weight, a.qkv.bias.as_ref())?;
+                    write_params(OP, "proj", proj, &a.proj.weight, a.proj.bias.as_ref())
+                })
+            })
+        }
     })
 }
 
@@ -422,12 +420,17 @@ pub unsafe extern "C" fn ftn_tp_attention_forward(
 ) -> ftnResult_t {
     guard("ftn_tp_attention_forward", move || {
         const OP: &str = "ftn_tp_attention_forward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnTpAttention>(OP, "attention", attention)? };
-        let c = call(OP, comm, stream)?;
-        let mut g = lock(&h.block);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, a, T => unsafe { attention_forward_t::<T>(a, &c, input, output, (seq, batch)) })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "attention",
+                attention,
+                comm,
+                stream,
+                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(a, c, input, output, (seq, batch))),
+            )
+        }
     })
 }
 
@@ -495,13 +498,16 @@ pub unsafe extern "C" fn ftn_tp_attention_backward(
 ) -> ftnResult_t {
     guard("ftn_tp_attention_backward", move || {
         const OP: &str = "ftn_tp_attention_backward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnTpAttention>(OP, "attention", attention)? };
-        let c = call(OP, comm, stream)?;
-        let mut g = lock(&h.block);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, a, T => unsafe {
-            attention_backward_t::<T>(a, &c, input, grad_output, grad_input, qkv, proj, (seq, batch))
-        })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "attention",
+                attention,
+                comm,
+                stream,
+                |g, c| on_typed!(g, a, T => attention_backward_t::<T>(a, c, input, grad_output, grad_input, qkv, proj, (seq, batch))),
+            )
+        }
     })
 }

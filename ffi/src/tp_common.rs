@@ -5,12 +5,14 @@
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
+use ferrotron::comm::Communicator;
 use ferrotron::ops::Gelu;
 use ferrotron::parallel::linear::{LinearGrads, TpElement, WeightGrad};
 use ferrotron::{Device, DeviceBuffer, Result};
 
 use crate::boundary::invalid;
-use crate::handles::view;
+use crate::comm::{call, ftnComm, ftnComm_t, Call};
+use crate::handles::{check_out, ftnStream_t, get, host_slice, view, Handle};
 use crate::ops::{check_out_desc, read_desc, Desc};
 
 /// A fused activation (`ftnColumnParallelLinearDesc_t.activation`, the
@@ -301,5 +303,114 @@ pub(crate) unsafe fn view_iff<T: TpElement>(
             "NULL",
         )),
         (false, false) => Err(invalid(op, arg, format!("NULL ({what})"), "a pointer")),
+    }
+}
+
+/// A handle that owns one layer or block behind a lock.
+pub(crate) trait Owner: Handle + Sized {
+    type Inner;
+    fn inner(&self) -> &Mutex<Self::Inner>;
+    fn new_raw(inner: Self::Inner) -> *mut Self;
+}
+
+/// `owner!(Handle, Inner)`: implements [`Owner`] for a handle whose one
+/// field is `inner: Mutex<Inner>`.
+macro_rules! owner {
+    ($h:ty, $inner:ty) => {
+        impl $crate::tp_common::Owner for $h {
+            type Inner = $inner;
+            fn inner(&self) -> &std::sync::Mutex<$inner> {
+                &self.inner
+            }
+            fn new_raw(inner: $inner) -> *mut Self {
+                <$h>::into_raw(std::sync::Mutex::new(inner))
+            }
+        }
+    };
+}
+pub(crate) use owner;
+
+/// The body of a `*_create`: checks `comm` and the out-pointer, reads the
+/// descriptor, builds the layer and writes a new handle to `out`.
+///
+/// # Safety
+/// Handle, descriptor and out-pointer contracts of the exported function.
+pub(crate) unsafe fn create<H: Owner, D: Desc>(
+    op: &'static str,
+    comm: ftnComm_t,
+    desc: *const D,
+    (out_arg, out): (&'static str, *mut *mut H),
+    build: impl FnOnce(&Communicator, &D) -> Result<H::Inner>,
+) -> Result<()> {
+    // SAFETY: forwarded contracts.
+    let (c, d) = unsafe {
+        (
+            get::<ftnComm>(op, "comm", comm)?,
+            read_desc(op, "desc", desc)?,
+        )
+    };
+    check_out(op, out_arg, out)?;
+    let inner = build(&c.comm, &d)?;
+    // SAFETY: checked non-NULL.
+    unsafe { out.write(H::new_raw(inner)) };
+    Ok(())
+}
+
+/// The body of a per-call function (forward, backward, get_params without
+/// comm): checks the handle, the communicator and the stream, locks the
+/// layer and runs `f` on it.
+///
+/// # Safety
+/// Handle contracts of the exported function.
+pub(crate) unsafe fn with_layer<H: Owner>(
+    op: &'static str,
+    arg: &'static str,
+    h: *mut H,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    f: impl FnOnce(&mut H::Inner, &Call) -> Result<()>,
+) -> Result<()> {
+    // SAFETY: forwarded contract.
+    let h = unsafe { get::<H>(op, arg, h)? };
+    let c = call(op, comm, stream)?;
+    f(&mut lock(h.inner()), &c)
+}
+
+/// The body of a `*_get_params`: checks the handle, locks it, runs `f`.
+///
+/// # Safety
+/// Handle contract of the exported function.
+pub(crate) unsafe fn with_params<H: Owner>(
+    op: &'static str,
+    arg: &'static str,
+    h: *mut H,
+    f: impl FnOnce(&H::Inner) -> Result<()>,
+) -> Result<()> {
+    // SAFETY: forwarded contract.
+    let h = unsafe { get::<H>(op, arg, h)? };
+    f(&lock(h.inner()))
+}
+
+/// A full weight `[out, in]` and optional bias `[out]` in host memory.
+///
+/// # Safety
+/// Each non-NULL pointer is valid for reads of its length during the call.
+pub(crate) unsafe fn full_params<'a, T: TpElement>(
+    op: &'static str,
+    weight: *const c_void,
+    bias: *const c_void,
+    (out, inp): (usize, usize),
+) -> Result<(&'a [T], Option<&'a [T]>)> {
+    let nw = times(op, "desc.out_features * in_features", out, inp)?;
+    // SAFETY: forwarded contract.
+    unsafe {
+        Ok((
+            host_slice::<T>(op, "full_weight", weight, nw)?,
+            if bias.is_null() {
+                None
+            } else {
+                Some(host_slice::<T>(op, "full_bias", bias, out)?)
+            },
+        ))
     }
 }

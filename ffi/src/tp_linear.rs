@@ -12,13 +12,14 @@ use ferrotron::parallel::linear::{
 use ferrotron::Result;
 
 use crate::boundary::{ftnResult_t, guard, invalid};
-use crate::comm::{call, ftnComm, ftnComm_t};
-use crate::handles::{check_out, get, handle, host_slice, take, view, Handle};
-use crate::handles::{ftnStream_t, mul};
-use crate::ops::{read_desc, Desc};
+use crate::comm::ftnComm_t;
+use crate::handles::ftnStream_t;
+use crate::handles::{handle, take, view, Handle};
+use crate::ops::Desc;
 use crate::tp_common::{
-    activation, count, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, lock, on_typed,
-    times, tp_new, view_iff, write_params, GradViews, Typed,
+    activation, count, create, flag, ftnLinearGrads_t, ftnLinearParams_t, full_params, local_rows,
+    on_typed, owner, times, tp_new, view_iff, with_layer, with_params, write_params, GradViews,
+    Typed,
 };
 
 /// Shape and options of a column-parallel linear layer `Y = X W^T + b`
@@ -94,11 +95,13 @@ type ColumnImpl = Typed<ColumnParallelLinear<half::f16>, ColumnParallelLinear<ha
 type RowImpl = Typed<RowParallelLinear<half::f16>, RowParallelLinear<half::bf16>>;
 
 handle!(ftnColumnParallelLinear, ftnColumnParallelLinear_t, 0x4654_4e43_504c_0006, "ftnColumnParallelLinear_t", {
-    layer: Mutex<ColumnImpl>,
+    inner: Mutex<ColumnImpl>,
 });
 handle!(ftnRowParallelLinear, ftnRowParallelLinear_t, 0x4654_4e52_504c_0007, "ftnRowParallelLinear_t", {
-    layer: Mutex<RowImpl>,
+    inner: Mutex<RowImpl>,
 });
+owner!(ftnColumnParallelLinear, ColumnImpl);
+owner!(ftnRowParallelLinear, RowImpl);
 
 // ---- column-parallel ----
 
@@ -109,6 +112,9 @@ unsafe fn column_new<T: TpElement>(
     bias: *const c_void,
 ) -> Result<ColumnParallelLinear<T>> {
     const OP: &str = "ftn_column_parallel_linear_create";
+    if d.reserved != 0 {
+        return Err(invalid(OP, "desc.reserved", "0", d.reserved));
+    }
     let inp = count(OP, "desc.in_features", d.in_features)?;
     let out = count(OP, "desc.out_features", d.out_features)?;
     let options = ColumnOptions {
@@ -120,21 +126,7 @@ unsafe fn column_new<T: TpElement>(
         overlap: !flag(d.serialize_comm),
     };
     // SAFETY: host pointer contracts: `out * in` and `out` elements.
-    let (w, b) = unsafe {
-        (
-            host_slice::<T>(
-                OP,
-                "full_weight",
-                weight,
-                mul(OP, "desc.out_features * in_features", out, inp)?,
-            )?,
-            if bias.is_null() {
-                None
-            } else {
-                Some(host_slice::<T>(OP, "full_bias", bias, out)?)
-            },
-        )
-    };
+    let (w, b) = unsafe { full_params::<T>(OP, weight, bias, (out, inp))? };
     ColumnParallelLinear::from_full(comm, inp, out, w, b, options)
 }
 
@@ -153,24 +145,16 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_create(
 ) -> ftnResult_t {
     guard("ftn_column_parallel_linear_create", move || {
         const OP: &str = "ftn_column_parallel_linear_create";
-        // SAFETY: handle and descriptor contracts.
-        let (c, d) = unsafe {
-            (
-                get::<ftnComm>(OP, "comm", comm)?,
-                read_desc(OP, "desc", desc)?,
+        // SAFETY: handle, descriptor and host pointer contracts.
+        unsafe {
+            create(
+                OP,
+                comm,
+                desc,
+                ("layer", layer),
+                |c, d| tp_new!(OP, d.dtype, T => column_new::<T>(c, d, full_weight, full_bias)),
             )
-        };
-        check_out(OP, "layer", layer)?;
-        if d.reserved != 0 {
-            return Err(invalid(OP, "desc.reserved", "0", d.reserved));
         }
-        // SAFETY: host pointer contracts.
-        let l: ColumnImpl = tp_new!(OP, d.dtype, T => unsafe {
-            column_new::<T>(&c.comm, &d, full_weight, full_bias)
-        })?;
-        // SAFETY: checked non-NULL.
-        unsafe { layer.write(ftnColumnParallelLinear::into_raw(Mutex::new(l))) };
-        Ok(())
     })
 }
 
@@ -195,11 +179,15 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_get_params(
 ) -> ftnResult_t {
     guard("ftn_column_parallel_linear_get_params", move || {
         const OP: &str = "ftn_column_parallel_linear_get_params";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnColumnParallelLinear>(OP, "layer", layer)? };
-        let g = lock(&h.layer);
-        // SAFETY: out-struct contract.
-        on_typed!(&*g, l, T => unsafe { write_params(OP, "params", params, &l.weight, l.bias.as_ref()) })
+        // SAFETY: handle and out-struct contracts.
+        unsafe {
+            with_params(
+                OP,
+                "layer",
+                layer,
+                |g| on_typed!(g, l, T => write_params(OP, "params", params, &l.weight, l.bias.as_ref())),
+            )
+        }
     })
 }
 
@@ -273,13 +261,18 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_forward(
 ) -> ftnResult_t {
     guard("ftn_column_parallel_linear_forward", move || {
         const OP: &str = "ftn_column_parallel_linear_forward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnColumnParallelLinear>(OP, "layer", layer)? };
-        let c = call(OP, comm, stream)?;
         let tokens = count(OP, "tokens", tokens)?;
-        let mut g = lock(&h.layer);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, l, T => unsafe { column_forward_t::<T>(l, &c, input, output, pre, tokens) })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "layer",
+                layer,
+                comm,
+                stream,
+                |g, c| on_typed!(g, l, T => column_forward_t::<T>(l, c, input, output, pre, tokens)),
+            )
+        }
     })
 }
 
@@ -346,15 +339,18 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_backward(
 ) -> ftnResult_t {
     guard("ftn_column_parallel_linear_backward", move || {
         const OP: &str = "ftn_column_parallel_linear_backward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnColumnParallelLinear>(OP, "layer", layer)? };
-        let c = call(OP, comm, stream)?;
         let tokens = count(OP, "tokens", tokens)?;
-        let mut g = lock(&h.layer);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, l, T => unsafe {
-            column_backward_t::<T>(l, &c, input, grad_output, pre, grad_input, grads, tokens)
-        })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "layer",
+                layer,
+                comm,
+                stream,
+                |g, c| on_typed!(g, l, T => column_backward_t::<T>(l, c, input, grad_output, pre, grad_input, grads, tokens)),
+            )
+        }
     })
 }
 
@@ -377,21 +373,7 @@ unsafe fn row_new<T: TpElement>(
         overlap: !flag(d.serialize_comm),
     };
     // SAFETY: host pointer contracts: `out * in` and `out` elements.
-    let (w, b) = unsafe {
-        (
-            host_slice::<T>(
-                OP,
-                "full_weight",
-                weight,
-                mul(OP, "desc.out_features * in_features", out, inp)?,
-            )?,
-            if bias.is_null() {
-                None
-            } else {
-                Some(host_slice::<T>(OP, "full_bias", bias, out)?)
-            },
-        )
-    };
+    let (w, b) = unsafe { full_params::<T>(OP, weight, bias, (out, inp))? };
     RowParallelLinear::from_full(comm, inp, out, w, b, options)
 }
 
@@ -408,21 +390,16 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_create(
 ) -> ftnResult_t {
     guard("ftn_row_parallel_linear_create", move || {
         const OP: &str = "ftn_row_parallel_linear_create";
-        // SAFETY: handle and descriptor contracts.
-        let (c, d) = unsafe {
-            (
-                get::<ftnComm>(OP, "comm", comm)?,
-                read_desc(OP, "desc", desc)?,
+        // SAFETY: handle, descriptor and host pointer contracts.
+        unsafe {
+            create(
+                OP,
+                comm,
+                desc,
+                ("layer", layer),
+                |c, d| tp_new!(OP, d.dtype, T => row_new::<T>(c, d, full_weight, full_bias)),
             )
-        };
-        check_out(OP, "layer", layer)?;
-        // SAFETY: host pointer contracts.
-        let l: RowImpl = tp_new!(OP, d.dtype, T => unsafe {
-            row_new::<T>(&c.comm, &d, full_weight, full_bias)
-        })?;
-        // SAFETY: checked non-NULL.
-        unsafe { layer.write(ftnRowParallelLinear::into_raw(Mutex::new(l))) };
-        Ok(())
+        }
     })
 }
 
@@ -447,11 +424,15 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_get_params(
 ) -> ftnResult_t {
     guard("ftn_row_parallel_linear_get_params", move || {
         const OP: &str = "ftn_row_parallel_linear_get_params";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnRowParallelLinear>(OP, "layer", layer)? };
-        let g = lock(&h.layer);
-        // SAFETY: out-struct contract.
-        on_typed!(&*g, l, T => unsafe { write_params(OP, "params", params, &l.weight, l.bias.as_ref()) })
+        // SAFETY: handle and out-struct contracts.
+        unsafe {
+            with_params(
+                OP,
+                "layer",
+                layer,
+                |g| on_typed!(g, l, T => write_params(OP, "params", params, &l.weight, l.bias.as_ref())),
+            )
+        }
     })
 }
 
@@ -509,13 +490,18 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_forward(
 ) -> ftnResult_t {
     guard("ftn_row_parallel_linear_forward", move || {
         const OP: &str = "ftn_row_parallel_linear_forward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnRowParallelLinear>(OP, "layer", layer)? };
-        let c = call(OP, comm, stream)?;
         let tokens = count(OP, "tokens", tokens)?;
-        let mut g = lock(&h.layer);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, l, T => unsafe { row_forward_t::<T>(l, &c, input, output, tokens) })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "layer",
+                layer,
+                comm,
+                stream,
+                |g, c| on_typed!(g, l, T => row_forward_t::<T>(l, c, input, output, tokens)),
+            )
+        }
     })
 }
 
@@ -589,14 +575,17 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_backward(
 ) -> ftnResult_t {
     guard("ftn_row_parallel_linear_backward", move || {
         const OP: &str = "ftn_row_parallel_linear_backward";
-        // SAFETY: handle contract.
-        let h = unsafe { get::<ftnRowParallelLinear>(OP, "layer", layer)? };
-        let c = call(OP, comm, stream)?;
         let tokens = count(OP, "tokens", tokens)?;
-        let mut g = lock(&h.layer);
-        // SAFETY: pointer contracts.
-        on_typed!(&mut *g, l, T => unsafe {
-            row_backward_t::<T>(l, &c, input, grad_output, dgelu, dgelu_pre, grad_input, grads, tokens)
-        })
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                OP,
+                "layer",
+                layer,
+                comm,
+                stream,
+                |g, c| on_typed!(g, l, T => row_backward_t::<T>(l, c, input, grad_output, dgelu, dgelu_pre, grad_input, grads, tokens)),
+            )
+        }
     })
 }
