@@ -2,7 +2,8 @@
 # C ABI checks for CI (issue 6):
 #   1. include/ferrotron.h is what the pinned cbindgen generates from ffi/src;
 #   2. the header compiles alone as C99 and C++17 with -Wall -Wextra -Werror -pedantic;
-#   3. the descriptor fuzz target (fuzz/, cargo-fuzz + libFuzzer) runs briefly without crashing.
+#   3. the descriptor fuzz target (fuzz/, cargo-fuzz + libFuzzer) runs briefly without crashing
+#      (an input slower than 10 s counts as a crash: validation must not hang).
 # The C and C++ consumer programs run in `cargo test` (ffi/tests/c_consumers.rs).
 # Env: FTN_FUZZ_SECONDS (default 60), CC, CXX.
 set -euo pipefail
@@ -25,5 +26,5 @@ fi
 cd fuzz
 mkdir -p corpus/descriptors
 RUSTC_BOOTSTRAP=1 FTN_EMU_THREADS=2 "$CACHE/bin/cargo-fuzz" run descriptors corpus/descriptors -- \
-  -max_total_time="${FTN_FUZZ_SECONDS:-60}" -max_len=512 -print_final_stats=1
+  -max_total_time="${FTN_FUZZ_SECONDS:-60}" -timeout=10 -max_len=512 -print_final_stats=1
 echo "ffi checks passed"

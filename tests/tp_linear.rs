@@ -745,3 +745,13 @@ fn tp_mlp_block_matches_unsharded() {
         }
     }
 }
+
+#[test]
+fn empty_shards_of_huge_matrices_cost_nothing() {
+    // A zero-width dimension must not make sharding walk the other one
+    // (found by the C ABI fuzzer: rows = 2^62, cols = 0 used to loop).
+    let rows = 1usize << 62;
+    assert_eq!(shard_cols::<u16>(&[], rows, 0, 1, 0).unwrap(), Vec::<u16>::new());
+    assert_eq!(shard_rows::<u16>(&[], rows, 0, 1, 0).unwrap(), Vec::<u16>::new());
+    assert_eq!(shard_rows::<u16>(&[], 0, rows, 2, 1).unwrap(), Vec::<u16>::new());
+}

@@ -92,6 +92,10 @@ pub fn shard_cols<T: Copy>(
 ) -> Result<Vec<T>> {
     check_shard("shard_cols", full.len(), rows, cols, tp, rank, cols)?;
     let w = cols / tp;
+    if w == 0 {
+        // Empty shard: do not walk `rows` empty rows (rows may be huge).
+        return Ok(Vec::new());
+    }
     Ok((0..rows)
         .flat_map(|i| {
             full[i * cols + rank * w..i * cols + (rank + 1) * w]
