@@ -177,7 +177,7 @@ static void bias_gelu_bf16(const ftn::Stream& s) {
     v = static_cast<float>(v);
     want_y[i] = gelu_tanh(v);
     want_dx[i] = from_bf16(dy[i]) * gelu_tanh_grad(v);
-    want_db[i % cols] += from_bf16(to_bf16(static_cast<float>(want_dx[i])));
+    want_db[i % cols] += want_dx[i];  // the kernel sums dx in fp32 before rounding it to bf16
     got_y[i] = from_bf16(out[i]);
     got_dx[i] = from_bf16(dx[i]);
   }
@@ -403,6 +403,536 @@ static void collectives() {
   for (auto& e : errors) expect(e.empty(), e);
 }
 
+// ---- tensor parallelism: two ranks, one thread each ----
+
+static const int TP = 2;
+
+// Random bf16 values in [-2 scale, 2 scale).
+static std::vector<uint16_t> rand_bf16(size_t n, float scale = 1.0f) {
+  auto v = rand_vec(n);
+  std::vector<uint16_t> h(n);
+  for (size_t i = 0; i < n; i++) h[i] = to_bf16(v[i] * scale);
+  return h;
+}
+static std::vector<double> widen(const std::vector<uint16_t>& h) {
+  std::vector<double> d(h.size());
+  for (size_t i = 0; i < h.size(); i++) d[i] = from_bf16(h[i]);
+  return d;
+}
+static std::vector<float> floats(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); i++) f[i] = from_bf16(h[i]);
+  return f;
+}
+// Rows [r0, r1) of a row-major matrix of `cols` columns (a vector: cols = 1).
+template <typename T>
+static std::vector<T> row_block(const std::vector<T>& m, int64_t cols, int64_t r0, int64_t r1) {
+  return std::vector<T>(m.begin() + r0 * cols, m.begin() + r1 * cols);
+}
+// Columns [c0, c1) of a row-major matrix of `cols` columns.
+template <typename T>
+static std::vector<T> col_block(const std::vector<T>& m, int64_t cols, int64_t c0, int64_t c1) {
+  std::vector<T> out;
+  const int64_t rows = static_cast<int64_t>(m.size()) / cols;
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = c0; j < c1; j++) out.push_back(m[i * cols + j]);
+  return out;
+}
+
+static double gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+static double gelu_erf_grad(double x) {
+  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / 2.5066282746310002;  // sqrt(2 pi)
+}
+
+// y [rows, out] = x [rows, in] w^T + b, w row-major [out, in].
+static std::vector<double> linear(const std::vector<double>& x, const std::vector<double>& w,
+                                  const std::vector<double>& b, int64_t rows, int64_t in, int64_t out) {
+  std::vector<double> y(rows * out);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t o = 0; o < out; o++) {
+      double acc = b[o];
+      for (int64_t k = 0; k < in; k++) acc += x[i * in + k] * w[o * in + k];
+      y[i * out + o] = acc;
+    }
+  return y;
+}
+
+// Y = gelu(X W1^T + b1) W2^T + b2 and its gradients from dY, in double.
+struct MlpReference {
+  std::vector<double> pre, h, y, dpre, dx, dw1, db1, dw2, db2;
+};
+static MlpReference mlp_reference(int64_t tokens, int64_t hidden, int64_t ffn, const std::vector<double>& x,
+                                  const std::vector<double>& w1, const std::vector<double>& b1,
+                                  const std::vector<double>& w2, const std::vector<double>& b2,
+                                  const std::vector<double>& dy, bool erf) {
+  MlpReference r;
+  r.pre = linear(x, w1, b1, tokens, hidden, ffn);
+  r.h.resize(r.pre.size());
+  for (size_t i = 0; i < r.pre.size(); i++) r.h[i] = erf ? gelu_erf(r.pre[i]) : gelu_tanh(r.pre[i]);
+  r.y = linear(r.h, w2, b2, tokens, ffn, hidden);
+  r.dpre.assign(tokens * ffn, 0.0);
+  r.dx.assign(tokens * hidden, 0.0);
+  r.dw1.assign(ffn * hidden, 0.0);
+  r.db1.assign(ffn, 0.0);
+  r.dw2.assign(hidden * ffn, 0.0);
+  r.db2.assign(hidden, 0.0);
+  for (int64_t t = 0; t < tokens; t++) {
+    for (int64_t f = 0; f < ffn; f++) {
+      double dh = 0;
+      for (int64_t o = 0; o < hidden; o++) dh += dy[t * hidden + o] * w2[o * ffn + f];
+      double p = r.pre[t * ffn + f];
+      double dp = dh * (erf ? gelu_erf_grad(p) : gelu_tanh_grad(p));
+      r.dpre[t * ffn + f] = dp;
+      r.db1[f] += dp;
+      for (int64_t k = 0; k < hidden; k++) {
+        r.dx[t * hidden + k] += dp * w1[f * hidden + k];
+        r.dw1[f * hidden + k] += dp * x[t * hidden + k];
+      }
+    }
+    for (int64_t o = 0; o < hidden; o++) {
+      r.db2[o] += dy[t * hidden + o];
+      for (int64_t f = 0; f < ffn; f++) r.dw2[o * ffn + f] += dy[t * hidden + o] * r.h[t * ffn + f];
+    }
+  }
+  return r;
+}
+
+// Ends the program if the ranks deadlock (a rank that threw leaves its peer
+// waiting in a collective): a failure instead of a hung test.
+class Watchdog {
+ public:
+  explicit Watchdog(int seconds)
+      : thread_([this, seconds] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cv_.wait_for(lock, std::chrono::seconds(seconds), [this] { return done_; })) {
+            std::fprintf(stderr, "FAILED: the tensor-parallel checks hung for %d s [seed %llu]\n", seconds, g_seed);
+            std::_Exit(1);
+          }
+        }) {}
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// The ranks of one in-process communicator: a context, a communicator and a
+// stream each (destroyed in the reverse order).
+struct Ranks {
+  std::vector<ftn::Context> ctx;
+  std::vector<ftn::Comm> comm;
+  std::vector<ftn::Stream> stream;
+
+  explicit Ranks(int n) {
+    for (int r = 0; r < n; r++) ctx.push_back(ftn::make_context(ftnBackendEmu));
+    std::vector<ftnContext_t> raw;
+    for (auto& c : ctx) raw.push_back(c.get());
+    std::vector<ftnComm_t> comm_raw(n);
+    FTN_CHECK(ftn_comm_init_all(comm_raw.data(), n, raw.data()));
+    for (auto h : comm_raw) comm.emplace_back(h);
+    for (auto& c : ctx) stream.push_back(ftn::make_stream(c));
+  }
+};
+
+// Runs body(rank) on its own thread for every rank (the layers may block the
+// host until a peer has enqueued its half of a collective); an exception
+// fails the check with its message.
+static void on_ranks(const std::string& what, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(TP);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < TP; r++)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[r] = what + " on rank " + std::to_string(r) + ": " + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) expect(e.empty(), e);
+}
+
+// Both ranks end with the host waiting for their stream (its collectives and
+// what the layers enqueued on the communicator's stream).
+static void finish(const Ranks& rk, int r) {
+  FTN_CHECK(ftn_comm_wait(rk.comm[r].get(), rk.stream[r].get(), 10000));
+  FTN_CHECK(ftn_stream_synchronize(rk.stream[r].get()));
+}
+
+template <typename T>
+static std::vector<T> to_host(const ftn::Stream& s, const void* dev, size_t n) {
+  std::vector<T> h(n);
+  FTN_CHECK(ftn_memcpy_dtoh(s.get(), h.data(), dev, n * sizeof(T)));
+  return h;
+}
+
+// A layer's parameters (device memory it owns) equal the expected shards exactly.
+static void check_params(const ftn::Stream& s, const std::string& what, const ftnLinearParams_t& p,
+                         const std::vector<uint16_t>& w, const std::vector<uint16_t>& b) {
+  bool ok = p.weight && p.bias && p.weight_count == w.size() && p.bias_count == b.size();
+  expect(ok, what + " params: counts " + std::to_string(p.weight_count) + " / " + std::to_string(p.bias_count) +
+                 ", want " + std::to_string(w.size()) + " / " + std::to_string(b.size()));
+  if (!ok) return;
+  expect(to_host<uint16_t>(s, p.weight, w.size()) == w, what + " params: weight shard");
+  expect(to_host<uint16_t>(s, p.bias, b.size()) == b, what + " params: bias");
+}
+
+// Where one layer's backward writes its gradients: an fp32 main_grad
+// accumulated into (from a known non-zero start) or a stored bf16 weight
+// gradient; the bias gradient is bf16.
+struct GradBuffers {
+  bool accumulate;
+  std::vector<float> main_grad, start;
+  std::vector<uint16_t> weight, bias;
+
+  GradBuffers(bool acc, size_t nw, size_t nb) : accumulate(acc), weight(acc ? 0 : nw, 0xFFFF), bias(nb, 0xFFFF) {
+    if (acc) {
+      main_grad.resize(nw);
+      for (size_t i = 0; i < nw; i++) main_grad[i] = 0.5f + 0.25f * static_cast<float>(i % 5);
+      start = main_grad;
+    }
+  }
+  ftnLinearGrads_t desc() {
+    auto g = ftn::desc<ftnLinearGrads_t>();
+    g.weight_mode = accumulate ? ftnWeightGradAccumulate : ftnWeightGradStore;
+    g.weight = accumulate ? static_cast<void*>(main_grad.data()) : static_cast<void*>(weight.data());
+    g.bias = bias.data();
+    return g;
+  }
+  void check(const std::string& what, const std::vector<double>& dw, const std::vector<double>& db) const {
+    if (accumulate) {
+      std::vector<double> want = dw;
+      for (size_t i = 0; i < want.size(); i++) want[i] += start[i];
+      close_all(what + " weight grad (fp32 main_grad +=)", main_grad, want, 3e-2);
+    } else {
+      close_all(what + " weight grad (bf16 store)", floats(weight), dw, 3e-2);
+    }
+    close_all(what + " bias grad", floats(bias), db, 3e-2);
+  }
+};
+
+static bool error_names(const ftn::Error& e, const char* word) {
+  return e.status == ftnInvalidArgument && std::string(e.what()).find(word) != std::string::npos;
+}
+
+const int64_t kTokens = 8, kHidden = 16, kFfn = 32, kFfnShard = kFfn / TP;
+
+// The MLP block (bf16, tanh GeLU), sequence parallelism off and on.
+static void tp_mlp(const Ranks& rk) {
+  const int64_t T = kTokens, H = kHidden, F = kFfn, Fp = kFfnShard;
+  // Scales keep every tensor O(1): the tolerances are then about twice the
+  // worst bf16 rounding (of h, of each rank's partial sums) over many seeds.
+  auto x = rand_bf16(T * H, 0.5f), w1 = rand_bf16(F * H, 0.5f), b1 = rand_bf16(F, 0.25f), w2 = rand_bf16(H * F, 0.12f),
+       b2 = rand_bf16(H, 0.25f), dy = rand_bf16(T * H, 0.35f);
+  const MlpReference ref =
+      mlp_reference(T, H, F, widen(x), widen(w1), widen(b1), widen(w2), widen(b2), widen(dy), false);
+  for (int sp = 0; sp <= 1; sp++) {
+    on_ranks("tp mlp sp=" + std::to_string(sp), [&](int r) {
+      const ftn::Stream& s = rk.stream[r];
+      ftnComm_t c = rk.comm[r].get();
+      const std::string tag = "rank " + std::to_string(r) + " tp_mlp sp=" + std::to_string(sp) + " ";
+      auto d = ftn::desc<ftnTpMlpDesc_t>();
+      d.dtype = ftnBfloat16;
+      d.gelu = ftnGeluTanh;
+      d.hidden = H;
+      d.ffn = F;
+      d.sequence_parallel = sp;
+      ftn::TpMlp mlp;
+      // bad input first (rejected before any communication, on both ranks)
+      try {
+        auto bad = d;
+        bad.size = sizeof bad - 8;
+        ftn::check(ftn_tp_mlp_create(c, &bad, w1.data(), b1.data(), w2.data(), b2.data(), mlp.out()), "mlp create");
+        expect(false, tag + "a short desc.size accepted");
+      } catch (const ftn::Error& e) {
+        expect(error_names(e, "desc.size"), tag + "error names desc.size: " + e.what());
+      }
+      FTN_CHECK(ftn_tp_mlp_create(c, &d, w1.data(), b1.data(), w2.data(), b2.data(), mlp.out()));
+      auto p1 = ftn::desc<ftnLinearParams_t>(), p2 = ftn::desc<ftnLinearParams_t>();
+      FTN_CHECK(ftn_tp_mlp_get_params(mlp.get(), &p1, &p2));
+      check_params(s, tag + "fc1", p1, row_block(w1, H, r * Fp, (r + 1) * Fp), row_block(b1, 1, r * Fp, (r + 1) * Fp));
+      check_params(s, tag + "fc2", p2, col_block(w2, F, r * Fp, (r + 1) * Fp), b2);
+
+      const int64_t rows = sp ? T / TP : T, r0 = sp ? r * rows : 0;
+      auto xin = row_block(x, H, r0, r0 + rows), dyin = row_block(dy, H, r0, r0 + rows);
+      std::vector<uint16_t> y(rows * H, 0xFFFF), dx(rows * H, 0xFFFF);
+      // fc1 accumulates into an fp32 main_grad and fc2 stores bf16; swapped with sp
+      GradBuffers g1(sp == 0, Fp * H, Fp), g2(sp != 0, H * Fp, H);
+      auto d1 = g1.desc(), d2 = g2.desc();
+      FTN_CHECK(ftn_tp_mlp_forward(mlp.get(), c, s.get(), xin.data(), y.data(), T));
+      FTN_CHECK(ftn_tp_mlp_backward(mlp.get(), c, s.get(), xin.data(), dyin.data(), dx.data(), &d1, &d2, T));
+      // the communicator's own stream: the host waits for it through an event
+      ftn::Stream cs;
+      FTN_CHECK(ftn_comm_get_stream(c, cs.out()));
+      ftn::Event ev;
+      FTN_CHECK(ftn_event_create(rk.ctx[r].get(), ev.out()));
+      FTN_CHECK(ftn_event_record(ev.get(), cs.get()));
+      FTN_CHECK(ftn_stream_wait_event(s.get(), ev.get()));
+      finish(rk, r);
+      FTN_CHECK(ftn_stream_synchronize(cs.get()));
+      close_all(tag + "forward", floats(y), row_block(ref.y, H, r0, r0 + rows), 2e-2);
+      close_all(tag + "grad_input", floats(dx), row_block(ref.dx, H, r0, r0 + rows), 3e-2);
+      g1.check(tag + "fc1", row_block(ref.dw1, H, r * Fp, (r + 1) * Fp), row_block(ref.db1, 1, r * Fp, (r + 1) * Fp));
+      g2.check(tag + "fc2", col_block(ref.dw2, F, r * Fp, (r + 1) * Fp), ref.db2);
+
+      // a NULL fc1 gradient descriptor (rejected before any communication)
+      try {
+        ftn::check(ftn_tp_mlp_backward(mlp.get(), c, s.get(), xin.data(), dyin.data(), dx.data(), nullptr, &d2, T),
+                   "mlp backward");
+        expect(false, tag + "NULL fc1 grads accepted");
+      } catch (const ftn::Error& e) {
+        expect(error_names(e, "fc1"), tag + "error names fc1: " + e.what());
+      }
+    });
+  }
+}
+
+// The same MLP built by hand: a column-parallel layer with a fused erf GeLU,
+// then a row-parallel layer whose backward fuses the GeLU's backward
+// (dgelu) and feeds the column backward with pre = NULL.
+static void tp_column_row(const Ranks& rk) {
+  const int64_t T = kTokens, H = kHidden, F = kFfn, Fp = kFfnShard;
+  auto x = rand_bf16(T * H, 0.5f), w1 = rand_bf16(F * H, 0.5f), b1 = rand_bf16(F, 0.25f), w2 = rand_bf16(H * F, 0.12f),
+       b2 = rand_bf16(H, 0.25f), dy = rand_bf16(T * H, 0.35f);
+  const MlpReference ref =
+      mlp_reference(T, H, F, widen(x), widen(w1), widen(b1), widen(w2), widen(b2), widen(dy), true);
+  for (int sp = 0; sp <= 1; sp++) {
+    on_ranks("column + row parallel sp=" + std::to_string(sp), [&](int r) {
+      const ftn::Stream& s = rk.stream[r];
+      ftnComm_t c = rk.comm[r].get();
+      const std::string tag = "rank " + std::to_string(r) + " column+row sp=" + std::to_string(sp) + " ";
+      auto cd = ftn::desc<ftnColumnParallelLinearDesc_t>();
+      cd.dtype = ftnBfloat16;
+      cd.bias = 1;
+      cd.in_features = H;
+      cd.out_features = F;
+      cd.sequence_parallel = sp;
+      cd.activation = ftnActivationGeluErf;
+      cd.serialize_comm = sp;  // overlapped without sequence parallelism, serialised with it
+      auto rd = ftn::desc<ftnRowParallelLinearDesc_t>();
+      rd.dtype = ftnBfloat16;
+      rd.bias = 1;
+      rd.in_features = F;
+      rd.out_features = H;
+      rd.input_is_parallel = 1;
+      rd.sequence_parallel = sp;
+      rd.serialize_comm = sp;
+      ftn::ColumnParallelLinear col;
+      ftn::RowParallelLinear row;
+      FTN_CHECK(ftn_column_parallel_linear_create(c, &cd, w1.data(), b1.data(), col.out()));
+      FTN_CHECK(ftn_row_parallel_linear_create(c, &rd, w2.data(), b2.data(), row.out()));
+      auto pc = ftn::desc<ftnLinearParams_t>(), pr = ftn::desc<ftnLinearParams_t>();
+      FTN_CHECK(ftn_column_parallel_linear_get_params(col.get(), &pc));
+      FTN_CHECK(ftn_row_parallel_linear_get_params(row.get(), &pr));
+      check_params(s, tag + "column", pc, row_block(w1, H, r * Fp, (r + 1) * Fp), row_block(b1, 1, r * Fp, (r + 1) * Fp));
+      check_params(s, tag + "row", pr, col_block(w2, F, r * Fp, (r + 1) * Fp), b2);
+
+      const int64_t rows = sp ? T / TP : T, r0 = sp ? r * rows : 0;
+      auto xin = row_block(x, H, r0, r0 + rows), dyin = row_block(dy, H, r0, r0 + rows);
+      std::vector<uint16_t> h(T * Fp, 0xFFFF), pre(T * Fp, 0xFFFF), y(rows * H, 0xFFFF), dpre(T * Fp, 0xFFFF),
+          dx(rows * H, 0xFFFF);
+      // a fused activation needs `pre` (rejected before any communication)
+      try {
+        ftn::check(ftn_column_parallel_linear_forward(col.get(), c, s.get(), xin.data(), h.data(), nullptr, T),
+                   "column forward");
+        expect(false, tag + "column forward without pre accepted");
+      } catch (const ftn::Error& e) {
+        expect(error_names(e, "pre"), tag + "error names pre: " + e.what());
+      }
+      GradBuffers gc(sp == 0, Fp * H, Fp), gr(sp != 0, H * Fp, H);
+      auto dc = gc.desc(), dr = gr.desc();
+      FTN_CHECK(ftn_column_parallel_linear_forward(col.get(), c, s.get(), xin.data(), h.data(), pre.data(), T));
+      FTN_CHECK(ftn_row_parallel_linear_forward(row.get(), c, s.get(), h.data(), y.data(), T));
+      FTN_CHECK(ftn_row_parallel_linear_backward(row.get(), c, s.get(), h.data(), dyin.data(), ftnActivationGeluErf,
+                                                 pre.data(), dpre.data(), &dr, T));
+      FTN_CHECK(ftn_column_parallel_linear_backward(col.get(), c, s.get(), xin.data(), dpre.data(), nullptr, dx.data(),
+                                                    &dc, T));
+      finish(rk, r);
+      close_all(tag + "column pre-activation", floats(pre), col_block(ref.pre, F, r * Fp, (r + 1) * Fp), 2e-2);
+      close_all(tag + "column output (erf gelu)", floats(h), col_block(ref.h, F, r * Fp, (r + 1) * Fp), 2e-2);
+      close_all(tag + "forward", floats(y), row_block(ref.y, H, r0, r0 + rows), 2e-2);
+      close_all(tag + "row grad_input through dgelu", floats(dpre), col_block(ref.dpre, F, r * Fp, (r + 1) * Fp), 3e-2);
+      close_all(tag + "grad_input", floats(dx), row_block(ref.dx, H, r0, r0 + rows), 3e-2);
+      gc.check(tag + "column", row_block(ref.dw1, H, r * Fp, (r + 1) * Fp), row_block(ref.db1, 1, r * Fp, (r + 1) * Fp));
+      gr.check(tag + "row", col_block(ref.dw2, F, r * Fp, (r + 1) * Fp), ref.db2);
+    });
+  }
+}
+
+// The attention block's forward (bf16) and its parameter shards.
+static void tp_attention(const Ranks& rk) {
+  const int64_t seq = 4, batch = 2, heads = 2, hd = 8, H = kHidden, T = seq * batch, Q3 = 3 * heads * hd, hp = heads / TP;
+  auto x = rand_bf16(T * H, 0.5f), wqkv = rand_bf16(Q3 * H, 0.35f), bqkv = rand_bf16(Q3, 0.25f),
+       wo = rand_bf16(H * heads * hd, 0.15f), bo = rand_bf16(H, 0.25f);
+  // QKV rows ordered (head, {q,k,v}, dim); token row i*batch + b.
+  auto qkv = linear(widen(x), widen(wqkv), widen(bqkv), T, H, Q3);
+  std::vector<double> ctxv(T * heads * hd, 0.0);
+  for (int64_t b = 0; b < batch; b++)
+    for (int64_t n = 0; n < heads; n++)
+      for (int64_t i = 0; i < seq; i++) {
+        const double* q = &qkv[(i * batch + b) * Q3 + n * 3 * hd];
+        std::vector<double> sc(i + 1);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t k = 0; k <= i; k++) {
+          const double* kk = &qkv[(k * batch + b) * Q3 + n * 3 * hd + hd];
+          double dot = 0;
+          for (int64_t j = 0; j < hd; j++) dot += q[j] * kk[j];
+          sc[k] = dot / std::sqrt(static_cast<double>(hd));
+          mx = std::fmax(mx, sc[k]);
+        }
+        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (int64_t k = 0; k <= i; k++) {
+          const double* vv = &qkv[(k * batch + b) * Q3 + n * 3 * hd + 2 * hd];
+          for (int64_t j = 0; j < hd; j++) ctxv[(i * batch + b) * heads * hd + n * hd + j] += sc[k] / sum * vv[j];
+        }
+      }
+  const auto want = linear(ctxv, widen(wo), widen(bo), T, heads * hd, H);
+  on_ranks("tp attention", [&](int r) {
+    const ftn::Stream& s = rk.stream[r];
+    ftnComm_t c = rk.comm[r].get();
+    const std::string tag = "rank " + std::to_string(r) + " tp_attention ";
+    auto d = ftn::desc<ftnTpAttentionDesc_t>();
+    d.dtype = ftnBfloat16;
+    d.hidden = H;
+    d.heads = heads;
+    d.head_dim = hd;
+    ftn::TpAttention att;
+    FTN_CHECK(ftn_tp_attention_create(c, &d, wqkv.data(), bqkv.data(), wo.data(), bo.data(), att.out()));
+    auto pq = ftn::desc<ftnLinearParams_t>(), po = ftn::desc<ftnLinearParams_t>();
+    FTN_CHECK(ftn_tp_attention_get_params(att.get(), &pq, &po));
+    const int64_t q0 = r * 3 * hp * hd, q1 = (r + 1) * 3 * hp * hd;  // whole heads
+    check_params(s, tag + "qkv", pq, row_block(wqkv, H, q0, q1), row_block(bqkv, 1, q0, q1));
+    check_params(s, tag + "proj", po, col_block(wo, heads * hd, r * hp * hd, (r + 1) * hp * hd), bo);
+    std::vector<uint16_t> y(T * H, 0xFFFF);
+    FTN_CHECK(ftn_tp_attention_forward(att.get(), c, s.get(), x.data(), y.data(), seq, batch));
+    finish(rk, r);
+    close_all(tag + "forward", floats(y), want, 2e-2);
+  });
+}
+
+// Vocab-parallel cross-entropy (fp32 logits, int64 labels), label smoothing
+// 0 (gradient into its own buffer) and 0.1 (gradient in place of the logits).
+static void tp_cross_entropy(const Ranks& rk) {
+  const int64_t T = kTokens, Vs = 32, V = TP * Vs;
+  auto logits = rand_vec(T * V);
+  for (auto& v : logits) v *= 2.0f;
+  std::vector<int64_t> labels(T);
+  std::uniform_int_distribution<int64_t> pick(0, V - 1);
+  for (auto& l : labels) l = pick(rng);
+  const auto dloss = rand_vec(T);
+  for (float eps : {0.0f, 0.1f}) {
+    const double e = eps;
+    std::vector<double> wl(T), wg(T * V);
+    for (int64_t t = 0; t < T; t++) {
+      const float* xr = &logits[t * V];
+      double mx = -INFINITY, sum = 0, mean = 0;
+      for (int64_t v = 0; v < V; v++) mx = std::fmax(mx, static_cast<double>(xr[v]));
+      for (int64_t v = 0; v < V; v++) sum += std::exp(xr[v] - mx);
+      for (int64_t v = 0; v < V; v++) mean += xr[v];
+      mean /= V;
+      const double lse = mx + std::log(sum);
+      wl[t] = (1 - e) * (lse - xr[labels[t]]) + e * (lse - mean);
+      for (int64_t v = 0; v < V; v++)
+        wg[t * V + v] = dloss[t] * (std::exp(xr[v] - lse) - (1 - e) * (v == labels[t] ? 1.0 : 0.0) - e / V);
+    }
+    on_ranks("cross-entropy eps=" + std::to_string(eps), [&](int r) {
+      const ftn::Stream& s = rk.stream[r];
+      ftnComm_t c = rk.comm[r].get();
+      const std::string tag = "rank " + std::to_string(r) + " cross-entropy eps=" + std::to_string(eps) + " ";
+      const bool in_place = eps > 0;
+      auto d = ftn::desc<ftnCrossEntropyDesc_t>();
+      d.dtype = ftnFloat32;
+      d.label_dtype = ftnInt64;
+      d.tokens = T;
+      d.shard_vocab = Vs;
+      d.label_smoothing = eps;
+      auto shard = col_block(logits, V, r * Vs, (r + 1) * Vs);
+      std::vector<float> loss(T, NAN), grad(T * Vs, NAN);
+      ftn::CrossEntropySaved saved;
+      FTN_CHECK(ftn_vocab_parallel_cross_entropy_forward(&d, c, s.get(), shard.data(), labels.data(), loss.data(),
+                                                         saved.out()));
+      FTN_CHECK(ftn_vocab_parallel_cross_entropy_backward(&d, c, s.get(), shard.data(), labels.data(), saved.get(),
+                                                          dloss.data(), in_place ? shard.data() : grad.data()));
+      finish(rk, r);
+      close_all(tag + "loss", loss, wl, 1e-5);
+      close_all(tag + (in_place ? "grad (in place)" : "grad"), in_place ? shard : grad,
+                col_block(wg, V, r * Vs, (r + 1) * Vs), 1e-5);
+    });
+  }
+}
+
+// Mappings on int32 data (exact): gather_from_sp (all-gather rows; backward
+// reduce-scatter rows) and scatter_to_tp (split columns; backward all-gather
+// columns), sized with ftn_tp_mapping_shape.
+static void tp_mappings(const Ranks& rk) {
+  const int64_t rows = 4, cols = 3, srows = 4, scols = 6;
+  int64_t fr = -1, fc = -1, br = -1, bc = -1;
+  FTN_CHECK(ftn_tp_mapping_shape(ftnGatherFromSp, 0, rows, cols, TP, &fr, &fc));
+  FTN_CHECK(ftn_tp_mapping_shape(ftnGatherFromSp, 1, fr, fc, TP, &br, &bc));
+  const bool gather_ok = fr == TP * rows && fc == cols && br == rows && bc == cols;
+  expect(gather_ok, "gather_from_sp shapes");
+  int64_t sfr = -1, sfc = -1, sbr = -1, sbc = -1;
+  FTN_CHECK(ftn_tp_mapping_shape(ftnScatterToTp, 0, srows, scols, TP, &sfr, &sfc));
+  FTN_CHECK(ftn_tp_mapping_shape(ftnScatterToTp, 1, sfr, sfc, TP, &sbr, &sbc));
+  const bool scatter_ok = sfr == srows && sfc == scols / TP && sbr == srows && sbc == scols;
+  expect(scatter_ok, "scatter_to_tp shapes");
+  if (!gather_ok || !scatter_ok) return;
+  // element i of tensor k on rank r
+  auto val = [](int k, int r, int64_t i) { return static_cast<int32_t>(100000 * k + 1000 * (r + 1) + 7 * i); };
+  on_ranks("tp mappings", [&](int r) {
+    const ftn::Stream& s = rk.stream[r];
+    ftnComm_t c = rk.comm[r].get();
+    const std::string tag = "rank " + std::to_string(r) + " ";
+    std::vector<int32_t> in(rows * cols), out(fr * fc, -1), go(fr * fc), gi(br * bc, -1);
+    for (int64_t i = 0; i < rows * cols; i++) in[i] = val(0, r, i);
+    for (int64_t i = 0; i < fr * fc; i++) go[i] = val(1, r, i);
+    std::vector<int32_t> sin(srows * scols), sout(sfr * sfc, -1), sgo(sfr * sfc), sgi(sbr * sbc, -1);
+    for (int64_t i = 0; i < srows * scols; i++) sin[i] = val(2, 0, i);  // replicated
+    for (int64_t i = 0; i < sfr * sfc; i++) sgo[i] = val(3, r, i);
+    FTN_CHECK(ftn_tp_mapping_forward(ftnGatherFromSp, in.data(), out.data(), rows, cols, ftnInt32, c, s.get()));
+    FTN_CHECK(ftn_tp_mapping_backward(ftnGatherFromSp, go.data(), gi.data(), fr, fc, ftnInt32, c, s.get()));
+    FTN_CHECK(ftn_tp_mapping_forward(ftnScatterToTp, sin.data(), sout.data(), srows, scols, ftnInt32, c, s.get()));
+    FTN_CHECK(ftn_tp_mapping_backward(ftnScatterToTp, sgo.data(), sgi.data(), sfr, sfc, ftnInt32, c, s.get()));
+    finish(rk, r);
+    std::vector<int32_t> want_out(fr * fc), want_gi(br * bc, 0), want_sout(sfr * sfc), want_sgi(sbr * sbc);
+    for (int q = 0; q < TP; q++)
+      for (int64_t i = 0; i < rows * cols; i++) {
+        want_out[q * rows * cols + i] = val(0, q, i);
+        want_gi[i] += val(1, q, r * rows * cols + i);
+      }
+    for (int64_t i = 0; i < srows; i++)
+      for (int64_t j = 0; j < sfc; j++) {
+        want_sout[i * sfc + j] = sin[i * scols + r * sfc + j];
+        for (int q = 0; q < TP; q++) want_sgi[i * scols + q * sfc + j] = val(3, q, i * sfc + j);
+      }
+    expect(out == want_out, tag + "gather_from_sp forward (all-gather rows)");
+    expect(gi == want_gi, tag + "gather_from_sp backward (reduce-scatter rows)");
+    expect(sout == want_sout, tag + "scatter_to_tp forward (split columns)");
+    expect(sgi == want_sgi, tag + "scatter_to_tp backward (all-gather columns)");
+  });
+}
+
+static void tensor_parallel() {
+  Watchdog watchdog(120);
+  Ranks rk(TP);
+  tp_mlp(rk);
+  tp_column_row(rk);
+  tp_attention(rk);
+  tp_cross_entropy(rk);
+  tp_mappings(rk);
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) g_seed = std::strtoull(argv[1], nullptr, 10);
   rng.seed(g_seed);
@@ -419,6 +949,7 @@ int main(int argc, char** argv) {
     gemm_accumulate(s);
     multi_tensor_and_scaler(ctx, s);
     collectives();
+    tensor_parallel();
     // errors surface as exceptions carrying the status and the message
     try {
       auto d = ftn::desc<ftnBiasGeluDesc_t>();
