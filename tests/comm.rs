@@ -11,25 +11,13 @@ mod common;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::ranks::run_ranks_with_timeout as run_ranks;
 use common::Rng;
-use ferrotron::comm::{CommElement, Communicator, P2p, ReduceOp};
+use ferrotron::comm::{CommElement, P2p, ReduceOp};
 use ferrotron::core::rank_grid::{Axis, RankGrid, RankOrder};
 use ferrotron::ops::BiasGelu;
 use ferrotron::{Device, DeviceBuffer};
 use half::{bf16, f16};
-
-/// Runs `f(comm)` for every rank of an `n`-rank world, one thread per rank.
-fn run_ranks<R: Send>(n: usize, timeout: Duration, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let devices: Vec<Device> = (0..n).map(|_| Device::emu()).collect();
-    let comms = Communicator::in_process_with_timeout(&devices, timeout).unwrap();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
-}
 
 const T: Duration = Duration::from_secs(60);
 

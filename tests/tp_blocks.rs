@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::ranks::{col_sums, mm, mm_at, mm_bt, run_ranks};
 use common::{assert_close_scaled, to_f64, Rng};
 use ferrotron::comm::Communicator;
 use ferrotron::core::dtype::FloatElement;
@@ -16,7 +17,7 @@ use ferrotron::parallel::attention::{AttentionGrads, AttentionOptions, TpAttenti
 use ferrotron::parallel::linear::{shard_cols, shard_rows, LinearGrads, TpElement, WeightGrad};
 use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
 use ferrotron::reference::bias_gelu::{gelu, gelu_grad};
-use ferrotron::{Device, DeviceBuffer};
+use ferrotron::DeviceBuffer;
 use half::{bf16, f16};
 
 const HIDDEN: usize = 20;
@@ -26,58 +27,6 @@ const BATCH: usize = 2;
 const TOKENS: usize = SEQ * BATCH;
 const HEADS: usize = 4;
 const HEAD_DIM: usize = 6;
-
-fn run_ranks<R: Send>(n: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let devices: Vec<Device> = (0..n).map(|_| Device::emu()).collect();
-    let comms = Communicator::in_process(&devices).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-/// `a [m, k] x b^T` with `b [n, k]`.
-fn mm_bt(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            c[i * n + j] = (0..k).map(|l| a[i * k + l] * b[j * k + l]).sum();
-        }
-    }
-    c
-}
-
-/// `a [m, k] x b [k, n]`.
-fn mm(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for l in 0..k {
-            for j in 0..n {
-                c[i * n + j] += a[i * k + l] * b[l * n + j];
-            }
-        }
-    }
-    c
-}
-
-/// `a^T b`, `a [k, m]`, `b [k, n]`.
-fn mm_at(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for l in 0..k {
-        for i in 0..m {
-            for j in 0..n {
-                c[i * n + j] += a[l * m + i] * b[l * n + j];
-            }
-        }
-    }
-    c
-}
-
-fn col_sums(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    (0..cols)
-        .map(|j| (0..rows).map(|i| a[i * cols + j]).sum())
-        .collect()
-}
 
 fn add_bias(y: &mut [f64], b: &[f64]) {
     let n = b.len();

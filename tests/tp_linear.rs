@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::ranks::{col_sums, mm, mm_at, mm_bt, run_ranks};
 use common::{assert_close_scaled, to_f64, Rng};
 
 /// The per-dtype tolerance is for one op; these results pass through two that
@@ -25,64 +26,12 @@ use ferrotron::parallel::linear::{
     RowParallelLinear, TpElement, WeightGrad,
 };
 use ferrotron::reference::bias_gelu::{gelu, gelu_grad};
-use ferrotron::{DType, Device, DeviceBuffer};
+use ferrotron::{DType, DeviceBuffer};
 use half::{bf16, f16};
 
 const TOKENS: usize = 12;
 const IN: usize = 20;
 const OUT: usize = 28;
-
-fn run_ranks<R: Send>(n: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let devices: Vec<Device> = (0..n).map(|_| Device::emu()).collect();
-    let comms = Communicator::in_process(&devices).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-/// `a [m, k] x b^T` with `b [n, k]`.
-fn mm_bt(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            c[i * n + j] = (0..k).map(|l| a[i * k + l] * b[j * k + l]).sum();
-        }
-    }
-    c
-}
-
-/// `a [m, k] x b [k, n]`.
-fn mm(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for l in 0..k {
-            for j in 0..n {
-                c[i * n + j] += a[i * k + l] * b[l * n + j];
-            }
-        }
-    }
-    c
-}
-
-/// `a^T b`, `a [k, m]`, `b [k, n]`.
-fn mm_at(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for l in 0..k {
-        for i in 0..m {
-            for j in 0..n {
-                c[i * n + j] += a[l * m + i] * b[l * n + j];
-            }
-        }
-    }
-    c
-}
-
-fn col_sums(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    (0..cols)
-        .map(|j| (0..rows).map(|i| a[i * cols + j]).sum())
-        .collect()
-}
 
 fn poisoned<T: TpElement>(c: &Communicator, n: usize) -> DeviceBuffer<T> {
     let mut b = c.device().alloc_zeros::<T>(n).unwrap();
@@ -751,7 +700,16 @@ fn empty_shards_of_huge_matrices_cost_nothing() {
     // A zero-width dimension must not make sharding walk the other one
     // (found by the C ABI fuzzer: rows = 2^62, cols = 0 used to loop).
     let rows = 1usize << 62;
-    assert_eq!(shard_cols::<u16>(&[], rows, 0, 1, 0).unwrap(), Vec::<u16>::new());
-    assert_eq!(shard_rows::<u16>(&[], rows, 0, 1, 0).unwrap(), Vec::<u16>::new());
-    assert_eq!(shard_rows::<u16>(&[], 0, rows, 2, 1).unwrap(), Vec::<u16>::new());
+    assert_eq!(
+        shard_cols::<u16>(&[], rows, 0, 1, 0).unwrap(),
+        Vec::<u16>::new()
+    );
+    assert_eq!(
+        shard_rows::<u16>(&[], rows, 0, 1, 0).unwrap(),
+        Vec::<u16>::new()
+    );
+    assert_eq!(
+        shard_rows::<u16>(&[], 0, rows, 2, 1).unwrap(),
+        Vec::<u16>::new()
+    );
 }

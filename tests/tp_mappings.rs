@@ -1,18 +1,10 @@
 //! The tensor-parallel mapping primitives on TP = 1, 2, 4 ranks against the
 //! unsharded tensors: each forward and backward, and the duality of the pairs.
 
-use ferrotron::comm::Communicator;
-use ferrotron::parallel::mappings::Mapping;
-use ferrotron::Device;
+mod common;
 
-fn run_ranks<R: Send>(n: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let devices: Vec<Device> = (0..n).map(|_| Device::emu()).collect();
-    let comms = Communicator::in_process(&devices).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
+use common::ranks::run_ranks;
+use ferrotron::parallel::mappings::Mapping;
 
 /// Distinct integers-as-floats per (rank, row, col): sums are exact.
 fn tensor(rank: usize, rows: usize, cols: usize) -> Vec<f32> {

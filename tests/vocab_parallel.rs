@@ -6,24 +6,15 @@
 
 mod common;
 
+use common::ranks::run_ranks;
 use common::{assert_close, to_f64, Rng};
-use ferrotron::comm::Communicator;
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::parallel::vocab::{
     padded_vocab_size, shard_vocab_rows, TokenId, VocabParallelCrossEntropy, VocabParallelEmbedding,
 };
 use ferrotron::reference::vocab_parallel as oracle;
-use ferrotron::{DType, Device};
+use ferrotron::DType;
 use half::bf16;
-
-fn run_ranks<R: Send>(n: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let devices: Vec<Device> = (0..n).map(|_| Device::emu()).collect();
-    let comms = Communicator::in_process(&devices).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
 
 /// Ids: mostly in `[0, vocab)` (with repeats), plus ids in the padding rows,
 /// negative ids and ids past the padded vocabulary.

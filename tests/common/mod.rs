@@ -4,6 +4,8 @@
 //! skipped, never passed, when no GPU can be used).
 #![allow(dead_code)]
 
+pub mod ranks;
+
 use std::io::Write as _;
 
 use ferrotron::core::dtype::FloatElement;
