@@ -1,8 +1,10 @@
 //! Builds the C and C++ consumers in `tests/c/` against `include/ferrotron.h`
-//! and the library cargo built (the C one links the static library, the C++
+//! and the library cargo built (the C ones link the static library, the C++
 //! one the shared library), runs them on the emulator with a fresh seed, and
-//! checks that they pass. Also compiles the header alone as C99 and C++17
-//! with `-Wall -Wextra -Werror -pedantic`.
+//! checks that they pass. `consumer_tp.c` covers the tensor-parallel part of
+//! the ABI (one thread per rank, a forked process for the rendezvous). Also
+//! compiles the header alone as C99 and C++17 with
+//! `-Wall -Wextra -Werror -pedantic`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -144,6 +146,33 @@ fn c_consumer_passes_on_the_emulator() {
     let out = run(
         Command::new(&exe).arg(seed.to_string()),
         &format!("the C consumer (seed {seed})"),
+    );
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
+#[test]
+fn c_tp_consumer_passes_on_the_emulator() {
+    let lib = lib_dir().join("libferrotron.a");
+    assert!(lib.exists(), "{} not built", lib.display());
+    let exe = out_dir().join("consumer_tp_c");
+    run(
+        Command::new(tool("CC", "cc"))
+            .args([
+                "-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-pthread",
+            ])
+            .arg("-I")
+            .arg(repo().join("include"))
+            .arg(repo().join("ffi/tests/c/consumer_tp.c"))
+            .arg(&lib)
+            .args(NATIVE)
+            .arg("-o")
+            .arg(&exe),
+        "compiling the C tensor-parallel consumer",
+    );
+    let seed = seed();
+    let out = run(
+        Command::new(&exe).arg(seed.to_string()),
+        &format!("the C tensor-parallel consumer (seed {seed})"),
     );
     assert!(out.contains("all checks passed"), "{out}");
 }
