@@ -1835,8 +1835,10 @@ ftnResult_t ftn_vocab_padded_size(int64_t vocab, int tp, int64_t *padded);
 ftnResult_t ftn_vocab_range(int64_t vocab, int tp, int rank, int64_t *start, int64_t *rows);
 
 /*
- `out[t, :] = weight[ids[t], :]` (zero for ids outside `[0, vocab)`) as
- the all-reduce of each rank's lookup. `weight_shard`: this rank's rows
+ `out[t, :] = weight[ids[t], :]` as the all-reduce of each rank's lookup:
+ ids outside the padded vocabulary `[0, V)` (`V` = `ftn_vocab_padded_size`)
+ give zero rows; ids in `[vocab, V)` read their padding rows, as in
+ Megatron (real token ids are below `vocab`). `weight_shard`: this rank's rows
  `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
  (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
  */

@@ -14,10 +14,12 @@ use ferrotron::comm::Communicator;
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::ops::Gelu;
 use ferrotron::parallel::attention::{AttentionGrads, AttentionOptions, TpAttention};
-use ferrotron::parallel::linear::{shard_cols, shard_rows, LinearGrads, TpElement, WeightGrad};
+use ferrotron::parallel::linear::{
+    shard_cols, shard_rows, ColumnOptions, ColumnParallelLinear, LinearGrads, TpElement, WeightGrad,
+};
 use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
 use ferrotron::reference::bias_gelu::{gelu, gelu_grad};
-use ferrotron::DeviceBuffer;
+use ferrotron::{Device, DeviceBuffer};
 use half::{bf16, f16};
 
 const HIDDEN: usize = 20;
@@ -386,7 +388,7 @@ fn invalid_arguments_are_errors() {
         .err()
         .unwrap()
         .to_string();
-        assert!(e.contains("out_features") && e.contains("multiple"), "{e}");
+        assert!(e.contains("`ffn`") && e.contains("multiple"), "{e}");
         let e = TpAttention::<bf16>::from_full(
             &c,
             HIDDEN,
@@ -441,4 +443,89 @@ fn invalid_arguments_are_errors() {
             .to_string();
         assert!(e.contains("`output`"), "{e}");
     });
+}
+
+#[test]
+fn a_rejected_forward_keeps_the_saved_activations() {
+    run_ranks(2, |c| {
+        let ffn = 8;
+        let z = |n: usize| vec![bf16::from_f32(0.25); n];
+        let mut m = TpMlp::<bf16>::from_full(
+            &c,
+            HIDDEN,
+            ffn,
+            &z(ffn * HIDDEN),
+            &z(ffn),
+            &z(HIDDEN * ffn),
+            &z(HIDDEN),
+            MlpOptions::default(),
+        )
+        .unwrap();
+        let dev = c.device();
+        let s = c.stream();
+        let x = dev.upload(&z(TOKENS * HIDDEN)).unwrap();
+        let mut y = dev.alloc_zeros::<bf16>(TOKENS * HIDDEN).unwrap();
+        m.forward(&c, s, &x, &mut y, TOKENS).unwrap();
+        // Wrong output length, then a wrong-rank communicator: both rejected.
+        let mut short = dev.alloc_zeros::<bf16>(3).unwrap();
+        let e = m
+            .forward(&c, s, &x, &mut short, TOKENS)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`output`"), "{e}");
+        assert_eq!(
+            m.saved_tokens(),
+            Some(TOKENS),
+            "the rejected forward kept the activations"
+        );
+        let (mut gw1, mut gw2) = (
+            dev.alloc_zeros::<bf16>(ffn / 2 * HIDDEN).unwrap(),
+            dev.alloc_zeros::<bf16>(HIDDEN * ffn / 2).unwrap(),
+        );
+        let mut dx = dev.alloc_zeros::<bf16>(TOKENS * HIDDEN).unwrap();
+        let grads = MlpGrads {
+            fc1: LinearGrads {
+                weight: WeightGrad::Store(&mut gw1),
+                bias: None,
+            },
+            fc2: LinearGrads {
+                weight: WeightGrad::Store(&mut gw2),
+                bias: None,
+            },
+        };
+        m.backward(&c, s, &x, &y, &mut dx, grads).unwrap();
+        s.synchronize().unwrap();
+        // Nonzero inputs and weights: the backward really ran.
+        assert!(dx.to_host().unwrap().iter().any(|v| v.to_f32() != 0.0));
+    });
+}
+
+#[test]
+fn a_layer_used_with_another_ranks_communicator_is_an_error() {
+    let devs = [Device::emu(), Device::emu()];
+    let comms = Communicator::in_process(&devs).unwrap();
+    let z = vec![bf16::ZERO; 16 * 8];
+    let mut col = ColumnParallelLinear::<bf16>::from_full(
+        &comms[0],
+        8,
+        16,
+        &z,
+        None,
+        ColumnOptions {
+            bias: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dev = comms[1].device();
+    let x = dev.alloc_zeros::<bf16>(4 * 8).unwrap();
+    let mut y = dev.alloc_zeros::<bf16>(4 * 8).unwrap();
+    let e = col
+        .forward(&comms[1], comms[1].stream(), &x, &mut y, None, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`comm`") && e.contains("rank 0 of the 2-rank"),
+        "{e}"
+    );
 }

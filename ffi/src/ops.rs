@@ -89,9 +89,9 @@ pub(crate) unsafe fn read_desc<D: Desc>(
     if size < D::V1_SIZE || size > FTN_MAX_DESC_SIZE {
         return Err(invalid(
             op,
-            "desc.size",
+            arg,
             format!(
-                "sizeof({}) = {} in this version (at least {}, at most {FTN_MAX_DESC_SIZE}); set desc.size = sizeof(desc)",
+                "{arg}.size = sizeof({}) = {} in this version (at least {}, at most {FTN_MAX_DESC_SIZE}); set {arg}.size = sizeof(*{arg})",
                 D::NAME,
                 ours,
                 D::V1_SIZE
@@ -104,9 +104,9 @@ pub(crate) unsafe fn read_desc<D: Desc>(
     if let Some(i) = bytes.iter().skip(ours).position(|&b| b != 0) {
         return Err(invalid(
             op,
-            "desc.size",
+            arg,
             format!(
-                "unknown trailing fields (bytes {ours}..{size}) to be zero: this library knows {} up to byte {ours}",
+                "unknown trailing fields of {arg} (bytes {ours}..{arg}.size = {size}) to be zero: this library knows {} up to byte {ours}",
                 D::NAME
             ),
             format!("a non-zero byte at offset {}", ours + i),

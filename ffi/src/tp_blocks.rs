@@ -238,6 +238,14 @@ unsafe fn mlp_backward_t<T: TpElement>(
     tokens: usize,
 ) -> Result<()> {
     const OP: &str = "ftn_tp_mlp_backward";
+    if let Some(t) = m.saved_tokens().filter(|&t| t != tokens) {
+        return Err(invalid(
+            OP,
+            "tokens",
+            format!("the last forward's {t}"),
+            tokens,
+        ));
+    }
     let n = times(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
     let fp = m.fc1.out_per_rank();
     let nw = times(OP, "weight", fp, m.hidden)?;
@@ -446,7 +454,15 @@ unsafe fn attention_backward_t<T: TpElement>(
     (seq, batch): (i64, i64),
 ) -> Result<()> {
     const OP: &str = "ftn_tp_attention_backward";
-    let (_, _, n) = attention_rows(OP, a, c.comm.size(), seq, batch)?;
+    let (sq, bt, n) = attention_rows(OP, a, c.comm.size(), seq, batch)?;
+    if let Some((s0, b0)) = a.saved_shape().filter(|&s| s != (sq, bt)) {
+        return Err(invalid(
+            OP,
+            "seq/batch",
+            format!("the last forward's {s0}/{b0}"),
+            format!("{sq}/{bt}"),
+        ));
+    }
     let (qo, pi) = (a.qkv.out_per_rank(), a.proj.in_per_rank());
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, dy, mut dx, mut gq, mut gp) = unsafe {

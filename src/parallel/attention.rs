@@ -50,7 +50,7 @@ use crate::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask};
 use crate::parallel::linear::{
     ColumnOptions, ColumnParallelLinear, LinearGrads, RowOptions, RowParallelLinear, TpElement,
 };
-use crate::parallel::mlp::exact_buf;
+use crate::parallel::mlp::{check_block_io, exact_buf};
 
 const OP: &str = "TpAttention";
 
@@ -260,6 +260,12 @@ impl<T: TpElement> TpAttention<T> {
         })
     }
 
+    /// `(seq, batch)` of the last forward (what [`TpAttention::backward`]
+    /// will use), if any.
+    pub fn saved_shape(&self) -> Option<(usize, usize)> {
+        self.saved.as_ref().map(|s| (s.seq, s.batch))
+    }
+
     /// Heads on this rank.
     pub fn heads_per_rank(&self) -> usize {
         self.heads / self.tp
@@ -297,6 +303,18 @@ impl<T: TpElement> TpAttention<T> {
         }
         let (hp, d) = (self.heads_per_rank(), self.head_dim);
         let tokens = mul("seq", seq, batch)?;
+        // Everything that can be wrong with the call is checked before the
+        // saved activations are touched: a rejected forward keeps them.
+        check_block_io(
+            OP,
+            comm,
+            (self.proj.tp(), self.proj.rank()),
+            self.options.sequence_parallel,
+            tokens,
+            self.hidden,
+            input.len(),
+            output.len(),
+        )?;
         let bh = mul("batch", batch, hp)?;
         let l = mul("batch", bh, 3 * d)?;
         let qkv_n = mul("seq", tokens, 3 * hp * d)?;

@@ -308,6 +308,7 @@ pub struct ColumnParallelLinear<T: TpElement> {
     pub in_features: usize,
     pub out_features: usize,
     tp: usize,
+    rank: usize,
     /// `[out/tp, in]`.
     pub weight: DeviceBuffer<T>,
     /// `[out/tp]`.
@@ -376,11 +377,22 @@ impl<T: TpElement> ColumnParallelLinear<T> {
             in_features,
             out_features,
             tp,
+            rank: r,
             weight: dev.upload(&w)?,
             bias,
             options,
             scratch: Scratch::new(),
         })
+    }
+
+    /// Size of the communicator the layer was built for.
+    pub fn tp(&self) -> usize {
+        self.tp
+    }
+
+    /// Rank the layer holds the shard of.
+    pub fn rank(&self) -> usize {
+        self.rank
     }
 
     /// Output columns on this rank.
@@ -389,12 +401,15 @@ impl<T: TpElement> ColumnParallelLinear<T> {
     }
 
     fn check_comm(&self, comm: &Communicator, tokens: usize) -> Result<()> {
-        if comm.size() != self.tp {
+        if comm.size() != self.tp || comm.rank() != self.rank {
             return Err(Error::invalid(
                 COL,
                 "comm",
-                format!("the {}-rank communicator the layer was built for", self.tp),
-                comm.size(),
+                format!(
+                    "rank {} of the {}-rank communicator the layer was built for",
+                    self.rank, self.tp
+                ),
+                format!("rank {} of {}", comm.rank(), comm.size()),
             ));
         }
         if self.options.sequence_parallel {
@@ -739,6 +754,16 @@ impl<T: TpElement> RowParallelLinear<T> {
             options,
             scratch: Scratch::new(),
         })
+    }
+
+    /// Size of the communicator the layer was built for.
+    pub fn tp(&self) -> usize {
+        self.tp
+    }
+
+    /// Rank the layer holds the shard of.
+    pub fn rank(&self) -> usize {
+        self.rank
     }
 
     /// Input columns on this rank.

@@ -85,6 +85,57 @@ pub(crate) fn exact_buf<'a, T: TpElement>(
         .ok_or_else(|| Error::invalid(OP, "scratch", "an allocated buffer", "none"))
 }
 
+/// Checks a block's input and output before any state changes: `comm` is
+/// the block's (`tp` ranks, this one `rank`), `tokens` splits over them with sequence
+/// parallelism, and both tensors are `[rows, hidden]` on this rank.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_block_io(
+    op: &'static str,
+    comm: &Communicator,
+    (tp, rank): (usize, usize),
+    sequence_parallel: bool,
+    tokens: usize,
+    hidden: usize,
+    input: usize,
+    output: usize,
+) -> Result<()> {
+    if comm.size() != tp || comm.rank() != rank {
+        return Err(Error::invalid(
+            op,
+            "comm",
+            format!("rank {rank} of the {tp}-rank communicator the block was built for"),
+            format!("rank {} of {}", comm.rank(), comm.size()),
+        ));
+    }
+    let rows = if sequence_parallel {
+        if tokens % tp != 0 {
+            return Err(Error::invalid(
+                op,
+                "tokens",
+                format!("a multiple of the tensor-parallel size {tp} (sequence parallelism)"),
+                tokens,
+            ));
+        }
+        tokens / tp
+    } else {
+        tokens
+    };
+    let n = rows
+        .checked_mul(hidden)
+        .ok_or_else(|| Error::invalid(op, "tokens", "a size that fits in usize", tokens))?;
+    for (arg, len) in [("input", input), ("output", output)] {
+        if len != n {
+            return Err(Error::invalid(
+                op,
+                arg,
+                format!("exactly {rows} x {hidden} = {n} elements for {tokens} tokens"),
+                len,
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl<T: TpElement> TpMlp<T> {
     /// This rank's shards of the full fc1 weight `[ffn, hidden]` and bias
     /// `[ffn]` and fc2 weight `[hidden, ffn]` and bias `[hidden]`
@@ -100,6 +151,14 @@ impl<T: TpElement> TpMlp<T> {
         fc2_bias: &[T],
         options: MlpOptions,
     ) -> Result<Self> {
+        if ffn % comm.size() != 0 {
+            return Err(Error::invalid(
+                OP,
+                "ffn",
+                format!("a multiple of the tensor-parallel size {}", comm.size()),
+                ffn,
+            ));
+        }
         let co = ColumnOptions {
             activation: Some(options.gelu),
             sequence_parallel: options.sequence_parallel,
@@ -129,6 +188,11 @@ impl<T: TpElement> TpMlp<T> {
         })
     }
 
+    /// `tokens` of the last forward (what [`TpMlp::backward`] will use), if any.
+    pub fn saved_tokens(&self) -> Option<usize> {
+        self.saved.as_ref().map(|s| s.0)
+    }
+
     /// Rows of the input and output on this rank.
     pub fn rows(&self, comm: &Communicator, tokens: usize) -> usize {
         if self.options.sequence_parallel {
@@ -149,6 +213,18 @@ impl<T: TpElement> TpMlp<T> {
         output: &mut DeviceBuffer<T>,
         tokens: usize,
     ) -> Result<()> {
+        // Everything that can be wrong with the call is checked before the
+        // saved activations are touched: a rejected forward keeps them.
+        check_block_io(
+            OP,
+            comm,
+            (self.fc2.tp(), self.fc2.rank()),
+            self.options.sequence_parallel,
+            tokens,
+            self.hidden,
+            input.len(),
+            output.len(),
+        )?;
         let n = tokens
             .checked_mul(self.fc1.out_per_rank())
             .ok_or_else(|| Error::invalid(OP, "tokens", "a size that fits in usize", tokens))?;

@@ -241,8 +241,9 @@ impl VocabParallelEmbedding {
         Ok((start, rows))
     }
 
-    /// `out[t, :] = weight[ids[t], :]` (zero for ids outside `[0, V)`), as the
-    /// all-reduce over `comm` of each rank's local lookup. `weight_shard` is
+    /// `out[t, :] = weight[ids[t], :]` (zero for ids outside the padded
+    /// vocabulary `[0, V)`; ids in `[vocab, V)` read their padding rows, as in
+    /// Megatron), as the all-reduce over `comm` of each rank's local lookup. `weight_shard` is
     /// this rank's `[V / tp, hidden]` ([`shard_vocab_rows`]); `ids` and `out`
     /// (`[tokens, hidden]`) are the same on every rank. Every rank of `comm`
     /// must call it; returns when enqueued on `stream`.

@@ -1479,7 +1479,7 @@ static void test_mlp(World *w, const char *name, int sp, int gelu_kind, int seri
   /* a backward whose tokens differ from the forward's fails before enqueuing anything */
   ftnLinearGrads_t g1 = gradbufs_desc(&c.g1, 0), g2 = gradbufs_desc(&c.g2, 0);
   BAD(ftn_tp_mlp_backward(c.mlp[0], w->comm[0], w->st[0], c.x[0], c.dy[0], c.dx[0], &g1, &g2, c.T / 2),
-      ftnInvalidArgument, "grad_output", NULL);
+      ftnInvalidArgument, "tokens", "last forward");
   if (sp) {
     BAD(ftn_tp_mlp_forward(c.mlp[0], w->comm[0], w->st[0], c.x[0], c.y[0], c.T - 1), ftnInvalidArgument, "tokens",
         NULL);
@@ -1758,7 +1758,7 @@ static void test_attention(World *w, const char *name, size_t NH, size_t D, size
   /* a backward of another shape than the forward's fails before enqueuing anything */
   ftnLinearGrads_t gq = gradbufs_desc(&c.gq, 0), go = gradbufs_desc(&c.go, 0);
   BAD(ftn_tp_attention_backward(c.att[0], w->comm[0], w->st[0], c.x[0], c.dy[0], c.dx[0], &gq, &go, c.S / 2, c.B),
-      ftnInvalidArgument, "grad_output", NULL);
+      ftnInvalidArgument, "seq/batch", "last forward");
   BAD(ftn_tp_attention_backward(c.att[0], w->comm[0], w->st[0], c.x[0], c.dy[0], c.dx[0], &gq, NULL, c.S, c.B),
       ftnInvalidArgument, "proj", "NULL");
   BAD(ftn_tp_attention_forward(c.att[0], w->comm[0], w->st[0], c.x[0], c.y[0], 0, c.B), ftnInvalidArgument, "seq",
