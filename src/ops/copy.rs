@@ -77,6 +77,15 @@ pub fn copy_2d<T: Element>(
     if rows == 0 || cols == 0 {
         return Ok(());
     }
+    // A single row never steps by its pitch, which may then be anything
+    // >= cols (even near usize::MAX): use cols so the byte pitches below stay
+    // within the buffers (for rows > 1 the checks bound (rows-1) * pitch).
+    let (src_at, dst_at) = if rows == 1 {
+        let tight = |b: Block2d| Block2d { pitch: cols, ..b };
+        (tight(src_at), tight(dst_at))
+    } else {
+        (src_at, dst_at)
+    };
     let es = T::DTYPE.size() as u64;
     let (s, d) = (
         src.addr() + src_at.offset as u64 * es,
