@@ -25,6 +25,8 @@ fi
 # the stable toolchain through RUSTC_BOOTSTRAP.
 cd fuzz
 mkdir -p corpus/descriptors
-RUSTC_BOOTSTRAP=1 FTN_EMU_THREADS=2 "$CACHE/bin/cargo-fuzz" run descriptors corpus/descriptors -- \
+# regressions/descriptors holds every input that once crashed (committed):
+# libFuzzer runs them first, then mutates from both folders.
+RUSTC_BOOTSTRAP=1 FTN_EMU_THREADS=2 "$CACHE/bin/cargo-fuzz" run descriptors corpus/descriptors regressions/descriptors -- \
   -max_total_time="${FTN_FUZZ_SECONDS:-60}" -timeout=10 -max_len=512 -print_final_stats=1
 echo "ffi checks passed"
