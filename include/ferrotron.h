@@ -1008,9 +1008,22 @@ const char *ftn_get_last_error(void);
  Creates `nranks` ranks of one in-process communicator (emulator
  contexts): rank `i` on `ctxs[i]` (the same context may be repeated),
  written to `comms[i]`. A single thread may enqueue every rank's
- collectives (they run on the streams' worker threads).
+ collectives (they run on the streams' worker threads); the parallel
+ layers and blocks need one thread per rank (they may block the host).
+ A collective whose peers do not all arrive within 300 s fails with
+ ftnBackendError (`ftn_comm_init_all_with_timeout` sets another limit).
  */
 ftnResult_t ftn_comm_init_all(ftnComm_t *comms, int nranks, const ftnContext_t *ctxs);
+
+/*
+ As `ftn_comm_init_all`, with the time (at least 1 ms) a collective waits
+ for its peers before it fails with ftnBackendError: a dead or missing
+ rank becomes an error instead of a hang.
+ */
+ftnResult_t ftn_comm_init_all_with_timeout(ftnComm_t *comms,
+                                           int nranks,
+                                           const ftnContext_t *ctxs,
+                                           int64_t timeout_ms);
 
 /*
  A new NCCL unique id (CUDA builds; `ftnBackendUnavailable` otherwise).

@@ -67,7 +67,10 @@ pub(crate) fn wrap(comm: Communicator) -> ftnComm_t {
 /// Creates `nranks` ranks of one in-process communicator (emulator
 /// contexts): rank `i` on `ctxs[i]` (the same context may be repeated),
 /// written to `comms[i]`. A single thread may enqueue every rank's
-/// collectives (they run on the streams' worker threads).
+/// collectives (they run on the streams' worker threads); the parallel
+/// layers and blocks need one thread per rank (they may block the host).
+/// A collective whose peers do not all arrive within 300 s fails with
+/// ftnBackendError (`ftn_comm_init_all_with_timeout` sets another limit).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_init_all(
     comms: *mut ftnComm_t,
@@ -75,34 +78,76 @@ pub unsafe extern "C" fn ftn_comm_init_all(
     ctxs: *const ftnContext_t,
 ) -> ftnResult_t {
     guard("ftn_comm_init_all", move || {
-        const OP: &str = "ftn_comm_init_all";
-        check_out(OP, "comms", comms)?;
-        let n = usize::try_from(nranks)
-            .ok()
-            .filter(|&n| n >= 1)
-            .ok_or_else(|| invalid(OP, "nranks", "at least 1", nranks))?;
-        if ctxs.is_null() {
-            return Err(invalid(
-                OP,
-                "ctxs",
-                format!("a non-NULL array of {n} contexts"),
-                "NULL",
-            ));
-        }
-        // SAFETY: ctxs holds nranks handles by the contract.
-        let handles = unsafe { std::slice::from_raw_parts(ctxs, n) };
-        let mut devs: Vec<Device> = Vec::with_capacity(n);
-        for &h in handles {
-            // SAFETY: handle contract.
-            devs.push(unsafe { get::<ftnContext>(OP, "ctxs[i]", h)? }.dev.clone());
-        }
-        let made = Communicator::in_process(&devs)?;
-        for (i, c) in made.into_iter().enumerate() {
-            // SAFETY: comms holds nranks slots by the contract.
-            unsafe { comms.add(i).write(wrap(c)) };
-        }
-        Ok(())
+        let t = ferrotron::comm::DEFAULT_TIMEOUT;
+        // SAFETY: forwarded contracts.
+        unsafe { init_all("ftn_comm_init_all", comms, nranks, ctxs, t) }
     })
+}
+
+/// As `ftn_comm_init_all`, with the time (at least 1 ms) a collective waits
+/// for its peers before it fails with ftnBackendError: a dead or missing
+/// rank becomes an error instead of a hang.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_init_all_with_timeout(
+    comms: *mut ftnComm_t,
+    nranks: c_int,
+    ctxs: *const ftnContext_t,
+    timeout_ms: i64,
+) -> ftnResult_t {
+    guard("ftn_comm_init_all_with_timeout", move || {
+        const OP: &str = "ftn_comm_init_all_with_timeout";
+        let ms = u64::try_from(timeout_ms)
+            .ok()
+            .filter(|&m| m >= 1)
+            .ok_or_else(|| invalid(OP, "timeout_ms", "at least 1", timeout_ms))?;
+        // SAFETY: forwarded contracts.
+        unsafe {
+            init_all(
+                OP,
+                comms,
+                nranks,
+                ctxs,
+                std::time::Duration::from_millis(ms),
+            )
+        }
+    })
+}
+
+/// # Safety
+/// `comms` has room for `nranks` handles; `ctxs` holds `nranks` handles.
+unsafe fn init_all(
+    op: &'static str,
+    comms: *mut ftnComm_t,
+    nranks: c_int,
+    ctxs: *const ftnContext_t,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    check_out(op, "comms", comms)?;
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| invalid(op, "nranks", "at least 1", nranks))?;
+    if ctxs.is_null() {
+        return Err(invalid(
+            op,
+            "ctxs",
+            format!("a non-NULL array of {n} contexts"),
+            "NULL",
+        ));
+    }
+    // SAFETY: ctxs holds nranks handles by the contract.
+    let handles = unsafe { std::slice::from_raw_parts(ctxs, n) };
+    let mut devs: Vec<Device> = Vec::with_capacity(n);
+    for &h in handles {
+        // SAFETY: handle contract.
+        devs.push(unsafe { get::<ftnContext>(op, "ctxs[i]", h)? }.dev.clone());
+    }
+    let made = Communicator::in_process_with_timeout(&devs, timeout)?;
+    for (i, c) in made.into_iter().enumerate() {
+        // SAFETY: comms holds nranks slots by the contract.
+        unsafe { comms.add(i).write(wrap(c)) };
+    }
+    Ok(())
 }
 
 /// A new NCCL unique id (CUDA builds; `ftnBackendUnavailable` otherwise).

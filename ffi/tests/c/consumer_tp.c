@@ -772,6 +772,24 @@ static void test_comm_wait_and_stream(World *w) {
  * ftn_copy_2d
  * ===================================================================== */
 
+/* A communicator with a short peer timeout: a rank that never joins turns
+ * the collective into ftnBackendError instead of a hang. */
+static void test_init_all_timeout(void) {
+  ftnContext_t ctx[2];
+  ftnStream_t st;
+  ftnComm_t comm[2];
+  for (int r = 0; r < 2; r++) CHECK(ftn_context_create(ftnBackendEmu, 0, &ctx[r]));
+  CHECK(ftn_stream_create(ctx[0], &st));
+  BAD(ftn_comm_init_all_with_timeout(comm, 2, ctx, 0), ftnInvalidArgument, "timeout_ms", NULL);
+  CHECK(ftn_comm_init_all_with_timeout(comm, 2, ctx, 200));
+  float a[4] = {1, 2, 3, 4}, out[4];
+  CHECK(ftn_all_reduce(a, out, 4, ftnFloat32, ftnSum, comm[0], st)); /* rank 1 never joins */
+  BAD(ftn_stream_synchronize(st), ftnBackendError, "timed out", NULL);
+  for (int r = 0; r < 2; r++) CHECK(ftn_comm_destroy(comm[r]));
+  (void)ftn_stream_destroy(st); /* still carries the failure */
+  for (int r = 0; r < 2; r++) CHECK(ftn_context_destroy(ctx[r]));
+}
+
 static void test_copy_2d(ftnStream_t s) {
   const int64_t SR = 6, SP = 9, DR = 7, DP = 11, R = 4, C = 5;
   const int64_t so = 1 * SP + 2, dof_ = 2 * DP + 3;
@@ -2246,6 +2264,7 @@ int main(int argc, char **argv) {
   world_init(&w2, 2);
   world_init(&w1, 1);
   test_comm_wait_and_stream(&w2);
+  test_init_all_timeout();
   test_copy_2d(w2.st[0]);
   test_mappings(&w2);
   test_mappings(&w1);
