@@ -1836,6 +1836,50 @@ ftnResult_t ftn_copy_2d(ftnStream_t stream,
                         int64_t cols);
 
 /*
+ Rows `[rank*rows/tp, (rank+1)*rows/tp)` of the row-major `[rows, cols]`
+ host matrix `full` into `out` (host, room for `out_count >= rows/tp *
+ cols` elements): a column-parallel weight or bias shard. `rows` must be
+ a multiple of `tp`.
+ */
+ftnResult_t ftn_shard_rows(int datatype,
+                           const void *full,
+                           int64_t rows,
+                           int64_t cols,
+                           int tp,
+                           int rank,
+                           void *out,
+                           size_t out_count);
+
+/*
+ Columns `[rank*cols/tp, (rank+1)*cols/tp)` of the row-major `[rows,
+ cols]` host matrix `full` into `out` (host, room for `rows * cols/tp`
+ elements): a row-parallel weight shard. `cols` must be a multiple of `tp`.
+ */
+ftnResult_t ftn_shard_cols(int datatype,
+                           const void *full,
+                           int64_t rows,
+                           int64_t cols,
+                           int tp,
+                           int rank,
+                           void *out,
+                           size_t out_count);
+
+/*
+ Rank `rank`'s rows of the padded vocabulary (`ftn_vocab_range`) from the
+ full `[vocab, hidden]` host embedding table `full`, padding rows zero,
+ into `out` (host, room for the range's `rows * hidden` elements): the
+ `weight_shard` of `ftn_vocab_parallel_embedding_forward`.
+ */
+ftnResult_t ftn_vocab_shard_rows(int datatype,
+                                 const void *full,
+                                 int64_t vocab,
+                                 int64_t hidden,
+                                 int tp,
+                                 int rank,
+                                 void *out,
+                                 size_t out_count);
+
+/*
  The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
  `make_vocab_size_divisible_by = 128`).
  */

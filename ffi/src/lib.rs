@@ -21,6 +21,7 @@ mod tp_blocks;
 mod tp_common;
 mod tp_linear;
 mod tp_mappings;
+mod tp_shard;
 mod tp_vocab;
 
 pub use boundary::ftnResult_t;
@@ -32,6 +33,7 @@ pub use tp_blocks::*;
 pub use tp_common::{ftnActivation_t, ftnLinearGrads_t, ftnLinearParams_t, ftnWeightGradMode_t};
 pub use tp_linear::*;
 pub use tp_mappings::*;
+pub use tp_shard::*;
 pub use tp_vocab::*;
 
 use std::ffi::{c_char, c_int};

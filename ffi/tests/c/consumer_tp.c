@@ -2082,6 +2082,50 @@ static void test_vocab_sizes(void) {
   BAD(ftn_vocab_range(300, 2, 0, &st, NULL), ftnInvalidArgument, "rows", "NULL");
 }
 
+/* Host sharding helpers against index arithmetic: rows, columns, and the
+ * padded vocabulary rows (padding zero). int32 data: exact. */
+static void test_shard_helpers(void) {
+  enum { R = 6, C = 10, V = 130, H = 3 };
+  int32_t full[R * C], out[R * C + 8], emb[V * H];
+  for (int i = 0; i < R * C; i++) full[i] = (int32_t)(urand() * 1e6);
+  for (int i = 0; i < V * H; i++) emb[i] = i + 1;
+  for (int tp = 1; tp <= 2; tp++)
+    for (int r = 0; r < tp; r++) {
+      int ok = 1;
+      CHECK(ftn_shard_rows(ftnInt32, full, R, C, tp, r, out, R * C));
+      for (int i = 0; i < R / tp; i++)
+        for (int j = 0; j < C; j++) ok = ok && out[i * C + j] == full[(r * (R / tp) + i) * C + j];
+      EXPECT(ok, "ftn_shard_rows rank %d of %d", r, tp);
+      ok = 1;
+      CHECK(ftn_shard_cols(ftnInt32, full, R, C, tp, r, out, R * C));
+      for (int i = 0; i < R; i++)
+        for (int j = 0; j < C / tp; j++) ok = ok && out[i * (C / tp) + j] == full[i * C + r * (C / tp) + j];
+      EXPECT(ok, "ftn_shard_cols rank %d of %d", r, tp);
+      int64_t st = 0, n = 0;
+      CHECK(ftn_vocab_range(V, tp, r, &st, &n));
+      int32_t *sh = (int32_t *)malloc((size_t)(n * H) * sizeof *sh);
+      CHECK(ftn_vocab_shard_rows(ftnInt32, emb, V, H, tp, r, sh, (size_t)(n * H)));
+      ok = 1;
+      for (int64_t v = 0; v < n; v++)
+        for (int j = 0; j < H; j++) {
+          int64_t g = st + v;
+          ok = ok && sh[v * H + j] == (g < V ? emb[g * H + j] : 0);
+        }
+      EXPECT(ok, "ftn_vocab_shard_rows rank %d of %d (padding rows zero)", r, tp);
+      if (n * H > 1)
+        BAD(ftn_vocab_shard_rows(ftnInt32, emb, V, H, tp, r, sh, (size_t)(n * H - 1)), ftnInvalidArgument,
+            "out_count", NULL);
+      free(sh);
+    }
+  BAD(ftn_shard_rows(ftnInt32, full, R, C, 4, 0, out, R * C), ftnInvalidArgument, "tp", NULL); /* 6 % 4 */
+  BAD(ftn_shard_cols(ftnInt32, full, R, C, 2, 2, out, R * C), ftnInvalidArgument, "rank", NULL);
+  BAD(ftn_shard_rows(ftnInt32, NULL, R, C, 1, 0, out, R * C), ftnInvalidArgument, "full", "NULL");
+  BAD(ftn_shard_rows(ftnInt32, full, R, C, 1, 0, NULL, R * C), ftnInvalidArgument, "out", "NULL");
+  BAD(ftn_shard_rows(42, full, R, C, 1, 0, out, R * C), ftnInvalidArgument, "datatype", NULL);
+  BAD(ftn_vocab_shard_rows(ftnInt32, emb, 1, (int64_t)1 << 40, 1, 0, out, 8), ftnInvalidArgument, "out_count",
+      NULL);
+}
+
 typedef struct {
   World *w;
   ftnCrossEntropyDesc_t d;
@@ -2259,6 +2303,7 @@ int main(int argc, char **argv) {
   test_job_env_and_rendezvous(); /* first: it forks, before any thread exists */
   test_rank_grid();
   test_vocab_sizes();
+  test_shard_helpers();
 
   World w2, w1;
   world_init(&w2, 2);
