@@ -55,19 +55,13 @@ pub(crate) unsafe trait Desc: Copy {
     const V1_SIZE: usize;
 }
 
-/// Checks a descriptor's pointer and `size` field and copies the fields this
-/// library knows (a smaller `size` than ours but at least the first
-/// version's leaves the newer fields zero; a larger one must have its unknown
-/// trailing bytes zero).
+/// Checks a size-prefixed struct's pointer (non-NULL, aligned) and its
+/// `size` field (at least the first version's size, at most
+/// [`FTN_MAX_DESC_SIZE`]); returns `size`.
 ///
 /// # Safety
-/// `p` is NULL or valid for reads of `p->size` bytes.
-pub(crate) unsafe fn read_desc<D: Desc>(
-    op: &'static str,
-    arg: &'static str,
-    p: *const D,
-) -> Result<D> {
-    let ours = std::mem::size_of::<D>();
+/// `p` is NULL or valid for reads of a `size_t`.
+unsafe fn desc_size<D: Desc>(op: &'static str, arg: &'static str, p: *const D) -> Result<usize> {
     if p.is_null() {
         return Err(invalid(
             op,
@@ -93,12 +87,30 @@ pub(crate) unsafe fn read_desc<D: Desc>(
             format!(
                 "{arg}.size = sizeof({}) = {} in this version (at least {}, at most {FTN_MAX_DESC_SIZE}); set {arg}.size = sizeof(*{arg})",
                 D::NAME,
-                ours,
+                std::mem::size_of::<D>(),
                 D::V1_SIZE
             ),
             size,
         ));
     }
+    Ok(size)
+}
+
+/// Checks a descriptor's pointer and `size` field and copies the fields this
+/// library knows (a smaller `size` than ours but at least the first
+/// version's leaves the newer fields zero; a larger one must have its unknown
+/// trailing bytes zero).
+///
+/// # Safety
+/// `p` is NULL or valid for reads of `p->size` bytes.
+pub(crate) unsafe fn read_desc<D: Desc>(
+    op: &'static str,
+    arg: &'static str,
+    p: *const D,
+) -> Result<D> {
+    let ours = std::mem::size_of::<D>();
+    // SAFETY: forwarded contract.
+    let size = unsafe { desc_size(op, arg, p)? };
     // SAFETY: the caller's struct is `size` bytes long by the contract.
     let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, size) };
     if let Some(i) = bytes.iter().skip(ours).position(|&b| b != 0) {
@@ -121,8 +133,8 @@ pub(crate) unsafe fn read_desc<D: Desc>(
     Ok(d)
 }
 
-/// Checks an output struct's `size` field (same rules, trailing bytes left
-/// alone) before the library writes the fields it knows.
+/// Checks an output struct's pointer and `size` field (same rules, trailing
+/// bytes left alone) before the library writes the fields it knows.
 ///
 /// # Safety
 /// As [`read_desc`].
@@ -131,38 +143,8 @@ pub(crate) unsafe fn check_out_desc<D: Desc>(
     arg: &'static str,
     p: *mut D,
 ) -> Result<()> {
-    if p.is_null() {
-        return Err(invalid(
-            op,
-            arg,
-            format!("a non-NULL pointer to a {}", D::NAME),
-            "NULL",
-        ));
-    }
-    if (p as usize) % std::mem::align_of::<D>() != 0 {
-        return Err(invalid(
-            op,
-            arg,
-            format!("a pointer aligned for {}", D::NAME),
-            format!("{p:p}"),
-        ));
-    }
-    // SAFETY: non-NULL, aligned, starts with a size_t.
-    let size = unsafe { (p as *const usize).read() };
-    if size < D::V1_SIZE || size > FTN_MAX_DESC_SIZE {
-        return Err(invalid(
-            op,
-            "size",
-            format!(
-                "{}.size = sizeof({}) (at least {})",
-                arg,
-                D::NAME,
-                D::V1_SIZE
-            ),
-            size,
-        ));
-    }
-    Ok(())
+    // SAFETY: forwarded contract.
+    unsafe { desc_size(op, arg, p as *const D) }.map(drop)
 }
 
 macro_rules! float_dispatch {
