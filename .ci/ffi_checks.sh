@@ -5,7 +5,9 @@
 #   3. the descriptor fuzz target (fuzz/, cargo-fuzz + libFuzzer) runs briefly without crashing
 #      (an input slower than 10 s counts as a crash: validation must not hang).
 # The C and C++ consumer programs run in `cargo test` (ffi/tests/c_consumers.rs).
-# Env: FTN_FUZZ_SECONDS (default 60), CC, CXX.
+# Env: FTN_FUZZ_SECONDS (default 60), FTN_FUZZ_SEED (default 1: CI explores
+# the same way every run, so it is reproducible; fuzz longer with other seeds
+# by hand, and commit any crash to fuzz/regressions/descriptors), CC, CXX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,5 +30,5 @@ mkdir -p corpus/descriptors
 # regressions/descriptors holds every input that once crashed (committed):
 # libFuzzer runs them first, then mutates from both folders.
 RUSTC_BOOTSTRAP=1 FTN_EMU_THREADS=2 "$CACHE/bin/cargo-fuzz" run descriptors corpus/descriptors regressions/descriptors -- \
-  -max_total_time="${FTN_FUZZ_SECONDS:-60}" -timeout=10 -max_len=512 -print_final_stats=1
+  -max_total_time="${FTN_FUZZ_SECONDS:-60}" -timeout=10 -max_len=512 -seed="${FTN_FUZZ_SEED:-1}" -print_final_stats=1
 echo "ffi checks passed"
