@@ -13,11 +13,11 @@ use ferrotron::Result;
 
 use crate::boundary::{ftnResult_t, guard, invalid};
 use crate::comm::{ftnComm_t, Call};
-use crate::handles::{ftnStream_t, handle, host_slice, take, view, Handle};
+use crate::handles::{dim, ftnStream_t, handle, host_slice, mul, take, view, Handle};
 use crate::ops::{gelu_of, Desc};
 use crate::tp_common::{
-    count, create, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, on_typed, owner, times,
-    tp_new, with_layer, with_params, write_params, GradViews, Typed,
+    create, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, on_typed, owner, tp_new,
+    with_layer, with_params, write_params, GradViews, Typed,
 };
 
 /// Shape and options of the tensor-parallel MLP block `Y = gelu(X W1^T +
@@ -126,14 +126,14 @@ pub unsafe extern "C" fn ftn_tp_mlp_create(
         // SAFETY: handle, descriptor and host pointer contracts.
         unsafe {
             create(OP, comm, desc, ("mlp", mlp), |c, d| {
-                let hidden = count(OP, "desc.hidden", d.hidden)?;
-                let ffn = count(OP, "desc.ffn", d.ffn)?;
+                let hidden = dim(OP, "desc.hidden", d.hidden)?;
+                let ffn = dim(OP, "desc.ffn", d.ffn)?;
                 let options = MlpOptions {
                     gelu: gelu_of(OP, d.gelu)?,
                     sequence_parallel: flag(d.sequence_parallel),
                     overlap: !flag(d.serialize_comm),
                 };
-                let w = times(OP, "desc.hidden * ffn", hidden, ffn)?;
+                let w = mul(OP, "desc.hidden * ffn", hidden, ffn)?;
                 let names = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"];
                 let ptrs = [fc1_weight, fc1_bias, fc2_weight, fc2_bias];
                 tp_new!(OP, d.dtype, T => {
@@ -186,7 +186,7 @@ unsafe fn mlp_forward_t<T: TpElement>(
     tokens: usize,
 ) -> Result<()> {
     const OP: &str = "ftn_tp_mlp_forward";
-    let n = times(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    let n = mul(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, mut y) = unsafe {
         (
@@ -211,7 +211,7 @@ pub unsafe extern "C" fn ftn_tp_mlp_forward(
 ) -> ftnResult_t {
     guard("ftn_tp_mlp_forward", move || {
         const OP: &str = "ftn_tp_mlp_forward";
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
@@ -246,9 +246,9 @@ unsafe fn mlp_backward_t<T: TpElement>(
             tokens,
         ));
     }
-    let n = times(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    let n = mul(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
     let fp = m.fc1.out_per_rank();
-    let nw = times(OP, "weight", fp, m.hidden)?;
+    let nw = mul(OP, "weight", fp, m.hidden)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, dy, mut dx, mut g1, mut g2) = unsafe {
         (
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn ftn_tp_mlp_backward(
 ) -> ftnResult_t {
     guard("ftn_tp_mlp_backward", move || {
         const OP: &str = "ftn_tp_mlp_backward";
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
@@ -323,17 +323,17 @@ pub unsafe extern "C" fn ftn_tp_attention_create(
                 if d.reserved != 0 {
                     return Err(invalid(OP, "desc.reserved", "0", d.reserved));
                 }
-                let hidden = count(OP, "desc.hidden", d.hidden)?;
-                let heads = count(OP, "desc.heads", d.heads)?;
-                let head_dim = count(OP, "desc.head_dim", d.head_dim)?;
+                let hidden = dim(OP, "desc.hidden", d.hidden)?;
+                let heads = dim(OP, "desc.heads", d.heads)?;
+                let head_dim = dim(OP, "desc.head_dim", d.head_dim)?;
                 let options = AttentionOptions {
                     sequence_parallel: flag(d.sequence_parallel),
                     overlap: !flag(d.serialize_comm),
                 };
-                let proj_in = times(OP, "desc.heads * head_dim", heads, head_dim)?;
-                let qkv_out = times(OP, "desc.heads * head_dim", 3, proj_in)?;
-                let nqkv = times(OP, "desc.hidden", qkv_out, hidden)?;
-                let nproj = times(OP, "desc.hidden", hidden, proj_in)?;
+                let proj_in = mul(OP, "desc.heads * head_dim", heads, head_dim)?;
+                let qkv_out = mul(OP, "desc.heads * head_dim", 3, proj_in)?;
+                let nqkv = mul(OP, "desc.hidden", qkv_out, hidden)?;
+                let nproj = mul(OP, "desc.hidden", hidden, proj_in)?;
                 let names = ["qkv_weight", "qkv_bias", "proj_weight", "proj_bias"];
                 let ptrs = [qkv_weight, qkv_bias, proj_weight, proj_bias];
                 let lens = [nqkv, qkv_out, nproj, hidden];
@@ -387,11 +387,11 @@ fn attention_rows<T: TpElement>(
     seq: i64,
     batch: i64,
 ) -> Result<(usize, usize, usize)> {
-    let seq = count(op, "seq", seq)?;
-    let batch = count(op, "batch", batch)?;
-    let tokens = times(op, "seq * batch", seq, batch)?;
+    let seq = dim(op, "seq", seq)?;
+    let batch = dim(op, "batch", batch)?;
+    let tokens = mul(op, "seq * batch", seq, batch)?;
     let rows = local_rows(tokens, tp, a.options.sequence_parallel);
-    Ok((seq, batch, times(op, "seq * batch", rows, a.hidden)?))
+    Ok((seq, batch, mul(op, "seq * batch", rows, a.hidden)?))
 }
 
 unsafe fn attention_forward_t<T: TpElement>(
@@ -470,20 +470,13 @@ unsafe fn attention_backward_t<T: TpElement>(
             view::<T>(&c.dev, OP, "input", input, n)?,
             view::<T>(&c.dev, OP, "grad_output", grad_output, n)?,
             view::<T>(&c.dev, OP, "grad_input", grad_input, n)?,
-            GradViews::<T>::read(
-                &c.dev,
-                OP,
-                "qkv",
-                qkv,
-                times(OP, "weight", qo, a.hidden)?,
-                qo,
-            )?,
+            GradViews::<T>::read(&c.dev, OP, "qkv", qkv, mul(OP, "weight", qo, a.hidden)?, qo)?,
             GradViews::<T>::read(
                 &c.dev,
                 OP,
                 "proj",
                 proj,
-                times(OP, "weight", a.hidden, pi)?,
+                mul(OP, "weight", a.hidden, pi)?,
                 a.hidden,
             )?,
         )

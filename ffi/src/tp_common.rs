@@ -12,7 +12,7 @@ use ferrotron::{Device, DeviceBuffer, Result};
 
 use crate::boundary::invalid;
 use crate::comm::{call, ftnComm, ftnComm_t, Call};
-use crate::handles::{check_out, ftnStream_t, get, host_slice, view, Handle};
+use crate::handles::{check_out, ftnStream_t, get, host_slice, mul, view, Handle};
 use crate::ops::{check_out_desc, read_desc, Desc};
 
 /// A fused activation (`ftnColumnParallelLinearDesc_t.activation`, the
@@ -164,15 +164,17 @@ pub(crate) fn activation(op: &'static str, arg: &'static str, v: i32) -> Result<
     }
 }
 
-/// A non-negative `int64_t` count as `usize`.
-pub(crate) fn count(op: &'static str, arg: &'static str, v: i64) -> Result<usize> {
-    usize::try_from(v).map_err(|_| invalid(op, arg, "a count >= 0", v))
+/// A tensor-parallel size argument (`int`, at least 1) as `usize`.
+pub(crate) fn tp_size(op: &'static str, tp: std::ffi::c_int) -> Result<usize> {
+    usize::try_from(tp)
+        .ok()
+        .filter(|&t| t >= 1)
+        .ok_or_else(|| invalid(op, "tp", "at least 1", tp))
 }
 
-/// `a * b`, overflow reported against `arg`.
-pub(crate) fn times(op: &'static str, arg: &'static str, a: usize, b: usize) -> Result<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| invalid(op, arg, "a size that fits in size_t", "an overflow"))
+/// A size as `int64_t` for an out-parameter.
+pub(crate) fn to_i64(op: &'static str, arg: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| invalid(op, arg, "a result that fits in int64_t", v))
 }
 
 /// `rows` of a sequence-parallel tensor on `tp` ranks (`tokens / tp`; the
@@ -401,7 +403,7 @@ pub(crate) unsafe fn full_params<'a, T: TpElement>(
     bias: *const c_void,
     (out, inp): (usize, usize),
 ) -> Result<(&'a [T], Option<&'a [T]>)> {
-    let nw = times(op, "desc.out_features * in_features", out, inp)?;
+    let nw = mul(op, "desc.out_features * in_features", out, inp)?;
     // SAFETY: forwarded contract.
     unsafe {
         Ok((

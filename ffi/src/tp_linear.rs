@@ -14,12 +14,11 @@ use ferrotron::Result;
 use crate::boundary::{ftnResult_t, guard, invalid};
 use crate::comm::ftnComm_t;
 use crate::handles::ftnStream_t;
-use crate::handles::{handle, take, view, Handle};
+use crate::handles::{dim, handle, mul, take, view, Handle};
 use crate::ops::Desc;
 use crate::tp_common::{
-    activation, count, create, flag, ftnLinearGrads_t, ftnLinearParams_t, full_params, local_rows,
-    on_typed, owner, times, tp_new, view_iff, with_layer, with_params, write_params, GradViews,
-    Typed,
+    activation, create, flag, ftnLinearGrads_t, ftnLinearParams_t, full_params, local_rows,
+    on_typed, owner, tp_new, view_iff, with_layer, with_params, write_params, GradViews, Typed,
 };
 
 /// Shape and options of a column-parallel linear layer `Y = X W^T + b`
@@ -115,8 +114,8 @@ unsafe fn column_new<T: TpElement>(
     if d.reserved != 0 {
         return Err(invalid(OP, "desc.reserved", "0", d.reserved));
     }
-    let inp = count(OP, "desc.in_features", d.in_features)?;
-    let out = count(OP, "desc.out_features", d.out_features)?;
+    let inp = dim(OP, "desc.in_features", d.in_features)?;
+    let out = dim(OP, "desc.out_features", d.out_features)?;
     let options = ColumnOptions {
         bias: flag(d.bias),
         gather_output: flag(d.gather_output),
@@ -207,9 +206,9 @@ fn column_sizes<T: TpElement>(
         l.out_per_rank()
     };
     Ok((
-        times(op, "tokens", rows, l.in_features)?,
-        times(op, "tokens", tokens, cols)?,
-        times(op, "tokens", tokens, l.out_per_rank())?,
+        mul(op, "tokens", rows, l.in_features)?,
+        mul(op, "tokens", tokens, cols)?,
+        mul(op, "tokens", tokens, l.out_per_rank())?,
     ))
 }
 
@@ -261,7 +260,7 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_forward(
 ) -> ftnResult_t {
     guard("ftn_column_parallel_linear_forward", move || {
         const OP: &str = "ftn_column_parallel_linear_forward";
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
@@ -289,7 +288,7 @@ unsafe fn column_backward_t<T: TpElement>(
 ) -> Result<()> {
     const OP: &str = "ftn_column_parallel_linear_backward";
     let (nin, nout, npre) = column_sizes(OP, l, tokens, c.comm.size())?;
-    let nw = times(OP, "weight", l.out_per_rank(), l.in_features)?;
+    let nw = mul(OP, "weight", l.out_per_rank(), l.in_features)?;
     // SAFETY: pointer contracts, sizes from the layer's shape.
     let (x, dy, p, mut dx, mut gv) = unsafe {
         (
@@ -339,7 +338,7 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_backward(
 ) -> ftnResult_t {
     guard("ftn_column_parallel_linear_backward", move || {
         const OP: &str = "ftn_column_parallel_linear_backward";
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
@@ -363,8 +362,8 @@ unsafe fn row_new<T: TpElement>(
     bias: *const c_void,
 ) -> Result<RowParallelLinear<T>> {
     const OP: &str = "ftn_row_parallel_linear_create";
-    let inp = count(OP, "desc.in_features", d.in_features)?;
-    let out = count(OP, "desc.out_features", d.out_features)?;
+    let inp = dim(OP, "desc.in_features", d.in_features)?;
+    let out = dim(OP, "desc.out_features", d.out_features)?;
     let options = RowOptions {
         bias: flag(d.bias),
         input_is_parallel: flag(d.input_is_parallel),
@@ -451,8 +450,8 @@ fn row_sizes<T: TpElement>(
     };
     let rows = local_rows(tokens, tp, o.sequence_parallel);
     Ok((
-        times(op, "tokens", tokens, cols)?,
-        times(op, "tokens", rows, l.out_features)?,
+        mul(op, "tokens", tokens, cols)?,
+        mul(op, "tokens", rows, l.out_features)?,
     ))
 }
 
@@ -490,7 +489,7 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_forward(
 ) -> ftnResult_t {
     guard("ftn_row_parallel_linear_forward", move || {
         const OP: &str = "ftn_row_parallel_linear_forward";
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
@@ -520,8 +519,8 @@ unsafe fn row_backward_t<T: TpElement>(
     const OP: &str = "ftn_row_parallel_linear_backward";
     let (nin, nout) = row_sizes(OP, l, tokens, c.comm.size())?;
     let act = activation(OP, "dgelu", dgelu)?;
-    let npre = times(OP, "tokens", tokens, l.in_per_rank())?;
-    let nw = times(OP, "weight", l.out_features, l.in_per_rank())?;
+    let npre = mul(OP, "tokens", tokens, l.in_per_rank())?;
+    let nw = mul(OP, "weight", l.out_features, l.in_per_rank())?;
     // SAFETY: pointer contracts, sizes from the layer's shape.
     let (x, dy, pre, mut dx, mut gv) = unsafe {
         (
@@ -575,7 +574,7 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_backward(
 ) -> ftnResult_t {
     guard("ftn_row_parallel_linear_backward", move || {
         const OP: &str = "ftn_row_parallel_linear_backward";
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(

@@ -12,8 +12,8 @@ use half::{bf16, f16};
 
 use crate::boundary::{ftnResult_t, guard, invalid};
 use crate::comm::{call, comm_dispatch, ftnComm_t, Call};
-use crate::handles::{ftnStream, ftnStream_t, get, view, write_out};
-use crate::tp_common::{count, times};
+use crate::handles::{dim, ftnStream, ftnStream_t, get, mul, view, write_out};
+use crate::tp_common::{to_i64, tp_size};
 
 /// A mapping primitive: forward and backward are each other's duals.
 /// Tensors are row-major `[rows, cols]`; "last dim" is `cols`, the
@@ -82,24 +82,18 @@ pub unsafe extern "C" fn ftn_tp_mapping_shape(
     guard("ftn_tp_mapping_shape", move || {
         const OP: &str = "ftn_tp_mapping_shape";
         let m = mapping_of(OP, mapping)?;
-        let (r, c) = (count(OP, "rows", rows)?, count(OP, "cols", cols)?);
-        let tp = usize::try_from(tp)
-            .ok()
-            .filter(|&t| t >= 1)
-            .ok_or_else(|| invalid(OP, "tp", "at least 1", tp))?;
+        let (r, c) = (dim(OP, "rows", rows)?, dim(OP, "cols", cols)?);
+        let tp = tp_size(OP, tp)?;
         let dir = if backward != 0 {
             Direction::Backward
         } else {
             Direction::Forward
         };
         // Growing directions must not overflow.
-        times(OP, "rows * tp", r, tp)?;
-        times(OP, "cols * tp", c, tp)?;
+        mul(OP, "rows * tp", r, tp)?;
+        mul(OP, "cols * tp", c, tp)?;
         let (orows, ocols) = dir.shape(m, r, c, tp);
-        let as_i64 = |v: usize, arg| {
-            i64::try_from(v).map_err(|_| invalid(OP, arg, "a result that fits in int64_t", v))
-        };
-        let (orows, ocols) = (as_i64(orows, "rows")?, as_i64(ocols, "cols")?);
+        let (orows, ocols) = (to_i64(OP, "rows", orows)?, to_i64(OP, "cols", ocols)?);
         // SAFETY: out-pointer contracts.
         unsafe {
             if out_cols.is_null() {
@@ -120,11 +114,11 @@ unsafe fn mapping_t<T: CommElement>(
     (rows, cols): (usize, usize),
 ) -> Result<()> {
     let tp = c.comm.size();
-    times(op, "rows * tp", rows, tp)?;
-    times(op, "cols * tp", cols, tp)?;
-    let nin = times(op, "rows * cols", rows, cols)?;
+    mul(op, "rows * tp", rows, tp)?;
+    mul(op, "cols * tp", cols, tp)?;
+    let nin = mul(op, "rows * cols", rows, cols)?;
     let (orows, ocols) = dir.shape(m, rows, cols, tp);
-    let nout = times(op, "output", orows, ocols)?;
+    let nout = mul(op, "output", orows, ocols)?;
     // SAFETY: pointer contracts: `[rows, cols]` in, the mapping's shape out.
     let (x, mut y) = unsafe {
         (
@@ -153,7 +147,7 @@ unsafe fn run_mapping(
 ) -> Result<()> {
     let m = mapping_of(op, mapping_)?;
     let c = call(op, comm, stream)?;
-    let shape = (count(op, "rows", rows)?, count(op, "cols", cols)?);
+    let shape = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
     // SAFETY: pointer contracts.
     comm_dispatch!(op, datatype, T => unsafe { mapping_t::<T>(op, &c, (m, dir), input, output, shape) })
 }
@@ -243,21 +237,14 @@ fn extent(
     rows: usize,
     cols: usize,
 ) -> Result<usize> {
-    if rows == 0 || cols == 0 {
-        return Ok(0);
-    }
-    (rows - 1)
-        .checked_mul(b.pitch)
-        .and_then(|v| v.checked_add(b.offset))
-        .and_then(|v| v.checked_add(cols))
-        .ok_or_else(|| {
-            invalid(
-                op,
-                arg,
-                "a block whose extent fits in size_t",
-                "an overflow",
-            )
-        })
+    b.extent(rows, cols).ok_or_else(|| {
+        invalid(
+            op,
+            arg,
+            "a block whose extent fits in size_t",
+            "an overflow",
+        )
+    })
 }
 
 unsafe fn copy_t<T: Element>(
@@ -308,7 +295,7 @@ pub unsafe extern "C" fn ftn_copy_2d(
         const OP: &str = "ftn_copy_2d";
         // SAFETY: handle contract.
         let s = unsafe { get::<ftnStream>(OP, "stream", stream)? };
-        let (r, c) = (count(OP, "rows", rows)?, count(OP, "cols", cols)?);
+        let (r, c) = (dim(OP, "rows", rows)?, dim(OP, "cols", cols)?);
         let sa = block(OP, "src_block", src_block)?;
         let da = block(OP, "dst_block", dst_block)?;
         // SAFETY: pointer contracts.

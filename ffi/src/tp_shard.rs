@@ -12,8 +12,8 @@ use half::{bf16, f16};
 
 use crate::boundary::{ftnResult_t, guard, invalid};
 use crate::comm::comm_dispatch;
-use crate::handles::{check_ptr, host_slice};
-use crate::tp_common::{count, times};
+use crate::handles::{check_ptr, dim, host_slice, mul};
+use crate::tp_common::tp_size;
 
 /// Which sharding a call does.
 #[derive(Clone, Copy)]
@@ -24,10 +24,7 @@ enum Split {
 }
 
 fn rank_of(op: &'static str, tp: c_int, rank: c_int) -> Result<(usize, usize)> {
-    let t = usize::try_from(tp)
-        .ok()
-        .filter(|&t| t >= 1)
-        .ok_or_else(|| invalid(op, "tp", "at least 1", tp))?;
+    let t = tp_size(op, tp)?;
     let r = usize::try_from(rank)
         .ok()
         .filter(|&r| r < t)
@@ -50,12 +47,12 @@ unsafe fn shard_t<T: Element>(
     // The shard's length, checked against `out_count` before anything is
     // allocated (a padded vocabulary shard can be larger than `full`).
     let want = match split {
-        Split::Rows => times(op, "cols", rows / tp, cols)?,
-        Split::Cols => times(op, "rows", rows, cols / tp)?,
+        Split::Rows => mul(op, "cols", rows / tp, cols)?,
+        Split::Cols => mul(op, "rows", rows, cols / tp)?,
         Split::VocabRows => {
             let (_, r) = vocab_range(rows, tp, rank)
                 .ok_or_else(|| invalid(op, "vocab", "a size whose padding fits in size_t", rows))?;
-            times(op, "hidden", r, cols)?
+            mul(op, "hidden", r, cols)?
         }
     };
     if out_count < want {
@@ -68,7 +65,7 @@ unsafe fn shard_t<T: Element>(
     }
     check_ptr::<T>(op, "out", out, want)?;
     // SAFETY: host pointer contract.
-    let src = unsafe { host_slice::<T>(op, "full", full, times(op, "rows * cols", rows, cols)?)? };
+    let src = unsafe { host_slice::<T>(op, "full", full, mul(op, "rows * cols", rows, cols)?)? };
     let shard = match split {
         Split::Rows => shard_rows(src, rows, cols, tp, rank)?,
         Split::Cols => shard_cols(src, rows, cols, tp, rank)?,
@@ -92,7 +89,7 @@ unsafe fn shard(
     out: *mut c_void,
     out_count: usize,
 ) -> Result<()> {
-    let shape = (count(op, "rows", rows)?, count(op, "cols", cols)?);
+    let shape = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
     let ranks = rank_of(op, tp, rank)?;
     // SAFETY: forwarded contracts.
     comm_dispatch!(op, datatype, T => unsafe { shard_t::<T>(op, split, full, shape, ranks, out, out_count) })

@@ -15,9 +15,11 @@ use half::{bf16, f16};
 
 use crate::boundary::{ftnResult_t, guard, invalid};
 use crate::comm::{call, ftnComm_t, Call};
-use crate::handles::{check_out, ftnStream_t, get, handle, take, view, write_out, Handle};
+use crate::handles::{
+    check_out, dim, ftnStream_t, get, handle, mul, take, view, write_out, Handle,
+};
 use crate::ops::{float_dispatch, read_desc, Desc};
-use crate::tp_common::{count, times};
+use crate::tp_common::{to_i64, tp_size};
 
 /// `id_dispatch!(op, arg, id_dtype, I => body)`: `body` with `I` the token
 /// id type (ftnInt32 or ftnInt64).
@@ -37,17 +39,6 @@ macro_rules! id_dispatch {
     };
 }
 
-fn tp_of(op: &'static str, tp: c_int) -> Result<usize> {
-    usize::try_from(tp)
-        .ok()
-        .filter(|&t| t >= 1)
-        .ok_or_else(|| invalid(op, "tp", "at least 1", tp))
-}
-
-fn to_i64(op: &'static str, arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| invalid(op, arg, "a result that fits in int64_t", v))
-}
-
 /// The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
 /// `make_vocab_size_divisible_by = 128`).
 #[no_mangle]
@@ -58,8 +49,8 @@ pub unsafe extern "C" fn ftn_vocab_padded_size(
 ) -> ftnResult_t {
     guard("ftn_vocab_padded_size", move || {
         const OP: &str = "ftn_vocab_padded_size";
-        let v = count(OP, "vocab", vocab)?;
-        let p = padded_vocab_size(v, tp_of(OP, tp)?)
+        let v = dim(OP, "vocab", vocab)?;
+        let p = padded_vocab_size(v, tp_size(OP, tp)?)
             .ok_or_else(|| invalid(OP, "vocab", "a size whose padding fits in size_t", vocab))?;
         // SAFETY: out-pointer contract.
         unsafe { write_out(OP, "padded", padded, to_i64(OP, "vocab", p)?) }
@@ -78,8 +69,8 @@ pub unsafe extern "C" fn ftn_vocab_range(
 ) -> ftnResult_t {
     guard("ftn_vocab_range", move || {
         const OP: &str = "ftn_vocab_range";
-        let v = count(OP, "vocab", vocab)?;
-        let tp = tp_of(OP, tp)?;
+        let v = dim(OP, "vocab", vocab)?;
+        let tp = tp_size(OP, tp)?;
         let r = usize::try_from(rank)
             .ok()
             .filter(|&r| r < tp)
@@ -122,8 +113,8 @@ fn embedding(
     c: &Call,
 ) -> Result<(VocabParallelEmbedding, usize)> {
     let e = VocabParallelEmbedding::new(
-        count(op, "desc.vocab", d.vocab)?,
-        count(op, "desc.hidden", d.hidden)?,
+        dim(op, "desc.vocab", d.vocab)?,
+        dim(op, "desc.hidden", d.hidden)?,
     );
     let (_, rows) = e.shard(c.comm.size(), c.comm.rank()).ok_or_else(|| {
         invalid(
@@ -133,7 +124,7 @@ fn embedding(
             d.vocab,
         )
     })?;
-    let n = times(op, "desc.hidden", rows, e.hidden)?;
+    let n = mul(op, "desc.hidden", rows, e.hidden)?;
     Ok((e, n))
 }
 
@@ -147,7 +138,7 @@ unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
 ) -> Result<()> {
     const OP: &str = "ftn_vocab_parallel_embedding_forward";
     let (e, nw) = embedding(OP, d, c)?;
-    let nout = times(OP, "tokens", tokens, e.hidden)?;
+    let nout = mul(OP, "tokens", tokens, e.hidden)?;
     // SAFETY: pointer contracts.
     let (i, w, mut y) = unsafe {
         (
@@ -181,7 +172,7 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(OP, "desc", desc)? };
         let c = call(OP, comm, stream)?;
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         // SAFETY: pointer contracts.
         float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.id_dtype", d.id_dtype, I => unsafe {
             embed_fwd_t::<T, I>(&c, &d, ids, weight_shard, out, tokens)
@@ -201,7 +192,7 @@ unsafe fn embed_bwd_t<T: FloatElement + CommElement, I: TokenId>(
 ) -> Result<()> {
     const OP: &str = "ftn_vocab_parallel_embedding_backward";
     let (e, nw) = embedding(OP, d, c)?;
-    let ndy = times(OP, "tokens", tokens, e.hidden)?;
+    let ndy = mul(OP, "tokens", tokens, e.hidden)?;
     // SAFETY: pointer contracts.
     let (i, g, mut dw) = unsafe {
         (
@@ -234,7 +225,7 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_backward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(OP, "desc", desc)? };
         let c = call(OP, comm, stream)?;
-        let tokens = count(OP, "tokens", tokens)?;
+        let tokens = dim(OP, "tokens", tokens)?;
         let dw = dweight as *mut c_void;
         // SAFETY: pointer contracts.
         float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.id_dtype", d.id_dtype, I => unsafe {
@@ -280,9 +271,9 @@ fn cross_entropy(
     if d.reserved != 0 {
         return Err(invalid(op, "desc.reserved", "0", d.reserved));
     }
-    let tokens = count(op, "desc.tokens", d.tokens)?;
-    let shard = count(op, "desc.shard_vocab", d.shard_vocab)?;
-    let n = times(op, "desc.tokens * shard_vocab", tokens, shard)?;
+    let tokens = dim(op, "desc.tokens", d.tokens)?;
+    let shard = dim(op, "desc.shard_vocab", d.shard_vocab)?;
+    let n = mul(op, "desc.tokens * shard_vocab", tokens, shard)?;
     Ok((
         VocabParallelCrossEntropy::new(tokens, shard).with_label_smoothing(d.label_smoothing),
         n,

@@ -19,6 +19,20 @@ pub struct Block2d {
     pub pitch: usize,
 }
 
+impl Block2d {
+    /// Elements from the buffer's start to the end of a `[rows, cols]` block
+    /// here (0 for an empty block); `None` on overflow.
+    pub fn extent(&self, rows: usize, cols: usize) -> Option<usize> {
+        if rows == 0 || cols == 0 {
+            return Some(0);
+        }
+        (rows - 1)
+            .checked_mul(self.pitch)
+            .and_then(|v| v.checked_add(self.offset))
+            .and_then(|v| v.checked_add(cols))
+    }
+}
+
 const OP: &str = "copy_2d";
 
 fn check<T: Element>(
@@ -39,13 +53,9 @@ fn check<T: Element>(
             b.pitch,
         ));
     }
-    let last = (rows - 1)
-        .checked_mul(b.pitch)
-        .and_then(|v| v.checked_add(b.offset))
-        .and_then(|v| v.checked_add(cols))
-        .ok_or_else(|| {
-            Error::invalid(OP, arg, "a block whose extent fits in usize", "an overflow")
-        })?;
+    let last = b.extent(rows, cols).ok_or_else(|| {
+        Error::invalid(OP, arg, "a block whose extent fits in usize", "an overflow")
+    })?;
     if last > buf.len() {
         return Err(Error::invalid(
             OP,

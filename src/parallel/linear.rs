@@ -163,6 +163,33 @@ fn divides(op: &'static str, arg: &'static str, v: usize, tp: usize) -> Result<(
     Ok(())
 }
 
+/// Checks that `comm` is the one a layer or block was built for (`tp`
+/// ranks, this one `rank`) and, with sequence parallelism, that `tokens`
+/// splits over them; returns this rank's rows (`tokens / tp` with sequence
+/// parallelism, else `tokens`).
+pub(crate) fn check_comm(
+    op: &'static str,
+    comm: &Communicator,
+    (tp, rank): (usize, usize),
+    sequence_parallel: bool,
+    tokens: usize,
+) -> Result<usize> {
+    if comm.size() != tp || comm.rank() != rank {
+        return Err(Error::invalid(
+            op,
+            "comm",
+            format!("rank {rank} of the {tp}-rank communicator it was built for"),
+            format!("rank {} of {}", comm.rank(), comm.size()),
+        ));
+    }
+    if sequence_parallel {
+        divides(op, "tokens", tokens, tp)?;
+        Ok(tokens / tp)
+    } else {
+        Ok(tokens)
+    }
+}
+
 /// Intermediate buffers owned by a layer, handed out as non-owning views.
 struct Scratch<T: Element> {
     slots: Vec<Option<DeviceBuffer<T>>>,
@@ -401,21 +428,8 @@ impl<T: TpElement> ColumnParallelLinear<T> {
     }
 
     fn check_comm(&self, comm: &Communicator, tokens: usize) -> Result<()> {
-        if comm.size() != self.tp || comm.rank() != self.rank {
-            return Err(Error::invalid(
-                COL,
-                "comm",
-                format!(
-                    "rank {} of the {}-rank communicator the layer was built for",
-                    self.rank, self.tp
-                ),
-                format!("rank {} of {}", comm.rank(), comm.size()),
-            ));
-        }
-        if self.options.sequence_parallel {
-            divides(COL, "tokens", tokens, self.tp)?;
-        }
-        Ok(())
+        let at = (self.tp, self.rank);
+        check_comm(COL, comm, at, self.options.sequence_parallel, tokens).map(drop)
     }
 
     fn input_rows(&self, tokens: usize) -> usize {
@@ -772,21 +786,8 @@ impl<T: TpElement> RowParallelLinear<T> {
     }
 
     fn check_comm(&self, comm: &Communicator, tokens: usize) -> Result<()> {
-        if comm.size() != self.tp || comm.rank() != self.rank {
-            return Err(Error::invalid(
-                ROW,
-                "comm",
-                format!(
-                    "rank {} of the {}-rank communicator the layer was built for",
-                    self.rank, self.tp
-                ),
-                format!("rank {} of {}", comm.rank(), comm.size()),
-            ));
-        }
-        if self.options.sequence_parallel {
-            divides(ROW, "tokens", tokens, self.tp)?;
-        }
-        Ok(())
+        let at = (self.tp, self.rank);
+        check_comm(ROW, comm, at, self.options.sequence_parallel, tokens).map(drop)
     }
 
     fn input_cols(&self) -> usize {

@@ -24,7 +24,8 @@ use crate::comm::Communicator;
 use crate::core::{Error, Result};
 use crate::ops::Gelu;
 use crate::parallel::linear::{
-    ColumnOptions, ColumnParallelLinear, LinearGrads, RowOptions, RowParallelLinear, TpElement,
+    check_comm, ColumnOptions, ColumnParallelLinear, LinearGrads, RowOptions, RowParallelLinear,
+    TpElement,
 };
 
 const OP: &str = "TpMlp";
@@ -86,40 +87,20 @@ pub(crate) fn exact_buf<'a, T: TpElement>(
 }
 
 /// Checks a block's input and output before any state changes: `comm` is
-/// the block's (`tp` ranks, this one `rank`), `tokens` splits over them with sequence
-/// parallelism, and both tensors are `[rows, hidden]` on this rank.
+/// the block's ([`check_comm`]) and both tensors are `[rows, hidden]` on
+/// this rank.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn check_block_io(
     op: &'static str,
     comm: &Communicator,
-    (tp, rank): (usize, usize),
+    at: (usize, usize),
     sequence_parallel: bool,
     tokens: usize,
     hidden: usize,
     input: usize,
     output: usize,
 ) -> Result<()> {
-    if comm.size() != tp || comm.rank() != rank {
-        return Err(Error::invalid(
-            op,
-            "comm",
-            format!("rank {rank} of the {tp}-rank communicator the block was built for"),
-            format!("rank {} of {}", comm.rank(), comm.size()),
-        ));
-    }
-    let rows = if sequence_parallel {
-        if tokens % tp != 0 {
-            return Err(Error::invalid(
-                op,
-                "tokens",
-                format!("a multiple of the tensor-parallel size {tp} (sequence parallelism)"),
-                tokens,
-            ));
-        }
-        tokens / tp
-    } else {
-        tokens
-    };
+    let rows = check_comm(op, comm, at, sequence_parallel, tokens)?;
     let n = rows
         .checked_mul(hidden)
         .ok_or_else(|| Error::invalid(op, "tokens", "a size that fits in usize", tokens))?;
