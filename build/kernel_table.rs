@@ -101,5 +101,12 @@ pub fn write(kernels: &[KernelDecl], path: &Path) {
         let _ = writeln!(s, "    \"{}\",", k.name);
     }
     s.push_str("];\n");
+    s.push_str(
+        "/// Every kernel as (name, module).\npub static ALL_KERNELS: &[(&str, &str)] = &[\n",
+    );
+    for k in kernels {
+        let _ = writeln!(s, "    (\"{}\", \"{}\"),", k.name, k.module);
+    }
+    s.push_str("];\n");
     std::fs::write(path, s).unwrap_or_else(|e| panic!("writing {path:?}: {e}"));
 }

@@ -1,25 +1,51 @@
 #!/usr/bin/env bash
 # Runs on the device machine from the repository root, over a carried
-# gpu-bundle/ (scripts/gpu_bundle.sh): every test binary (GPU cases run when
-# a GPU is usable; the rest run on the emulator), then the benchmarks' CUDA
-# cases (criterion filter `cuda`), and writes under $OUT:
-#   summary.md      device, commit, a table of test binaries (pass/fail,
-#                   GPU cases skipped) and every CUDA benchmark's time and
-#                   throughput line;
-#   tests/*.log, benches/*.log   the full outputs.
-# Without a GPU it still runs: GPU cases are reported as skipped, and the
-# CUDA benchmarks do not exist (so the bench table is empty).
-# Env: OUT (default ./gpu-out), FTN_CHECK_TIMEOUT per binary (default 240 s),
+# gpu-bundle/ (scripts/gpu_bundle.sh). Order, so that a timeout loses the
+# least valuable part and every timing runs on a quiet GPU:
+#   1. environment (GPU, driver, clocks, which NCCL / cuBLASLt files exist);
+#   2. the CUDA benchmarks (criterion filter `cuda`), one at a time;
+#   3. gemm_vs_cublaslt (ours vs cuBLASLt, same shapes, same run);
+#   4. every test binary, FTN_CHECK_JOBS at a time (GPU cases run, emulator
+#      cases too);
+#   5. compute-sanitizer memcheck over the small-shape test binaries.
+# Every step has its own timeout, clipped to what is left of FTN_CHECK_BUDGET
+# (seconds, default 420), and summary.md is appended to as each step ends, so
+# a timeout loses nothing already measured. Writes under $OUT:
+#   summary.md, and logs.tgz (tests/*.log, benches/*.log, sanitizer/*.log)
+# Without a GPU it still runs: GPU cases are reported as skipped.
+# Env: OUT (default ./gpu-out), FTN_CHECK_TIMEOUT per step (default 240 s),
+# FTN_CHECK_BUDGET (default 420 s), FTN_CHECK_JOBS (default 4),
 # FTN_BENCH_FILTER (default cuda).
 set -uo pipefail
 BUNDLE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$PWD/gpu-out}"
-mkdir -p "$OUT/tests" "$OUT/benches"
+mkdir -p "$OUT/tests" "$OUT/benches" "$OUT/sanitizer"
 LIMIT="${FTN_CHECK_TIMEOUT:-240}"
+BUDGET="${FTN_CHECK_BUDGET:-420}"
+JOBS="${FTN_CHECK_JOBS:-4}"
+T0=$(date +%s)
+export T0 BUDGET LIMIT OUT
 
-# NCCL from the machine's Python environment, when there is one.
-NCCL_DIR="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)"
-[ -n "$NCCL_DIR" ] && export LD_LIBRARY_PATH="$NCCL_DIR:${LD_LIBRARY_PATH:-}"
+# Seconds a step may take: its own limit, clipped to the budget left.
+step_limit() {
+  local left=$((BUDGET - ($(date +%s) - T0)))
+  [ "$left" -lt "$LIMIT" ] && echo "$left" || echo "$LIMIT"
+}
+export -f step_limit
+
+# NCCL and cuBLASLt from the machine's Python environment. cudarc (cuda-12000)
+# asks for libnccl.so / libnccl.so.12 and libcublasLt.so / .so.12, while the
+# NVIDIA wheels ship libnccl.so.2 and libcublasLt.so.13: link the unversioned
+# names to them in a private folder.
+SITE="$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)"
+LIBS="$OUT/../ftn-libs"
+mkdir -p "$LIBS"
+NCCL_SO="$(find "$SITE/nvidia" -name 'libnccl.so.*' 2>/dev/null | sort | head -1)"
+LT_SO="$(find "$SITE/nvidia" -name 'libcublasLt.so.*' 2>/dev/null | sort | head -1)"
+[ -n "$NCCL_SO" ] && ln -sf "$NCCL_SO" "$LIBS/libnccl.so"
+[ -n "$LT_SO" ] && ln -sf "$LT_SO" "$LIBS/libcublasLt.so"
+[ -n "$LT_SO" ] && for f in "$(dirname "$LT_SO")"/libcublas.so.*; do ln -sf "$f" "$LIBS/libcublas.so"; done
+export LD_LIBRARY_PATH="$LIBS:$(dirname "${NCCL_SO:-/x/x}"):$(dirname "${LT_SO:-/x/x}"):${LD_LIBRARY_PATH:-}"
 
 S="$OUT/summary.md"
 {
@@ -27,46 +53,25 @@ S="$OUT/summary.md"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "- commit: $(cat "$BUNDLE/COMMIT" 2>/dev/null || echo unknown)"
-  echo "- device: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi')"
-  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || echo unknown)"
-  echo "- NCCL: ${NCCL_DIR:-not found}"
+  echo "- device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader 2>/dev/null | head -1 || echo 'no nvidia-smi')"
+  echo "- libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so.1' | awk '{print $NF}')"
+  echo "- NCCL: ${NCCL_SO:-not found}"
+  echo "- cuBLASLt: ${LT_SO:-not found}"
+  echo "- compute-sanitizer: $(command -v compute-sanitizer || echo 'not found')"
   echo
-  echo "## Tests"
-  echo
-  echo "| binary | result | passed | failed | GPU cases skipped | seconds |"
-  echo "| --- | --- | --- | --- | --- | --- |"
 } > "$S"
 
-for t in "$BUNDLE"/tests/*; do
-  [ -x "$t" ] || continue
-  name="$(basename "$t")"
-  log="$OUT/tests/$name.log"
-  start=$(date +%s)
-  timeout "$LIMIT" "$t" > "$log" 2>&1
-  rc=$?
-  secs=$(($(date +%s) - start))
-  passed=$(grep -o '[0-9]* passed' "$log" | awk '{s += $1} END {print s + 0}')
-  failed=$(grep -o '[0-9]* failed' "$log" | awk '{s += $1} END {print s + 0}')
-  skipped=$(grep -c 'SKIPPED' "$log")
-  case $rc in
-    0) res=pass ;;
-    124) res="TIMEOUT (${LIMIT} s)" ;;
-    *) res="FAIL (rc $rc)" ;;
-  esac
-  echo "| $name | $res | $passed | $failed | $skipped | $secs |" >> "$S"
-done
-
-{
-  echo
-  echo "## Benchmarks (criterion filter \`${FTN_BENCH_FILTER:-cuda}\`)"
-  echo
-  echo '```'
-} >> "$S"
+echo "## Benchmarks (criterion filter \`${FTN_BENCH_FILTER:-cuda}\`)" >> "$S"
+echo >> "$S"
+echo '```' >> "$S"
 for b in "$BUNDLE"/benches/*; do
   [ -x "$b" ] || continue
   name="$(basename "$b")"
+  [ "$name" = gemm_vs_cublaslt ] && continue
   log="$OUT/benches/$name.log"
-  timeout "$LIMIT" "$b" --bench "${FTN_BENCH_FILTER:-cuda}" --warm-up-time 1 --measurement-time 3 \
+  lim=$(step_limit)
+  [ "$lim" -le 5 ] && { echo "$name: not run (budget spent)" >> "$S"; continue; }
+  timeout "$lim" "$b" --bench "${FTN_BENCH_FILTER:-cuda}" --warm-up-time 1 --measurement-time 2 \
     --noplot > "$log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && echo "$name: exit $rc (see benches/$name.log)" >> "$S"
@@ -74,4 +79,70 @@ for b in "$BUNDLE"/benches/*; do
   awk '/^[A-Za-z_0-9].*\// {id = $1} /time:|thrpt:/ {print id, $0}' "$log" >> "$S"
 done
 echo '```' >> "$S"
+
+if [ -x "$BUNDLE/benches/gemm_vs_cublaslt" ]; then
+  echo >> "$S"
+  echo "## GEMM vs cuBLASLt" >> "$S"
+  echo >> "$S"
+  timeout "$(step_limit)" "$BUNDLE/benches/gemm_vs_cublaslt" > "$OUT/benches/gemm_vs_cublaslt.log" 2>&1
+  echo "(exit $?)" >> "$S"
+  cat "$OUT/benches/gemm_vs_cublaslt.log" >> "$S"
+fi
+
+{
+  echo
+  echo "## Tests ($JOBS at a time)"
+  echo
+  echo "| binary | result | passed | failed | GPU cases skipped | seconds |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+} >> "$S"
+run_test() {
+  t="$1"
+  name="$(basename "$t")"
+  log="$OUT/tests/$name.log"
+  lim=$(step_limit)
+  if [ "$lim" -le 5 ]; then
+    echo "| $name | not run (budget spent) | | | | |" >> "$OUT/summary.md"
+    return
+  fi
+  start=$(date +%s)
+  timeout "$lim" "$t" > "$log" 2>&1
+  rc=$?
+  secs=$(($(date +%s) - start))
+  passed=$(grep -o '[0-9]* passed' "$log" | awk '{s += $1} END {print s + 0}')
+  failed=$(grep -o '[0-9]* failed' "$log" | awk '{s += $1} END {print s + 0}')
+  skipped=$(grep -c 'SKIPPED' "$log")
+  case $rc in
+    0) res=pass ;;
+    124) res="TIMEOUT (${lim} s)" ;;
+    *) res="FAIL (rc $rc)" ;;
+  esac
+  echo "| $name | $res | $passed | $failed | $skipped | $secs |" >> "$OUT/summary.md"
+}
+export -f run_test
+ls "$BUNDLE"/tests/* | xargs -P "$JOBS" -I{} bash -c 'run_test {}'
+
+if command -v compute-sanitizer > /dev/null; then
+  {
+    echo
+    echo "## compute-sanitizer memcheck (GPU cases of small-shape tests)"
+    echo
+    echo "| binary | result | errors line |"
+    echo "| --- | --- | --- |"
+  } >> "$S"
+  for name in bias_gelu softmax layernorm multi_tensor copy_2d; do
+    t="$BUNDLE/tests/$name"
+    [ -x "$t" ] || continue
+    lim=$(step_limit)
+    [ "$lim" -le 10 ] && { echo "| $name | not run (budget spent) | |" >> "$S"; continue; }
+    log="$OUT/sanitizer/$name.log"
+    timeout "$lim" compute-sanitizer --tool memcheck --print-limit 20 "$t" > "$log" 2>&1
+    rc=$?
+    echo "| $name | rc $rc | $(grep -m1 'ERROR SUMMARY' "$log") |" >> "$S"
+  done
+fi
+echo >> "$S"
+echo "total: $(($(date +%s) - T0)) s of a ${BUDGET} s budget" >> "$S"
+# The device tool returns at most 8 files: pack the logs into one.
+(cd "$OUT" && tar czf logs.tgz tests benches sanitizer && rm -rf tests benches sanitizer)
 cat "$S"

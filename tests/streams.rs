@@ -165,3 +165,20 @@ fn borrowed_memory_is_validated_and_never_freed() {
         assert!(ferrotron::DeviceBuffer::<f32>::from_raw_parts(&dev, 0x1000, usize::MAX).is_err());
     }
 }
+
+#[test]
+fn device_creation_loads_every_kernel_up_front() {
+    let start = std::time::Instant::now();
+    match Device::cuda(0) {
+        Ok(dev) => {
+            // Every module was loaded by `Device::cuda`: this first launch
+            // needs no load, so it cannot wait behind a held stream.
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            println!(
+                "[ferrotron] Device::cuda(0) on {} with every kernel loaded: {ms:.1} ms",
+                dev.name()
+            );
+        }
+        Err(e) => eprintln!("[ferrotron] device_creation: SKIPPED 1 GPU case: {e}"),
+    }
+}

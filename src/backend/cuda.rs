@@ -80,12 +80,26 @@ impl CudaDevice {
         let name = ctx
             .name()
             .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
-        Ok(CudaDevice {
+        let dev = CudaDevice {
             ctx,
             name,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
-        })
+        };
+        dev.load_every_kernel()?;
+        Ok(dev)
+    }
+
+    /// Loads every embedded module and resolves every kernel now. Under the
+    /// driver's lazy loading (the default since CUDA 12.2) the first launch
+    /// of a kernel loads it, and that load can wait behind work already
+    /// queued on a busy stream (seen on an H200: a launch behind a stream
+    /// held by a host function blocked until the host function returned).
+    fn load_every_kernel(&self) -> Result<()> {
+        for k in crate::kernels::ALL_KERNELS {
+            self.function_by_name(k.0, k.1, 0)?;
+        }
+        Ok(())
     }
 
     pub fn name(&self) -> String {
@@ -119,11 +133,18 @@ impl CudaDevice {
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver_err("binding the context", e))?;
-        // SAFETY: plain allocation of at least one byte, then a synchronous
-        // memset of exactly that range.
+        // cuMemsetD8 runs on the legacy NULL stream, which every stream of
+        // ours (non-blocking) ignores: without the wait below, the memset
+        // could land after an upload or a kernel queued on another stream and
+        // zero its result (seen on an H200: GEMM outputs all zero under load).
+        // SAFETY: plain allocation of at least one byte, a memset of exactly
+        // that range, and a wait for the NULL stream before anyone can use it.
         let ptr = unsafe {
             let p = result::malloc_sync(bytes.max(1)).map_err(|e| driver_err("cuMemAlloc", e))?;
-            if let Err(e) = sys::cuMemsetD8_v2(p, 0, bytes.max(1)).result() {
+            let zeroed = sys::cuMemsetD8_v2(p, 0, bytes.max(1))
+                .result()
+                .and_then(|()| sys::cuStreamSynchronize(std::ptr::null_mut()).result());
+            if let Err(e) = zeroed {
                 let _ = result::free_sync(p);
                 return Err(driver_err("cuMemsetD8", e));
             }
@@ -140,20 +161,29 @@ impl CudaDevice {
     }
 
     fn function<P>(&self, kernel: &'static Kernel<P>, smem: u32) -> Result<LoadedFunction> {
+        self.function_by_name(kernel.name, kernel.module, smem)
+    }
+
+    fn function_by_name(
+        &self,
+        name: &'static str,
+        module: &'static str,
+        smem: u32,
+    ) -> Result<LoadedFunction> {
         let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        let f = match fns.get(kernel.name) {
+        let f = match fns.get(name) {
             Some(f) => *f,
             None => {
-                let module = self.module(kernel.module)?;
-                let cname = CString::new(kernel.name).unwrap_or_default();
+                let module = self.module(module)?;
+                let cname = CString::new(name).unwrap_or_default();
                 // SAFETY: module is a loaded module of this context.
                 let raw = unsafe { result::module::get_function(module, cname) }
-                    .map_err(|e| driver_err(&format!("finding kernel {}", kernel.name), e))?;
+                    .map_err(|e| driver_err(&format!("finding kernel {name}"), e))?;
                 let f = LoadedFunction {
                     raw,
                     smem_opt_in: DEFAULT_DYNAMIC_SMEM,
                 };
-                fns.insert(kernel.name, f);
+                fns.insert(name, f);
                 f
             }
         };
@@ -166,17 +196,12 @@ impl CudaDevice {
                     smem as i32,
                 )
             }
-            .map_err(|e| {
-                driver_err(
-                    &format!("opting {} into {smem} B of shared memory", kernel.name),
-                    e,
-                )
-            })?;
+            .map_err(|e| driver_err(&format!("opting {name} into {smem} B of shared memory"), e))?;
             let updated = LoadedFunction {
                 smem_opt_in: smem,
                 ..f
             };
-            fns.insert(kernel.name, updated);
+            fns.insert(name, updated);
             return Ok(updated);
         }
         Ok(f)
