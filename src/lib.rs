@@ -36,4 +36,4 @@ pub use crate::core::{DType, Element, Error, Result};
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 #[cfg(feature = "std")]
-pub use backend::{BackendKind, Device, DeviceBuffer, Event, Stream};
+pub use backend::{AnyBuffer, BackendKind, Device, DeviceBuffer, Event, Stream};

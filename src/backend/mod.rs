@@ -9,6 +9,7 @@
 //! kernel failure is reported by the next `synchronize` of its stream.
 //! Dropping a buffer first waits for all work on its device (like `cudaFree`).
 
+mod any_buffer;
 mod buffer;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -18,6 +19,7 @@ mod stream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub use any_buffer::AnyBuffer;
 pub use buffer::DeviceBuffer;
 
 /// The emulator's scalar fp16/bf16 conversions (bit-exact with the CUDA

@@ -1,6 +1,7 @@
-//! Element types a device buffer can hold.
+//! Element types a device buffer can hold, and the one way to go from a
+//! runtime [`DType`] to a Rust element type: [`with_dtype!`](crate::with_dtype).
 
-use half::{bf16, f16};
+pub use half::{bf16, f16};
 
 /// Runtime tag of an element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,6 +41,101 @@ impl DType {
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
+
+    /// Every dtype, in the C ABI's `ftnDataType_t` order.
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+    ];
+
+    /// The C ABI's `ftnDataType_t` value (`ftnFloat32` = 0 ... `ftnInt64` = 5).
+    pub const fn to_c(self) -> i32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::BF16 => 2,
+            DType::U8 => 3,
+            DType::I32 => 4,
+            DType::I64 => 5,
+        }
+    }
+
+    /// The dtype of an `ftnDataType_t` value; `None` outside 0..=5.
+    pub const fn from_c(v: i32) -> Option<DType> {
+        if v >= 0 && (v as usize) < DType::ALL.len() {
+            Some(DType::ALL[v as usize])
+        } else {
+            None
+        }
+    }
+}
+
+/// The Rust element type of a `DType` variant name (used by [`with_dtype!`]).
+///
+/// [`with_dtype!`]: crate::with_dtype
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __dtype_rust_type {
+    (F32) => {
+        f32
+    };
+    (F16) => {
+        $crate::core::dtype::f16
+    };
+    (BF16) => {
+        $crate::core::dtype::bf16
+    };
+    (U8) => {
+        u8
+    };
+    (I32) => {
+        i32
+    };
+    (I64) => {
+        i64
+    };
+}
+
+/// Runs generic code for a dtype known only at run time: the crate's one
+/// dispatch from [`DType`] to an element type.
+///
+/// * `with_dtype!(d, T => body)`: every dtype; `T` names `d`'s element type.
+/// * `with_dtype!(d, [F32, F16, BF16], T => body, else other => fallback)`:
+///   only the listed dtypes; any other value of `d` is bound to `other` and
+///   `fallback` runs (typically a clear error naming the argument).
+///
+/// ```
+/// use ferrotron::{with_dtype, DType, Element};
+/// fn size_of_elem(d: DType) -> Result<usize, String> {
+///     with_dtype!(d, [F32, F16, BF16], T => Ok(std::mem::size_of::<T>()),
+///         else other => Err(format!("a float dtype, not {other}")))
+/// }
+/// assert_eq!(size_of_elem(DType::BF16), Ok(2));
+/// assert!(size_of_elem(DType::I32).is_err());
+/// ```
+#[macro_export]
+macro_rules! with_dtype {
+    ($dtype:expr, [$($v:ident),+ $(,)?], $T:ident => $body:expr, else $other:ident => $fallback:expr) => {
+        match $dtype {
+            $(
+                $crate::DType::$v => {
+                    #[allow(dead_code)]
+                    type $T = $crate::__dtype_rust_type!($v);
+                    $body
+                }
+            )+
+            #[allow(unreachable_patterns)]
+            $other => $fallback,
+        }
+    };
+    ($dtype:expr, $T:ident => $body:expr) => {
+        $crate::with_dtype!($dtype, [F32, F16, BF16, U8, I32, I64], $T => $body,
+            else _unreachable => unreachable!("with_dtype! lists every DType"))
+    };
 }
 
 impl core::fmt::Display for DType {
@@ -111,5 +207,29 @@ mod tests {
         assert_eq!(DType::I32.size(), 4);
         assert_eq!(DType::I64.size(), 8);
         assert_eq!(<bf16 as Element>::DTYPE.name(), "bf16");
+    }
+
+    #[test]
+    fn c_codes_round_trip_and_reject_the_rest() {
+        for (i, d) in DType::ALL.iter().enumerate() {
+            assert_eq!(d.to_c(), i as i32);
+            assert_eq!(DType::from_c(i as i32), Some(*d));
+        }
+        assert_eq!(DType::from_c(-1), None);
+        assert_eq!(DType::from_c(6), None);
+    }
+
+    #[test]
+    fn with_dtype_binds_the_matching_type() {
+        for d in DType::ALL {
+            let (dt, size) =
+                crate::with_dtype!(d, T => (<T as Element>::DTYPE, core::mem::size_of::<T>()));
+            assert_eq!((dt, size), (d, d.size()));
+        }
+        let floats_only = |d: DType| -> Option<DType> {
+            crate::with_dtype!(d, [F32, F16, BF16], T => Some(<T as Element>::DTYPE), else _x => None)
+        };
+        assert_eq!(floats_only(DType::F16), Some(DType::F16));
+        assert_eq!(floats_only(DType::U8), None);
     }
 }
