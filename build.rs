@@ -7,16 +7,16 @@
 //! * feature `cuda`: each `cuda/*.cu` also compiled by nvcc into a fatbin
 //!   (sm_80, sm_90a SASS + compute_90 PTX), embedded through `fatbins.rs`.
 
-#[path = "build/kernel_table.rs"]
+#[path = "buildscript/kernel_table.rs"]
 mod kernel_table;
-#[path = "build/nvcc.rs"]
+#[path = "buildscript/nvcc.rs"]
 mod nvcc;
 
 use std::path::{Path, PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=build");
+    println!("cargo:rerun-if-changed=buildscript");
     println!("cargo:rerun-if-changed=cuda");
     println!("cargo:rerun-if-changed=include");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));

@@ -3,9 +3,18 @@
 //! `Kernel<P>` ties a kernel's name to its parameter struct `P`, so launching
 //! it with another struct does not compile; its emulator entry point is linked
 //! in, and its CUDA module (the `.cu` file stem) names the fatbin to load.
+//!
+//! `Family<P>` groups the kernels one `.cu` stamp makes from one template:
+//! `ftn_softmax_fwd_warp{1,2,..,32}_{f32,f16,bf16}` is the family
+//! [`SOFTMAX_FWD_WARP`], keyed by (variant, dtypes). Ops pick a kernel with
+//! [`Family::for_dtype`], [`Family::for_dtypes`] or [`Family::variant`]; a
+//! combination no stamp made is an error naming the family and what exists.
+//! Adding a variant to a stamp adds it to the family with no Rust change.
 
 use core::ffi::c_void;
 use core::marker::PhantomData;
+
+use crate::core::{DType, Error, Result};
 
 /// The emulator's entry points for one kernel.
 #[derive(Clone, Copy)]
@@ -25,6 +34,12 @@ pub struct Kernel<P> {
     _params: PhantomData<fn(P)>,
 }
 
+impl<P> core::fmt::Debug for Kernel<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Kernel({} in {}.cu)", self.name, self.module)
+    }
+}
+
 impl<P> Kernel<P> {
     pub const fn new(name: &'static str, module: &'static str, emu: EmuEntry) -> Self {
         Kernel {
@@ -33,6 +48,72 @@ impl<P> Kernel<P> {
             emu,
             _params: PhantomData,
         }
+    }
+}
+
+/// One kernel of a [`Family`] and its key.
+pub struct Member<P: 'static> {
+    /// The number the name's last token ends with (`warp16` → 16), if any.
+    pub variant: Option<u32>,
+    /// The dtype suffixes of the name, in order (inputs first).
+    pub dtypes: &'static [DType],
+    pub kernel: &'static Kernel<P>,
+}
+
+/// The kernels stamped from one template, keyed by (variant, dtypes).
+pub struct Family<P: 'static> {
+    pub name: &'static str,
+    pub members: &'static [Member<P>],
+}
+
+impl<P> Family<P> {
+    pub const fn new(name: &'static str, members: &'static [Member<P>]) -> Self {
+        Family { name, members }
+    }
+
+    /// The kernel with no variant number for one dtype.
+    pub fn for_dtype(&self, dtype: DType) -> Result<&'static Kernel<P>> {
+        self.find(None, &[dtype])
+    }
+
+    /// The kernel with no variant number for these dtypes (inputs first).
+    pub fn for_dtypes(&self, dtypes: &[DType]) -> Result<&'static Kernel<P>> {
+        self.find(None, dtypes)
+    }
+
+    /// The kernel of variant `n` (e.g. values per lane) for one dtype.
+    pub fn variant(&self, n: u32, dtype: DType) -> Result<&'static Kernel<P>> {
+        self.find(Some(n), &[dtype])
+    }
+
+    /// The family's only kernel (families stamped without parameters).
+    pub fn only(&self) -> Result<&'static Kernel<P>> {
+        self.find(None, &[])
+    }
+
+    fn find(&self, variant: Option<u32>, dtypes: &[DType]) -> Result<&'static Kernel<P>> {
+        self.members
+            .iter()
+            .find(|m| m.variant == variant && m.dtypes == dtypes)
+            .map(|m| m.kernel)
+            .ok_or_else(|| {
+                let key = |v: Option<u32>, d: &[DType]| {
+                    let mut k = v.map_or(String::new(), |v| format!("variant {v} "));
+                    k.push_str(&format!("{d:?}"));
+                    k
+                };
+                let have: Vec<String> = self
+                    .members
+                    .iter()
+                    .map(|m| key(m.variant, m.dtypes))
+                    .collect();
+                Error::invalid(
+                    self.name,
+                    "kernel",
+                    format!("a stamped kernel: one of {}", have.join(", ")),
+                    key(variant, dtypes),
+                )
+            })
     }
 }
 
@@ -51,6 +132,31 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn families_find_every_stamped_kernel_and_refuse_the_rest() {
+        let k = SOFTMAX_FWD_WARP.variant(16, DType::BF16).unwrap();
+        assert_eq!(k.name, "ftn_softmax_fwd_warp16_bf16");
+        let k = GEMM_128X128.for_dtypes(&[DType::F16, DType::F32]).unwrap();
+        assert_eq!(k.name, "ftn_gemm_128x128_f16_f32");
+        assert_eq!(COPY_2D_BYTES.only().unwrap().name, "ftn_copy_2d_bytes");
+        assert_eq!(
+            LAYERNORM_FWD_WARP.for_dtype(DType::F16).unwrap().name,
+            "ftn_layernorm_fwd_warp_f16"
+        );
+        // No fallback: a dtype or variant nobody stamped is an error that
+        // names the family and lists what exists.
+        let e = BIAS_GELU_FWD.for_dtype(DType::I32).unwrap_err().to_string();
+        assert!(
+            e.contains("bias_gelu_fwd") && e.contains("I32") && e.contains("BF16"),
+            "{e}"
+        );
+        assert!(SOFTMAX_FWD_WARP.variant(64, DType::F32).is_err());
+        assert!(GEMM_64X64.for_dtypes(&[DType::F32, DType::F32]).is_err());
+        // Every kernel belongs to exactly one family member.
+        let members: usize = ALL_FAMILY_SIZES.iter().sum();
+        assert_eq!(members, ALL_KERNEL_NAMES.len());
+    }
 
     #[test]
     fn table_lists_the_bias_gelu_family_with_matching_struct_sizes() {

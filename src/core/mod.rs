@@ -2,6 +2,7 @@
 //! launch plans. Everything here is pure logic, shared by both backends and
 //! unit-tested once.
 
+pub mod activation;
 pub mod dtype;
 pub mod error;
 pub mod launch;

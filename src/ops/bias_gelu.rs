@@ -17,28 +17,11 @@ use super::{all_aligned16, check_buffer};
 use crate::backend::{DeviceBuffer, Stream};
 use crate::core::dtype::FloatElement;
 use crate::core::plan::bias_gelu as plan;
-use crate::core::{validate, DType, Result};
+use crate::core::{validate, Result};
 use crate::kernel_params::{FtnBiasGeluBwdParams, FtnBiasGeluFwdParams, FtnColumnSumParams};
-use crate::kernels::{self, Kernel};
+use crate::kernels;
 
-/// Which GeLU.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Gelu {
-    /// `0.5x(1 + tanh(0.79788456 x (1 + 0.044715 x^2)))` — Megatron's fused form.
-    #[default]
-    Tanh,
-    /// `0.5x(1 + erf(x / sqrt 2))` — PyTorch's `F.gelu` default.
-    Erf,
-}
-
-impl Gelu {
-    fn code(self) -> u32 {
-        match self {
-            Gelu::Tanh => crate::kernel_params::FTN_GELU_TANH,
-            Gelu::Erf => crate::kernel_params::FTN_GELU_ERF,
-        }
-    }
-}
+pub use crate::core::activation::Gelu;
 
 /// Bias + GeLU over a row-major `[rows, cols]` matrix with a `[cols]` bias.
 /// Any `rows, cols >= 0`; fp32, fp16 and bf16 storage, fp32 arithmetic.
@@ -54,30 +37,6 @@ pub struct BiasGelu {
 
 const FWD: &str = "bias_gelu_forward";
 const BWD: &str = "bias_gelu_backward";
-
-fn fwd_kernel(d: DType) -> &'static Kernel<FtnBiasGeluFwdParams> {
-    match d {
-        DType::F16 => &kernels::FTN_BIAS_GELU_FWD_F16,
-        DType::BF16 => &kernels::FTN_BIAS_GELU_FWD_BF16,
-        _ => &kernels::FTN_BIAS_GELU_FWD_F32,
-    }
-}
-
-fn bwd_kernel(d: DType) -> &'static Kernel<FtnBiasGeluBwdParams> {
-    match d {
-        DType::F16 => &kernels::FTN_BIAS_GELU_BWD_F16,
-        DType::BF16 => &kernels::FTN_BIAS_GELU_BWD_BF16,
-        _ => &kernels::FTN_BIAS_GELU_BWD_F32,
-    }
-}
-
-fn column_sum_kernel(d: DType) -> &'static Kernel<FtnColumnSumParams> {
-    match d {
-        DType::F16 => &kernels::FTN_COLUMN_SUM_PARTIALS_F16,
-        DType::BF16 => &kernels::FTN_COLUMN_SUM_PARTIALS_BF16,
-        _ => &kernels::FTN_COLUMN_SUM_PARTIALS_F32,
-    }
-}
 
 impl BiasGelu {
     /// `[rows, cols]` with Megatron's tanh GeLU.
@@ -167,7 +126,7 @@ impl BiasGelu {
             gelu: self.gelu.code(),
             vec: p.vec,
         };
-        stream.launch(fwd_kernel(T::DTYPE), p.cfg, params)
+        stream.launch(kernels::BIAS_GELU_FWD.for_dtype(T::DTYPE)?, p.cfg, params)
     }
 
     /// `dx = dy * gelu'(x + bias)` and, if asked, `dbias` = column sums of
@@ -261,7 +220,7 @@ impl BiasGelu {
             gelu: self.gelu.code(),
             vec: p.vec,
         };
-        stream.launch(bwd_kernel(T::DTYPE), p.cfg, params)?;
+        stream.launch(kernels::BIAS_GELU_BWD.for_dtype(T::DTYPE)?, p.cfg, params)?;
         if let Some(db) = dbias {
             let sum = FtnColumnSumParams {
                 out: db.addr() as *mut _,
@@ -269,7 +228,11 @@ impl BiasGelu {
                 chunks: p.chunks as i64,
                 cols: self.cols as i64,
             };
-            stream.launch(column_sum_kernel(T::DTYPE), p.reduce_cfg, sum)?;
+            stream.launch(
+                kernels::COLUMN_SUM_PARTIALS.for_dtype(T::DTYPE)?,
+                p.reduce_cfg,
+                sum,
+            )?;
         }
         Ok(())
     }
@@ -299,7 +262,7 @@ mod tests {
         };
         stream
             .launch(
-                fwd_kernel(DType::F32),
+                kernels::BIAS_GELU_FWD.for_dtype(crate::DType::F32).unwrap(),
                 crate::core::LaunchConfig::linear(1, 32),
                 bad,
             )

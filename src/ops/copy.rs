@@ -5,8 +5,8 @@
 
 use super::all_aligned16;
 use crate::backend::{DeviceBuffer, Stream};
-use crate::core::plan::{div_ceil, ELEMENTWISE_THREADS, MAX_GRID_STRIDE_BLOCKS};
-use crate::core::{Element, Error, LaunchConfig, Result};
+use crate::core::plan::copy as plan;
+use crate::core::{Element, Error, Result};
 use crate::kernel_params::FtnCopy2dParams;
 use crate::kernels;
 
@@ -106,13 +106,11 @@ pub fn copy_2d<T: Element>(
         src_at.pitch as u64 * es,
         dst_at.pitch as u64 * es,
     );
-    let vec = if all_aligned16(&[s, d, row_bytes, sp, dp]) {
-        16
-    } else {
-        1
-    };
-    let units = rows as u64 * row_bytes / vec as u64;
-    let blocks = div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, MAX_GRID_STRIDE_BLOCKS);
+    let (vec, cfg) = plan::plan(
+        rows as u64,
+        row_bytes,
+        all_aligned16(&[s, d, row_bytes, sp, dp]),
+    );
     let params = FtnCopy2dParams {
         dst: d as *mut _,
         src: s as *const _,
@@ -123,9 +121,5 @@ pub fn copy_2d<T: Element>(
         vec,
         reserved: 0,
     };
-    stream.launch(
-        &kernels::FTN_COPY_2D_BYTES,
-        LaunchConfig::linear(blocks as u32, ELEMENTWISE_THREADS),
-        params,
-    )
+    stream.launch(kernels::COPY_2D_BYTES.only()?, cfg, params)
 }

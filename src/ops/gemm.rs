@@ -42,20 +42,7 @@ use crate::Error;
 const OP: &str = "gemm";
 const BIAS_GRAD: &str = "gemm_bias_grad";
 
-/// What the kernel does to `v = alpha * op(A) op(B) [+ beta * C]`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Epilogue {
-    /// `D = v`.
-    #[default]
-    None,
-    /// `D = v + bias[n]` (bias required).
-    Bias,
-    /// `D = gelu(v + bias[n])` (bias optional); `Aux::Store` saves `v + bias`.
-    BiasGelu(Gelu),
-    /// `D = v * gelu'(pre)` with `pre` the saved pre-activation
-    /// (`Aux::PreActivation`, required): the backward of `BiasGelu`.
-    DGelu(Gelu),
-}
+pub use crate::core::activation::Epilogue;
 
 /// The auxiliary `[m, n]` (per batch) matrix of the GeLU epilogues, in the
 /// output type, laid out with `ld_aux` / `stride_aux`.
@@ -186,25 +173,17 @@ fn check_buf<T: Element>(
     crate::core::validate::len_at_least(OP, arg, buf.len(), needed)
 }
 
-fn gemm_kernel(tile: GemmTile, input: DType, out_f32: bool) -> &'static Kernel<FtnGemmParams> {
-    use GemmTile::*;
-    match (tile, input, out_f32) {
-        (T128x128, DType::BF16, false) => &kernels::FTN_GEMM_128X128_BF16_BF16,
-        (T128x128, DType::BF16, true) => &kernels::FTN_GEMM_128X128_BF16_F32,
-        (T128x128, _, false) => &kernels::FTN_GEMM_128X128_F16_F16,
-        (T128x128, _, true) => &kernels::FTN_GEMM_128X128_F16_F32,
-        (T64x64, DType::BF16, false) => &kernels::FTN_GEMM_64X64_BF16_BF16,
-        (T64x64, DType::BF16, true) => &kernels::FTN_GEMM_64X64_BF16_F32,
-        (T64x64, _, false) => &kernels::FTN_GEMM_64X64_F16_F16,
-        (T64x64, _, true) => &kernels::FTN_GEMM_64X64_F16_F32,
-    }
-}
-
-fn gelu_code(g: Gelu) -> u32 {
-    match g {
-        Gelu::Tanh => crate::kernel_params::FTN_GELU_TANH,
-        Gelu::Erf => crate::kernel_params::FTN_GELU_ERF,
-    }
+/// The kernel of a tile for (input dtype, output dtype).
+fn gemm_kernel(
+    tile: GemmTile,
+    input: DType,
+    output: DType,
+) -> Result<&'static Kernel<FtnGemmParams>> {
+    let family = match tile {
+        GemmTile::T128x128 => &kernels::GEMM_128X128,
+        GemmTile::T64x64 => &kernels::GEMM_64X64,
+    };
+    family.for_dtypes(&[input, output])
 }
 
 impl Gemm {
@@ -521,14 +500,10 @@ impl Gemm {
             trans_a: self.trans_a as u32,
             trans_b: self.trans_b as u32,
             epilogue: code,
-            gelu: gelu_code(gelu),
+            gelu: gelu.code(),
             aligned: aligned as u32,
         };
-        stream.launch(
-            gemm_kernel(p.tile, T::DTYPE, O::DTYPE == DType::F32),
-            p.cfg,
-            params,
-        )
+        stream.launch(gemm_kernel(p.tile, T::DTYPE, O::DTYPE)?, p.cfg, params)
     }
 }
 
@@ -601,23 +576,8 @@ impl BiasGrad {
             .ok_or_else(|| Error::invalid(BIAS_GRAD, "cols", "a workspace that fits", cols))?;
         let partial = stream.workspace(bytes)?;
         let col_blocks = plan_blocks(cols)?;
-        let (partials_k, sum_k): (
-            &'static Kernel<FtnColumnPartialsParams>,
-            &'static Kernel<FtnColumnSumParams>,
-        ) = match T::DTYPE {
-            DType::F16 => (
-                &kernels::FTN_GEMM_COLUMN_PARTIALS_F16,
-                &kernels::FTN_COLUMN_SUM_PARTIALS_F16,
-            ),
-            DType::BF16 => (
-                &kernels::FTN_GEMM_COLUMN_PARTIALS_BF16,
-                &kernels::FTN_COLUMN_SUM_PARTIALS_BF16,
-            ),
-            _ => (
-                &kernels::FTN_GEMM_COLUMN_PARTIALS_F32,
-                &kernels::FTN_COLUMN_SUM_PARTIALS_F32,
-            ),
-        };
+        let partials_k = kernels::GEMM_COLUMN_PARTIALS.for_dtype(T::DTYPE)?;
+        let sum_k = kernels::COLUMN_SUM_PARTIALS.for_dtype(T::DTYPE)?;
         let cfg = crate::core::LaunchConfig {
             grid: [col_blocks, chunks as u32, 1],
             block: [256, 1, 1],

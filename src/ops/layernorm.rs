@@ -83,78 +83,21 @@ const LN_BWD: &str = "layer_norm_backward";
 const RMS_FWD: &str = "rms_norm_forward";
 const RMS_BWD: &str = "rms_norm_backward";
 
-macro_rules! per_dtype {
-    ($d:expr, $f32:ident, $f16:ident, $bf16:ident) => {
-        match $d {
-            DType::F16 => &kernels::$f16,
-            DType::BF16 => &kernels::$bf16,
-            _ => &kernels::$f32,
-        }
-    };
-}
-
-fn fwd_kernel(d: DType, path: RowPath) -> &'static Kernel<FtnLayerNormFwdParams> {
+/// The kernel of a row path for dtype `d`.
+fn fwd_kernel(d: DType, path: RowPath) -> Result<&'static Kernel<FtnLayerNormFwdParams>> {
     match path {
-        RowPath::Warp => per_dtype!(
-            d,
-            FTN_LAYERNORM_FWD_WARP_F32,
-            FTN_LAYERNORM_FWD_WARP_F16,
-            FTN_LAYERNORM_FWD_WARP_BF16
-        ),
-        RowPath::Block => per_dtype!(
-            d,
-            FTN_LAYERNORM_FWD_BLOCK_F32,
-            FTN_LAYERNORM_FWD_BLOCK_F16,
-            FTN_LAYERNORM_FWD_BLOCK_BF16
-        ),
-        RowPath::Global => per_dtype!(
-            d,
-            FTN_LAYERNORM_FWD_GLOBAL_F32,
-            FTN_LAYERNORM_FWD_GLOBAL_F16,
-            FTN_LAYERNORM_FWD_GLOBAL_BF16
-        ),
+        RowPath::Warp => kernels::LAYERNORM_FWD_WARP.for_dtype(d),
+        RowPath::Block => kernels::LAYERNORM_FWD_BLOCK.for_dtype(d),
+        RowPath::Global => kernels::LAYERNORM_FWD_GLOBAL.for_dtype(d),
     }
 }
 
-fn bwd_kernel(d: DType, path: RowPath) -> &'static Kernel<FtnLayerNormBwdParams> {
+fn bwd_kernel(d: DType, path: RowPath) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
     match path {
-        RowPath::Warp => per_dtype!(
-            d,
-            FTN_LAYERNORM_BWD_WARP_F32,
-            FTN_LAYERNORM_BWD_WARP_F16,
-            FTN_LAYERNORM_BWD_WARP_BF16
-        ),
-        RowPath::Block => per_dtype!(
-            d,
-            FTN_LAYERNORM_BWD_BLOCK_F32,
-            FTN_LAYERNORM_BWD_BLOCK_F16,
-            FTN_LAYERNORM_BWD_BLOCK_BF16
-        ),
-        RowPath::Global => per_dtype!(
-            d,
-            FTN_LAYERNORM_BWD_GLOBAL_F32,
-            FTN_LAYERNORM_BWD_GLOBAL_F16,
-            FTN_LAYERNORM_BWD_GLOBAL_BF16
-        ),
+        RowPath::Warp => kernels::LAYERNORM_BWD_WARP.for_dtype(d),
+        RowPath::Block => kernels::LAYERNORM_BWD_BLOCK.for_dtype(d),
+        RowPath::Global => kernels::LAYERNORM_BWD_GLOBAL.for_dtype(d),
     }
-}
-
-fn param_grad_kernel(d: DType) -> &'static Kernel<FtnLayerNormParamGradParams> {
-    per_dtype!(
-        d,
-        FTN_LAYERNORM_PARAM_GRAD_F32,
-        FTN_LAYERNORM_PARAM_GRAD_F16,
-        FTN_LAYERNORM_PARAM_GRAD_BF16
-    )
-}
-
-fn column_sum_kernel(d: DType) -> &'static Kernel<FtnLayerNormColumnSumParams> {
-    per_dtype!(
-        d,
-        FTN_LAYERNORM_COLUMN_SUM_F32,
-        FTN_LAYERNORM_COLUMN_SUM_F16,
-        FTN_LAYERNORM_COLUMN_SUM_BF16
-    )
 }
 
 /// What LayerNorm and RMSNorm share.
@@ -248,7 +191,7 @@ impl Norm {
             zero_centered_gamma: self.zero_centered_gamma as u32,
             vec: p.vec,
         };
-        stream.launch(fwd_kernel(T::DTYPE, p.path), p.cfg, params)
+        stream.launch(fwd_kernel(T::DTYPE, p.path)?, p.cfg, params)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -326,7 +269,11 @@ impl Norm {
                 kind: self.kind(),
                 vec: pg.vec,
             };
-            stream.launch(param_grad_kernel(T::DTYPE), pg.cfg, params)?;
+            stream.launch(
+                kernels::LAYERNORM_PARAM_GRAD.for_dtype(T::DTYPE)?,
+                pg.cfg,
+                params,
+            )?;
             let sum = FtnLayerNormColumnSumParams {
                 dgamma: dgamma.map_or(0, |g| g.addr()) as *mut _,
                 dbeta: dbeta.map_or(0, |b| b.addr()) as *mut _,
@@ -335,7 +282,11 @@ impl Norm {
                 chunks: pg.chunks as i64,
                 cols: self.hidden as i64,
             };
-            stream.launch(column_sum_kernel(T::DTYPE), pg.reduce_cfg, sum)?;
+            stream.launch(
+                kernels::LAYERNORM_COLUMN_SUM.for_dtype(T::DTYPE)?,
+                pg.reduce_cfg,
+                sum,
+            )?;
         }
 
         let p = plan::rows(rows, hidden, es, self.vectorize && aligned);
@@ -353,7 +304,7 @@ impl Norm {
             vec: p.vec,
             reserved: 0,
         };
-        stream.launch(bwd_kernel(T::DTYPE, p.path), p.cfg, params)
+        stream.launch(bwd_kernel(T::DTYPE, p.path)?, p.cfg, params)
     }
 }
 

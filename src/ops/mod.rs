@@ -7,6 +7,7 @@ pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;
+pub mod vocab_parallel;
 
 pub use bias_gelu::{BiasGelu, Gelu};
 pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};

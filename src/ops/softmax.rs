@@ -69,119 +69,20 @@ pub struct ScaleMaskSoftmax {
 const FWD: &str = "scale_mask_softmax_forward";
 const BWD: &str = "scale_mask_softmax_backward";
 
-macro_rules! by_dtype {
-    ($d:expr, $f32:ident, $f16:ident, $bf16:ident) => {
-        match $d {
-            DType::F16 => &kernels::$f16,
-            DType::BF16 => &kernels::$bf16,
-            _ => &kernels::$f32,
-        }
-    };
-}
-
-fn fwd_kernel(d: DType, p: &Plan) -> &'static Kernel<FtnSoftmaxFwdParams> {
-    match (p.path, p.per_lane) {
-        (SoftmaxPath::Warp, 1) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_WARP1_F32,
-            FTN_SOFTMAX_FWD_WARP1_F16,
-            FTN_SOFTMAX_FWD_WARP1_BF16
-        ),
-        (SoftmaxPath::Warp, 2) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_WARP2_F32,
-            FTN_SOFTMAX_FWD_WARP2_F16,
-            FTN_SOFTMAX_FWD_WARP2_BF16
-        ),
-        (SoftmaxPath::Warp, 4) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_WARP4_F32,
-            FTN_SOFTMAX_FWD_WARP4_F16,
-            FTN_SOFTMAX_FWD_WARP4_BF16
-        ),
-        (SoftmaxPath::Warp, 8) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_WARP8_F32,
-            FTN_SOFTMAX_FWD_WARP8_F16,
-            FTN_SOFTMAX_FWD_WARP8_BF16
-        ),
-        (SoftmaxPath::Warp, 16) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_WARP16_F32,
-            FTN_SOFTMAX_FWD_WARP16_F16,
-            FTN_SOFTMAX_FWD_WARP16_BF16
-        ),
-        (SoftmaxPath::Warp, _) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_WARP32_F32,
-            FTN_SOFTMAX_FWD_WARP32_F16,
-            FTN_SOFTMAX_FWD_WARP32_BF16
-        ),
-        (SoftmaxPath::Block, _) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_BLOCK_F32,
-            FTN_SOFTMAX_FWD_BLOCK_F16,
-            FTN_SOFTMAX_FWD_BLOCK_BF16
-        ),
-        (SoftmaxPath::Long, _) => by_dtype!(
-            d,
-            FTN_SOFTMAX_FWD_LONG_F32,
-            FTN_SOFTMAX_FWD_LONG_F16,
-            FTN_SOFTMAX_FWD_LONG_BF16
-        ),
+/// The kernel of the plan's path (and values per lane) for dtype `d`.
+fn fwd_kernel(d: DType, p: &Plan) -> Result<&'static Kernel<FtnSoftmaxFwdParams>> {
+    match p.path {
+        SoftmaxPath::Warp => kernels::SOFTMAX_FWD_WARP.variant(p.per_lane, d),
+        SoftmaxPath::Block => kernels::SOFTMAX_FWD_BLOCK.for_dtype(d),
+        SoftmaxPath::Long => kernels::SOFTMAX_FWD_LONG.for_dtype(d),
     }
 }
 
-fn bwd_kernel(d: DType, p: &Plan) -> &'static Kernel<FtnSoftmaxBwdParams> {
-    match (p.path, p.per_lane) {
-        (SoftmaxPath::Warp, 1) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_WARP1_F32,
-            FTN_SOFTMAX_BWD_WARP1_F16,
-            FTN_SOFTMAX_BWD_WARP1_BF16
-        ),
-        (SoftmaxPath::Warp, 2) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_WARP2_F32,
-            FTN_SOFTMAX_BWD_WARP2_F16,
-            FTN_SOFTMAX_BWD_WARP2_BF16
-        ),
-        (SoftmaxPath::Warp, 4) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_WARP4_F32,
-            FTN_SOFTMAX_BWD_WARP4_F16,
-            FTN_SOFTMAX_BWD_WARP4_BF16
-        ),
-        (SoftmaxPath::Warp, 8) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_WARP8_F32,
-            FTN_SOFTMAX_BWD_WARP8_F16,
-            FTN_SOFTMAX_BWD_WARP8_BF16
-        ),
-        (SoftmaxPath::Warp, 16) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_WARP16_F32,
-            FTN_SOFTMAX_BWD_WARP16_F16,
-            FTN_SOFTMAX_BWD_WARP16_BF16
-        ),
-        (SoftmaxPath::Warp, _) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_WARP32_F32,
-            FTN_SOFTMAX_BWD_WARP32_F16,
-            FTN_SOFTMAX_BWD_WARP32_BF16
-        ),
-        (SoftmaxPath::Block, _) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_BLOCK_F32,
-            FTN_SOFTMAX_BWD_BLOCK_F16,
-            FTN_SOFTMAX_BWD_BLOCK_BF16
-        ),
-        (SoftmaxPath::Long, _) => by_dtype!(
-            d,
-            FTN_SOFTMAX_BWD_LONG_F32,
-            FTN_SOFTMAX_BWD_LONG_F16,
-            FTN_SOFTMAX_BWD_LONG_BF16
-        ),
+fn bwd_kernel(d: DType, p: &Plan) -> Result<&'static Kernel<FtnSoftmaxBwdParams>> {
+    match p.path {
+        SoftmaxPath::Warp => kernels::SOFTMAX_BWD_WARP.variant(p.per_lane, d),
+        SoftmaxPath::Block => kernels::SOFTMAX_BWD_BLOCK.for_dtype(d),
+        SoftmaxPath::Long => kernels::SOFTMAX_BWD_LONG.for_dtype(d),
     }
 }
 
@@ -356,7 +257,7 @@ impl ScaleMaskSoftmax {
             mask_mode: mode,
             vec: p.vec,
         };
-        stream.launch(fwd_kernel(T::DTYPE, &p), p.cfg, params)
+        stream.launch(fwd_kernel(T::DTYPE, &p)?, p.cfg, params)
     }
 
     /// `dx = scale * (dy*y - y * sum(dy*y))` per row, with `y` the forward
@@ -410,7 +311,7 @@ impl ScaleMaskSoftmax {
             scale: self.scale,
             vec: p.vec,
         };
-        stream.launch(bwd_kernel(T::DTYPE, &p), p.cfg, params)
+        stream.launch(bwd_kernel(T::DTYPE, &p)?, p.cfg, params)
     }
 
     fn plan<T: FloatElement>(&self, op: &'static str, s: &Sizes, addrs: &[u64]) -> Result<Plan> {

@@ -1,6 +1,6 @@
-//! Megatron-Core's `VocabParallelEmbedding` and vocab-parallel cross-entropy
-//! (kernels: `cuda/vocab_parallel.cu`, oracle:
-//! [`crate::reference::vocab_parallel`]).
+//! Megatron-Core's `VocabParallelEmbedding` and vocab-parallel cross-entropy:
+//! sharding, validation and communication (the local kernels:
+//! [`crate::ops::vocab_parallel`]; oracle: [`crate::reference::vocab_parallel`]).
 //!
 //! The vocabulary is padded to a multiple of `128 * tp`
 //! ([`padded_vocab_size`]); rank `r` of the tensor-parallel communicator owns
@@ -26,13 +26,10 @@
 use crate::backend::{DeviceBuffer, Stream};
 use crate::comm::{CommElement, Communicator, ReduceOp};
 use crate::core::dtype::FloatElement;
-use crate::core::{validate, Element, Error, LaunchConfig, Result};
-use crate::kernel_params::{
-    FtnVocabCeBwdParams, FtnVocabCeLossParams, FtnVocabCeMaxParams, FtnVocabCeStatsParams,
-    FtnVocabEmbedBwdParams, FtnVocabEmbedFwdParams,
-};
-use crate::kernels::{self, Kernel};
-use crate::DType;
+use crate::core::plan::vocab_parallel::MAX_GRID_X;
+use crate::core::{validate, Element, Error, Result};
+pub use crate::ops::vocab_parallel::TokenId;
+use crate::ops::vocab_parallel::{self as local, CeShape, Shard};
 
 /// Rows of the vocabulary are padded to a multiple of this times `tp`.
 pub const VOCAB_PAD_MULTIPLE: usize = 128;
@@ -91,31 +88,6 @@ pub fn shard_vocab_rows<T: Element>(
     Ok(out)
 }
 
-/// Token-id and label element types: `i32` or `i64`.
-pub trait TokenId: Element + CommElement {
-    #[doc(hidden)]
-    const IS_I64: bool;
-}
-
-impl TokenId for i32 {
-    const IS_I64: bool = false;
-}
-
-impl TokenId for i64 {
-    const IS_I64: bool = true;
-}
-
-const THREADS: u32 = 256;
-/// Cap on grid-stride launches.
-const MAX_BLOCKS: usize = 4096;
-/// Largest grid.x.
-const MAX_GRID_X: usize = (1 << 31) - 1;
-
-fn grid_stride(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
-    LaunchConfig::linear(blocks as u32, THREADS)
-}
-
 fn check_len<T: Element>(
     op: &'static str,
     arg: &'static str,
@@ -141,57 +113,6 @@ fn fits_i64(op: &'static str, arg: &'static str, v: usize) -> Result<()> {
         return Err(Error::invalid(op, arg, "at most i64::MAX", v));
     }
     Ok(())
-}
-
-macro_rules! by_dtype {
-    ($d:expr, $f32:ident, $f16:ident, $bf16:ident) => {
-        match $d {
-            DType::F16 => &kernels::$f16,
-            DType::BF16 => &kernels::$bf16,
-            _ => &kernels::$f32,
-        }
-    };
-}
-
-fn embed_fwd_kernel(d: DType) -> &'static Kernel<FtnVocabEmbedFwdParams> {
-    by_dtype!(
-        d,
-        FTN_VOCAB_EMBED_FWD_F32,
-        FTN_VOCAB_EMBED_FWD_F16,
-        FTN_VOCAB_EMBED_FWD_BF16
-    )
-}
-fn embed_bwd_kernel(d: DType) -> &'static Kernel<FtnVocabEmbedBwdParams> {
-    by_dtype!(
-        d,
-        FTN_VOCAB_EMBED_BWD_F32,
-        FTN_VOCAB_EMBED_BWD_F16,
-        FTN_VOCAB_EMBED_BWD_BF16
-    )
-}
-fn ce_max_kernel(d: DType) -> &'static Kernel<FtnVocabCeMaxParams> {
-    by_dtype!(
-        d,
-        FTN_VOCAB_CE_MAX_F32,
-        FTN_VOCAB_CE_MAX_F16,
-        FTN_VOCAB_CE_MAX_BF16
-    )
-}
-fn ce_stats_kernel(d: DType) -> &'static Kernel<FtnVocabCeStatsParams> {
-    by_dtype!(
-        d,
-        FTN_VOCAB_CE_STATS_F32,
-        FTN_VOCAB_CE_STATS_F16,
-        FTN_VOCAB_CE_STATS_BF16
-    )
-}
-fn ce_bwd_kernel(d: DType) -> &'static Kernel<FtnVocabCeBwdParams> {
-    by_dtype!(
-        d,
-        FTN_VOCAB_CE_BWD_F32,
-        FTN_VOCAB_CE_BWD_F16,
-        FTN_VOCAB_CE_BWD_BF16
-    )
 }
 
 /// `VocabParallelEmbedding`: a `[vocab, hidden]` table whose padded rows are
@@ -277,18 +198,11 @@ impl VocabParallelEmbedding {
             "[tokens = ids.len(), hidden]",
         )?;
         if n > 0 {
-            let params = FtnVocabEmbedFwdParams {
-                out: out.addr() as *mut _,
-                weight: weight_shard.addr() as *const _,
-                ids: ids.addr() as *const _,
-                tokens: tokens as i64,
-                hidden: self.hidden as i64,
-                vocab_start: start as i64,
-                shard_rows: rows as i64,
-                ids_i64: I::IS_I64 as u32,
-                pad_: 0,
+            let shard = Shard {
+                vocab_start: start,
+                rows,
             };
-            stream.launch(embed_fwd_kernel(T::DTYPE), grid_stride(n), params)?;
+            local::embedding_lookup(stream, ids, weight_shard, out, self.hidden, shard)?;
         }
         if comm.size() > 1 {
             comm.all_reduce_in_place(stream, out, ReduceOp::Sum)?;
@@ -328,22 +242,11 @@ impl VocabParallelEmbedding {
         if rows == 0 || self.hidden == 0 {
             return Ok(());
         }
-        let params = FtnVocabEmbedBwdParams {
-            dweight: dweight.addr() as *mut f32,
-            dy: dy.addr() as *const _,
-            ids: ids.addr() as *const _,
-            tokens: tokens as i64,
-            hidden: self.hidden as i64,
-            vocab_start: start as i64,
-            shard_rows: rows as i64,
-            ids_i64: I::IS_I64 as u32,
-            accumulate: accumulate as u32,
+        let shard = Shard {
+            vocab_start: start,
+            rows,
         };
-        stream.launch(
-            embed_bwd_kernel(T::DTYPE),
-            LaunchConfig::linear(rows as u32, THREADS),
-            params,
-        )
+        local::embedding_grad(stream, ids, dy, dweight, self.hidden, shard, accumulate)
     }
 }
 
@@ -440,6 +343,16 @@ impl VocabParallelCrossEntropy {
         self.label_smoothing != 0.0
     }
 
+    fn shape(&self, vocab_start: usize, inv_vocab: f32) -> CeShape {
+        CeShape {
+            tokens: self.tokens,
+            cols: self.shard_vocab,
+            vocab_start,
+            smoothing: self.label_smoothing,
+            inv_vocab,
+        }
+    }
+
     /// Per-token loss `[tokens]` (fp32) of this rank's logits shard and the
     /// (replicated) labels. Every rank of `comm` must call it; three
     /// all-reduces (MAX, then one SUM over the packed sums). Returns the
@@ -467,51 +380,16 @@ impl VocabParallelCrossEntropy {
                 tokens: 0,
             });
         }
-        let t = self.tokens as i64;
-        let rows_cfg = LaunchConfig::linear(self.tokens as u32, THREADS);
-        stream.launch(
-            ce_max_kernel(T::DTYPE),
-            rows_cfg,
-            FtnVocabCeMaxParams {
-                row_max: row_max.addr() as *mut f32,
-                logits: logits.addr() as *const _,
-                tokens: t,
-                cols: self.shard_vocab as i64,
-            },
-        )?;
+        let shape = self.shape(start, inv_vocab);
+        local::ce_row_max(stream, logits, &mut row_max, &shape)?;
         if comm.size() > 1 {
             comm.all_reduce_in_place(stream, &mut row_max, ReduceOp::Max)?;
         }
-        stream.launch(
-            ce_stats_kernel(T::DTYPE),
-            rows_cfg,
-            FtnVocabCeStatsParams {
-                sums: sums.addr() as *mut f32,
-                row_max: row_max.addr() as *const f32,
-                logits: logits.addr() as *const _,
-                labels: labels.addr() as *const _,
-                tokens: t,
-                cols: self.shard_vocab as i64,
-                vocab_start: start as i64,
-                ids_i64: I::IS_I64 as u32,
-                with_logit_sum: self.smoothing() as u32,
-            },
-        )?;
+        local::ce_stats(stream, logits, labels, &row_max, &mut sums, &shape)?;
         if comm.size() > 1 {
             comm.all_reduce_in_place(stream, &mut sums, ReduceOp::Sum)?;
         }
-        stream.launch(
-            &kernels::FTN_VOCAB_CE_LOSS,
-            grid_stride(self.tokens),
-            FtnVocabCeLossParams {
-                loss: loss.addr() as *mut f32,
-                row_max: row_max.addr() as *const f32,
-                sums: sums.addr() as *const f32,
-                tokens: t,
-                smoothing: self.label_smoothing,
-                inv_vocab,
-            },
-        )?;
+        local::ce_loss(stream, &row_max, &sums, loss, &shape)?;
         Ok(CrossEntropySaved {
             row_max,
             sums,
@@ -586,24 +464,16 @@ impl VocabParallelCrossEntropy {
         if n == 0 {
             return Ok(());
         }
-        stream.launch(
-            ce_bwd_kernel(T::DTYPE),
-            grid_stride(n),
-            FtnVocabCeBwdParams {
-                grad: grad as *mut _,
-                logits: logits.addr() as *const _,
-                labels: labels.addr() as *const _,
-                row_max: saved.row_max.addr() as *const f32,
-                sums: saved.sums.addr() as *const f32,
-                dloss: dloss.addr() as *const f32,
-                tokens: self.tokens as i64,
-                cols: self.shard_vocab as i64,
-                vocab_start: start as i64,
-                smoothing: self.label_smoothing,
-                inv_vocab,
-                ids_i64: I::IS_I64 as u32,
-                pad_: 0,
-            },
+        let shape = self.shape(start, inv_vocab);
+        local::ce_grad(
+            stream,
+            grad,
+            logits,
+            labels,
+            &saved.row_max,
+            &saved.sums,
+            dloss,
+            &shape,
         )
     }
 }

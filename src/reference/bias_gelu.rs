@@ -1,7 +1,7 @@
 //! Oracle for bias + GeLU (REFERENCE.md): Megatron's tanh approximation with
 //! its constants, and the exact erf form.
 
-use crate::ops::bias_gelu::Gelu;
+use crate::core::activation::Gelu;
 
 const K0: f64 = 0.79788456;
 const K1: f64 = 0.044715;

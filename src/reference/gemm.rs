@@ -1,6 +1,6 @@
 //! Oracle for the GEMM family (REFERENCE.md "GEMM"): float64 throughout.
 
-use crate::ops::gemm::Epilogue;
+use crate::core::activation::Epilogue;
 use crate::reference::bias_gelu::{gelu, gelu_grad};
 
 /// A stored row-major matrix repeated over a batch: element `(b, r, c)` is

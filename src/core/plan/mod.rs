@@ -3,10 +3,12 @@
 //! and results are reproducible across machines.
 
 pub mod bias_gelu;
+pub mod copy;
 pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;
+pub mod vocab_parallel;
 
 /// Threads per block of the elementwise kernels.
 pub const ELEMENTWISE_THREADS: u32 = 256;

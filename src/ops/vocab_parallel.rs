@@ -1,0 +1,196 @@
+//! The local (per-rank, communication-free) kernels of the vocab-parallel
+//! embedding and cross-entropy (`cuda/vocab_parallel.cu`, plan:
+//! [`crate::core::plan::vocab_parallel`], oracle:
+//! [`crate::reference::vocab_parallel`]). [`crate::parallel::vocab`] shards,
+//! validates and communicates; each function here enqueues one kernel over
+//! shapes its caller has checked (lengths, `i64` ranges, grid limits).
+
+use crate::backend::{DeviceBuffer, Stream};
+use crate::comm::CommElement;
+use crate::core::dtype::FloatElement;
+use crate::core::plan::vocab_parallel::{grid_stride, per_row};
+use crate::core::{Element, Result};
+use crate::kernel_params::{
+    FtnVocabCeBwdParams, FtnVocabCeLossParams, FtnVocabCeMaxParams, FtnVocabCeStatsParams,
+    FtnVocabEmbedBwdParams, FtnVocabEmbedFwdParams,
+};
+use crate::kernels;
+
+/// Token-id and label element types: `i32` or `i64`.
+pub trait TokenId: Element + CommElement {
+    #[doc(hidden)]
+    const IS_I64: bool;
+}
+
+impl TokenId for i32 {
+    const IS_I64: bool = false;
+}
+
+impl TokenId for i64 {
+    const IS_I64: bool = true;
+}
+
+/// Rows `[vocab_start, vocab_start + shard_rows)` of a vocabulary shard.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shard {
+    pub vocab_start: usize,
+    pub rows: usize,
+}
+
+/// `out[t, :] = weight_shard[ids[t] - vocab_start, :]`, zero rows for ids
+/// outside the shard; `out` is `[ids.len(), hidden]`, non-empty.
+pub(crate) fn embedding_lookup<T: FloatElement, I: TokenId>(
+    stream: &Stream,
+    ids: &DeviceBuffer<I>,
+    weight_shard: &DeviceBuffer<T>,
+    out: &mut DeviceBuffer<T>,
+    hidden: usize,
+    shard: Shard,
+) -> Result<()> {
+    let params = FtnVocabEmbedFwdParams {
+        out: out.addr() as *mut _,
+        weight: weight_shard.addr() as *const _,
+        ids: ids.addr() as *const _,
+        tokens: ids.len() as i64,
+        hidden: hidden as i64,
+        vocab_start: shard.vocab_start as i64,
+        shard_rows: shard.rows as i64,
+        ids_i64: I::IS_I64 as u32,
+        pad_: 0,
+    };
+    let k = kernels::VOCAB_EMBED_FWD.for_dtype(T::DTYPE)?;
+    stream.launch(k, grid_stride(out.len()), params)
+}
+
+/// `dweight[v, :] (+)= sum of dy[t, :] over tokens with ids[t] == start + v`,
+/// in token order; one block per shard row (`shard.rows >= 1`, `hidden >= 1`).
+pub(crate) fn embedding_grad<T: FloatElement, I: TokenId>(
+    stream: &Stream,
+    ids: &DeviceBuffer<I>,
+    dy: &DeviceBuffer<T>,
+    dweight: &mut DeviceBuffer<f32>,
+    hidden: usize,
+    shard: Shard,
+    accumulate: bool,
+) -> Result<()> {
+    let params = FtnVocabEmbedBwdParams {
+        dweight: dweight.addr() as *mut f32,
+        dy: dy.addr() as *const _,
+        ids: ids.addr() as *const _,
+        tokens: ids.len() as i64,
+        hidden: hidden as i64,
+        vocab_start: shard.vocab_start as i64,
+        shard_rows: shard.rows as i64,
+        ids_i64: I::IS_I64 as u32,
+        accumulate: accumulate as u32,
+    };
+    let k = kernels::VOCAB_EMBED_BWD.for_dtype(T::DTYPE)?;
+    stream.launch(k, per_row(shard.rows), params)
+}
+
+/// Per-token fp32 statistics of a `[tokens, cols]` logits shard.
+pub(crate) struct CeShape {
+    pub tokens: usize,
+    pub cols: usize,
+    pub vocab_start: usize,
+    pub smoothing: f32,
+    /// `1 / V` of the full padded vocabulary.
+    pub inv_vocab: f32,
+}
+
+/// `row_max[t] = max over this shard's columns of logits[t, :]`.
+pub(crate) fn ce_row_max<T: FloatElement>(
+    stream: &Stream,
+    logits: &DeviceBuffer<T>,
+    row_max: &mut DeviceBuffer<f32>,
+    s: &CeShape,
+) -> Result<()> {
+    let params = FtnVocabCeMaxParams {
+        row_max: row_max.addr() as *mut f32,
+        logits: logits.addr() as *const _,
+        tokens: s.tokens as i64,
+        cols: s.cols as i64,
+    };
+    let k = kernels::VOCAB_CE_MAX.for_dtype(T::DTYPE)?;
+    stream.launch(k, per_row(s.tokens), params)
+}
+
+/// `sums[0, t]` = sum of `exp(x - row_max)`, `sums[1, t]` = the target logit
+/// (0 off-shard), `sums[2, t]` (label smoothing) = sum of the logits.
+pub(crate) fn ce_stats<T: FloatElement, I: TokenId>(
+    stream: &Stream,
+    logits: &DeviceBuffer<T>,
+    labels: &DeviceBuffer<I>,
+    row_max: &DeviceBuffer<f32>,
+    sums: &mut DeviceBuffer<f32>,
+    s: &CeShape,
+) -> Result<()> {
+    let params = FtnVocabCeStatsParams {
+        sums: sums.addr() as *mut f32,
+        row_max: row_max.addr() as *const f32,
+        logits: logits.addr() as *const _,
+        labels: labels.addr() as *const _,
+        tokens: s.tokens as i64,
+        cols: s.cols as i64,
+        vocab_start: s.vocab_start as i64,
+        ids_i64: I::IS_I64 as u32,
+        with_logit_sum: (s.smoothing != 0.0) as u32,
+    };
+    let k = kernels::VOCAB_CE_STATS.for_dtype(T::DTYPE)?;
+    stream.launch(k, per_row(s.tokens), params)
+}
+
+/// `loss[t]` from the reduced statistics.
+pub(crate) fn ce_loss(
+    stream: &Stream,
+    row_max: &DeviceBuffer<f32>,
+    sums: &DeviceBuffer<f32>,
+    loss: &mut DeviceBuffer<f32>,
+    s: &CeShape,
+) -> Result<()> {
+    let params = FtnVocabCeLossParams {
+        loss: loss.addr() as *mut f32,
+        row_max: row_max.addr() as *const f32,
+        sums: sums.addr() as *const f32,
+        tokens: s.tokens as i64,
+        smoothing: s.smoothing,
+        inv_vocab: s.inv_vocab,
+    };
+    stream.launch(
+        kernels::VOCAB_CE_LOSS.only()?,
+        grid_stride(s.tokens),
+        params,
+    )
+}
+
+/// `grad = dloss * (softmax - (1 - eps) * onehot - eps / V)` into the
+/// `[tokens, cols]` buffer at `grad` (may be `logits` itself).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ce_grad<T: FloatElement, I: TokenId>(
+    stream: &Stream,
+    grad: u64,
+    logits: &DeviceBuffer<T>,
+    labels: &DeviceBuffer<I>,
+    row_max: &DeviceBuffer<f32>,
+    sums: &DeviceBuffer<f32>,
+    dloss: &DeviceBuffer<f32>,
+    s: &CeShape,
+) -> Result<()> {
+    let params = FtnVocabCeBwdParams {
+        grad: grad as *mut _,
+        logits: logits.addr() as *const _,
+        labels: labels.addr() as *const _,
+        row_max: row_max.addr() as *const f32,
+        sums: sums.addr() as *const f32,
+        dloss: dloss.addr() as *const f32,
+        tokens: s.tokens as i64,
+        cols: s.cols as i64,
+        vocab_start: s.vocab_start as i64,
+        smoothing: s.smoothing,
+        inv_vocab: s.inv_vocab,
+        ids_i64: I::IS_I64 as u32,
+        pad_: 0,
+    };
+    let k = kernels::VOCAB_CE_BWD.for_dtype(T::DTYPE)?;
+    stream.launch(k, grid_stride(s.tokens * s.cols), params)
+}
