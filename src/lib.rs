@@ -5,9 +5,21 @@
 //! `cuda`) or on the CPU through a CUDA emulator that executes the very same
 //! kernel source (always available; what the tests use).
 //!
-//! * [`core`] — `no_std` logic: dtypes, errors, validation, launch plans.
-//! * [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`] — the two backends.
-//! * [`ops`] — typed ops (bias + GeLU so far), [`reference`] — float64 oracles.
+//! * [`core`] — `no_std` logic: dtypes and the one dtype dispatch
+//!   ([`with_dtype!`]), errors, validation, launch plans, the loss scaler,
+//!   the rank grid.
+//! * [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`], [`AnyBuffer`] —
+//!   the two backends (the CUDA-on-CPU emulator, and CUDA).
+//! * [`kernels`] — the generated table of every kernel and kernel family.
+//! * [`ops`] — typed fused ops: bias + GeLU, scale + mask + softmax,
+//!   LayerNorm / RMSNorm, GEMM with epilogues, multi-tensor, copy,
+//!   vocab-parallel kernels.
+//! * [`comm`] — collectives (in-process and NCCL); [`parallel`] —
+//!   tensor-parallel layers, mappings, vocab-parallel embedding and
+//!   cross-entropy.
+//! * [`reference`] — float64 oracles every kernel is tested against.
+//!
+//! `docs/architecture.md` walks through the layers and how to extend them.
 #![cfg_attr(not(feature = "std"), no_std)]
 
 extern crate alloc;

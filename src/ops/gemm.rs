@@ -614,3 +614,25 @@ fn plan_blocks(cols: usize) -> Result<u32> {
         .filter(|&b| b <= i32::MAX as u32)
         .ok_or_else(|| Error::invalid(BIAS_GRAD, "cols", "at most 2^39 columns", cols))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every tile has a kernel for each (input, output) pair the op accepts:
+    /// fp16/bf16 inputs, output in the input type or fp32.
+    #[test]
+    fn every_tile_and_dtype_pair_is_stamped() {
+        for tile in [GemmTile::T128x128, GemmTile::T64x64] {
+            for input in [DType::F16, DType::BF16] {
+                for output in [input, DType::F32] {
+                    gemm_kernel(tile, input, output).unwrap();
+                }
+            }
+            assert!(gemm_kernel(tile, DType::F32, DType::F32).is_err());
+        }
+        for d in [DType::F32, DType::F16, DType::BF16] {
+            kernels::GEMM_COLUMN_PARTIALS.for_dtype(d).unwrap();
+        }
+    }
+}

@@ -462,3 +462,21 @@ impl RmsNorm {
             .backward(RMS_BWD, stream, dy, x, None, rstd, gamma, dx, dgamma, None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row path has a stamped forward and backward kernel per dtype.
+    #[test]
+    fn every_path_has_a_stamped_kernel() {
+        for d in [DType::F32, DType::F16, DType::BF16] {
+            for path in [RowPath::Warp, RowPath::Block, RowPath::Global] {
+                fwd_kernel(d, path).unwrap();
+                bwd_kernel(d, path).unwrap();
+            }
+            kernels::LAYERNORM_PARAM_GRAD.for_dtype(d).unwrap();
+            kernels::LAYERNORM_COLUMN_SUM.for_dtype(d).unwrap();
+        }
+    }
+}

@@ -171,11 +171,13 @@ impl std::fmt::Debug for MultiTensor {
     }
 }
 
-fn dtype_code(d: DType) -> u32 {
-    match d {
-        DType::F16 => FTN_MT_F16,
-        DType::BF16 => FTN_MT_BF16,
-        _ => FTN_MT_F32,
+/// The kernels' `FTN_MT_*` code of a list entry (float tensors only, by
+/// construction of [`TensorRef`]).
+fn dtype_code(t: &TensorRef<'_>) -> u32 {
+    match t {
+        TensorRef::F32(_) => FTN_MT_F32,
+        TensorRef::F16(_) => FTN_MT_F16,
+        TensorRef::BF16(_) => FTN_MT_BF16,
     }
 }
 
@@ -205,11 +207,7 @@ impl MultiTensor {
                 ));
             }
             let vec = all_aligned16(&[t.addr()]) as u64;
-            key.extend([
-                t.addr(),
-                t.len() as u64,
-                dtype_code(t.dtype()) as u64 | vec << 32,
-            ]);
+            key.extend([t.addr(), t.len() as u64, dtype_code(t) as u64 | vec << 32]);
         }
         let hit = self
             .cache

@@ -332,3 +332,28 @@ impl ScaleMaskSoftmax {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every plan the planner can produce names a kernel a `.cu` stamp made:
+    /// a variant added to the plan but not stamped (or the reverse) fails here.
+    #[test]
+    fn every_plan_has_a_stamped_kernel() {
+        let paths = [SoftmaxPath::Warp, SoftmaxPath::Block, SoftmaxPath::Long];
+        for d in [DType::F32, DType::F16, DType::BF16] {
+            for sk in (1..=plan::WARP_MAX_COLS).chain([4096, plan::BLOCK_MAX_COLS, 1 << 20]) {
+                for forced in paths.iter().map(|&p| Some(p)).chain([None]) {
+                    for aligned in [true, false] {
+                        let Some(p) = plan::plan(8, sk, d.size(), aligned, forced) else {
+                            continue;
+                        };
+                        fwd_kernel(d, &p).unwrap();
+                        bwd_kernel(d, &p).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
