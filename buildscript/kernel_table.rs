@@ -160,12 +160,12 @@ pub fn write(kernels: &[KernelDecl], path: &Path) {
     std::fs::write(path, s).unwrap_or_else(|e| panic!("writing {path:?}: {e}"));
 }
 
+/// A family's kernels with their (variant, dtypes) keys.
+type Members<'a> = Vec<(&'a KernelDecl, Option<u32>, Vec<&'static str>)>;
+
 /// One `Family` static per family name, members in name order.
 fn write_families(kernels: &[KernelDecl], s: &mut String) {
-    let mut families: std::collections::BTreeMap<
-        String,
-        Vec<(&KernelDecl, Option<u32>, Vec<&str>)>,
-    > = Default::default();
+    let mut families: std::collections::BTreeMap<String, Members<'_>> = Default::default();
     for k in kernels {
         let (family, variant, dtypes) = family_key(&k.name);
         families
