@@ -1,7 +1,7 @@
 //! The emulator's speed on a synchronisation-heavy kernel: a 1024 x 1024
 //! row reduction (warp shuffles + shared memory + barriers; one block of 256
-//! threads per row), on one worker thread and on all of them. DESIGN §4's
-//! target: under 0.5 s on one core (the fibers' context switch is what
+//! threads per row), on one worker thread and on all of them. The target
+//! (docs/testing.md, "The emulator's role"): under 0.5 s on one core (the fibers' context switch is what
 //! decides this; swapcontext took 7.6 s).
 
 use criterion::{criterion_group, criterion_main, Criterion};

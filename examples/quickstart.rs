@@ -77,7 +77,7 @@ fn main() -> Result<()> {
             bwd,
         ),
     ];
-    let tol = 1e-2; // bf16 (DESIGN §5)
+    let tol = 1e-2; // bf16 (docs/testing.md)
     println!("  shape [{rows}, {cols}] bf16, tanh GeLU; relative error vs the float64 oracle (tolerance {tol:e}):");
     let mut ok = true;
     for (name, err, time) in errs {

@@ -1,5 +1,5 @@
 //! Devices, streams, events and typed device buffers over the two backends
-//! (DESIGN §3): `Emu`, the CUDA-on-CPU emulator (always available), and
+//! (docs/architecture.md): `Emu`, the CUDA-on-CPU emulator (always available), and
 //! `Cuda` (feature `cuda`). Both take the same launch plans from
 //! [`crate::core::plan`]; launch configurations are checked against the
 //! device limits before anything is enqueued.

@@ -1,4 +1,4 @@
-//! Collectives that overlap with compute (DESIGN §3).
+//! Collectives that overlap with compute (docs/architecture.md).
 //!
 //! A [`Communicator`] is one rank of a group. Every operation is enqueued on a
 //! stream the caller passes (usually a dedicated communication stream) and

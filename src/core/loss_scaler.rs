@@ -1,4 +1,4 @@
-//! Megatron's `DynamicGradScaler` (REFERENCE.md "FP16 dynamic loss scaling")
+//! Megatron's `DynamicGradScaler` (docs/semantics.md, "Multi-tensor ops")
 //! as a `no_std` state machine.
 //!
 //! The scale is fp32, as Megatron keeps it in an fp32 tensor, and every

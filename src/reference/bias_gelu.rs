@@ -1,4 +1,4 @@
-//! Oracle for bias + GeLU (REFERENCE.md): Megatron's tanh approximation with
+//! Oracle for bias + GeLU (docs/semantics.md): Megatron's tanh approximation with
 //! its constants, and the exact erf form.
 
 use crate::core::activation::Gelu;

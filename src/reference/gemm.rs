@@ -1,4 +1,4 @@
-//! Oracle for the GEMM family (REFERENCE.md "GEMM"): float64 throughout.
+//! Oracle for the GEMM family (docs/semantics.md, "GEMM"): float64 throughout.
 
 use crate::core::activation::Epilogue;
 use crate::reference::bias_gelu::{gelu, gelu_grad};

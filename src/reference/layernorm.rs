@@ -1,4 +1,4 @@
-//! Oracle for LayerNorm and RMSNorm (REFERENCE.md), in f64 over a row-major
+//! Oracle for LayerNorm and RMSNorm (docs/semantics.md), in f64 over a row-major
 //! `[rows, hidden]` matrix: biased variance, two-pass statistics,
 //! `rstd = 1 / sqrt(var + eps)`; `g` = gamma, gamma + 1 (zero-centred) or 1.
 

@@ -1,5 +1,5 @@
 //! float64 CPU oracles for every op: the definitions tests and benches check
-//! the kernels against (REFERENCE.md semantics, computed in f64).
+//! the kernels against (docs/semantics.md, computed in f64; see docs/testing.md).
 
 pub mod bias_gelu;
 pub mod gemm;

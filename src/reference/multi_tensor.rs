@@ -1,5 +1,5 @@
-//! Oracles for the multi-tensor ops and the grad scaler (REFERENCE.md "FP16
-//! dynamic loss scaling"; Megatron's `clip_grad_norm`), in f64.
+//! Oracles for the multi-tensor ops and the grad scaler (docs/semantics.md,
+//! "Multi-tensor ops"; Megatron's `clip_grad_norm`), in f64.
 
 /// `inv_scale = 1 / scale` in f64 rounded to f32 (Megatron's
 /// `scale.double().reciprocal().float()`).

@@ -1,4 +1,4 @@
-//! Oracle for fused scale + mask + softmax (REFERENCE.md), in f64.
+//! Oracle for fused scale + mask + softmax (docs/semantics.md), in f64.
 //!
 //! Logits `[b, np, sq, sk]` flattened to rows of `sk`. Padding-masked logits
 //! are replaced by -10000 after scaling; causal-masked columns are exact 0; a

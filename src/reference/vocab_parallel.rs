@@ -1,5 +1,5 @@
-//! Oracle for the vocab-parallel embedding and cross-entropy (REFERENCE.md,
-//! tensor parallelism), on the unsharded tensors, in f64.
+//! Oracle for the vocab-parallel embedding and cross-entropy (docs/semantics.md,
+//! "Vocab-parallel"), on the unsharded tensors, in f64.
 
 /// `out[t, :] = weight[ids[t], :]` for `0 <= ids[t] < vocab`, else zeros.
 /// `weight` is `[vocab, hidden]` (the padded table, or the unpadded one:

@@ -1,4 +1,4 @@
-//! Shared test helpers (DESIGN §5): seeded random inputs with the seed in
+//! Shared test helpers (docs/testing.md): seeded random inputs with the seed in
 //! every failure message, NaN-poisoned outputs, relative-error comparison
 //! with per-dtype tolerances, and the device list (GPU cases are reported as
 //! skipped, never passed, when no GPU can be used).
