@@ -11,15 +11,17 @@ use ferrotron::parallel::linear::{
 };
 use ferrotron::Result;
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::args::{dim, mul};
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::descriptors::Desc;
+use crate::abi::handles::{handle, take, Handle};
+use crate::abi::views::view;
 use crate::comm::ftnComm_t;
-use crate::handles::ftnStream_t;
-use crate::handles::{dim, handle, mul, take, view, Handle};
-use crate::ops::Desc;
-use crate::tp_common::{
+use crate::parallel::common::{
     activation, create, flag, ftnLinearGrads_t, ftnLinearParams_t, full_params, local_rows,
     on_typed, owner, tp_new, view_iff, with_layer, with_params, write_params, GradViews, Typed,
 };
+use crate::runtime::ftnStream_t;
 
 /// Shape and options of a column-parallel linear layer `Y = X W^T + b`
 /// (`W` is `[out_features, in_features]`; rank `r` owns rows

@@ -10,10 +10,11 @@ use ferrotron::parallel::vocab::{shard_vocab_rows, vocab_range};
 use ferrotron::{Element, Result};
 use half::{bf16, f16};
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::args::{dim, mul};
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::views::{check_ptr, host_slice};
 use crate::comm::comm_dispatch;
-use crate::handles::{check_ptr, dim, host_slice, mul};
-use crate::tp_common::tp_size;
+use crate::parallel::common::tp_size;
 
 /// Which sharding a call does.
 #[derive(Clone, Copy)]

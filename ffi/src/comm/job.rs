@@ -10,10 +10,10 @@ use ferrotron::comm::rendezvous::{share_id, JobEnv};
 use ferrotron::core::rank_grid::{Axis, Coords, RankGrid, RankOrder};
 use ferrotron::Result;
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::descriptors::{check_out_desc, read_desc, Desc};
+use crate::abi::handles::{check_out, get, write_out};
 use crate::comm::{ftnComm, ftnComm_t, ftnUniqueId_t};
-use crate::handles::{check_out, get, write_out};
-use crate::ops::{check_out_desc, read_desc, Desc};
 
 /// Bits of an axis set (`axes` arguments): OR them together.
 #[allow(non_camel_case_types)]

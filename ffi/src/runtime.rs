@@ -1,13 +1,15 @@
-//! Opaque handles: contexts (devices), streams, events; raw memory helpers.
+//! The runtime: contexts (devices), streams, events and raw memory.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Mutex;
 
 use ferrotron::ops::multi_tensor::MultiTensor;
-use ferrotron::{BackendKind, Device, DeviceBuffer, Element, Event, Result, Stream};
+use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::views::view;
 
 /// Which backend a context runs on.
 #[allow(non_camel_case_types)]
@@ -22,45 +24,6 @@ pub enum ftnBackend_t {
     ftnBackendAuto = 2,
 }
 
-/// First field of every handle: tells a live handle of the right kind from a
-/// destroyed one or one of another kind (best effort: passing freed memory
-/// is still undefined behaviour).
-pub(crate) trait Handle {
-    const MAGIC: u64;
-    const KIND: &'static str;
-    fn magic(&self) -> u64;
-    fn clear_magic(&mut self);
-}
-
-macro_rules! handle {
-    ($name:ident, $alias:ident, $magic:expr, $kind:literal, { $($f:ident : $t:ty),* $(,)? }) => {
-        #[repr(C)]
-        pub struct $name {
-            magic: u64,
-            $(pub(crate) $f: $t),*
-        }
-        #[allow(non_camel_case_types)]
-        pub type $alias = *mut $name;
-        impl Handle for $name {
-            const MAGIC: u64 = $magic;
-            const KIND: &'static str = $kind;
-            fn magic(&self) -> u64 {
-                self.magic
-            }
-            fn clear_magic(&mut self) {
-                self.magic = 0;
-            }
-        }
-        impl $name {
-            pub(crate) fn into_raw($($f: $t),*) -> *mut $name {
-                Box::into_raw(Box::new($name { magic: $magic, $($f),* }))
-            }
-        }
-    };
-}
-
-pub(crate) use handle;
-
 handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
     dev: Device,
     allocs: Mutex<HashMap<u64, DeviceBuffer<u8>>>,
@@ -72,203 +35,6 @@ handle!(ftnStream, ftnStream_t, 0x4654_4e53_544d_0002, "ftnStream_t", {
 handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
     event: Event,
 });
-
-/// Borrows the handle behind `p`, checking NULL and its kind.
-///
-/// # Safety
-/// `p` is NULL or points to a handle created by this library and not yet
-/// destroyed (a destroyed handle is detected on a best-effort basis).
-pub(crate) unsafe fn get<'a, H: Handle>(
-    op: &'static str,
-    arg: &'static str,
-    p: *mut H,
-) -> Result<&'a H> {
-    if p.is_null() {
-        return Err(invalid(op, arg, format!("a live {}", H::KIND), "NULL"));
-    }
-    // SAFETY: non-NULL and, by the contract, a live handle of this library;
-    // every handle is repr(C) with the magic first, so reading it is sound
-    // even for a handle of another kind.
-    let h = unsafe { &*p };
-    if h.magic() != H::MAGIC {
-        return Err(invalid(
-            op,
-            arg,
-            format!("a live {}", H::KIND),
-            "a destroyed handle or a handle of another kind",
-        ));
-    }
-    Ok(h)
-}
-
-/// Takes ownership of the handle behind `p` (for destroy functions).
-///
-/// # Safety
-/// As [`get`]; `p` must not be used after this.
-pub(crate) unsafe fn take<H: Handle>(
-    op: &'static str,
-    arg: &'static str,
-    p: *mut H,
-) -> Result<Box<H>> {
-    // SAFETY: forwarded contract.
-    unsafe { get(op, arg, p)? };
-    // SAFETY: a live handle created by Box::into_raw.
-    let mut b = unsafe { Box::from_raw(p) };
-    b.clear_magic();
-    Ok(b)
-}
-
-/// Writes `v` through an out-pointer after checking it for NULL.
-///
-/// # Safety
-/// `out` is NULL or valid for a write of `T`.
-pub(crate) unsafe fn write_out<T>(
-    op: &'static str,
-    arg: &'static str,
-    out: *mut T,
-    v: T,
-) -> Result<()> {
-    if out.is_null() {
-        return Err(invalid(
-            op,
-            arg,
-            "a non-NULL pointer to write the result to",
-            "NULL",
-        ));
-    }
-    // SAFETY: non-NULL and valid by the contract.
-    unsafe { out.write(v) };
-    Ok(())
-}
-
-/// Checks an out-pointer for NULL before any work is done.
-pub(crate) fn check_out<T>(op: &'static str, arg: &'static str, out: *mut T) -> Result<()> {
-    if out.is_null() {
-        return Err(invalid(
-            op,
-            arg,
-            "a non-NULL pointer to write the result to",
-            "NULL",
-        ));
-    }
-    Ok(())
-}
-
-/// Checks caller memory of `len` elements of `T` at `ptr`: non-NULL (when
-/// `len > 0`), aligned for `T`, and a byte size that fits in `isize`.
-pub(crate) fn check_ptr<T: Element>(
-    op: &'static str,
-    arg: &'static str,
-    ptr: *const c_void,
-    len: usize,
-) -> Result<()> {
-    if ptr.is_null() && len > 0 {
-        return Err(invalid(
-            op,
-            arg,
-            format!("a non-NULL pointer to {len} elements of {}", T::DTYPE),
-            "NULL",
-        ));
-    }
-    let align = std::mem::align_of::<T>();
-    if (ptr as usize) % align != 0 {
-        return Err(invalid(
-            op,
-            arg,
-            format!("a pointer aligned to {align} bytes for {}", T::DTYPE),
-            format!("{ptr:p}"),
-        ));
-    }
-    if len
-        .checked_mul(std::mem::size_of::<T>())
-        .is_none_or(|b| b > isize::MAX as usize)
-    {
-        return Err(invalid(
-            op,
-            arg,
-            "a size in bytes that fits in isize",
-            format!("{len} elements of {}", T::DTYPE),
-        ));
-    }
-    Ok(())
-}
-
-/// A non-owning typed view of `len` elements of caller memory at `ptr` on
-/// `dev`, checked by [`check_ptr`].
-///
-/// # Safety
-/// `ptr` must be valid for `len` elements on `dev` until the work using the
-/// view has finished (the caller's contract, documented in the header).
-pub(crate) unsafe fn view<T: Element>(
-    dev: &Device,
-    op: &'static str,
-    arg: &'static str,
-    ptr: *const c_void,
-    len: usize,
-) -> Result<DeviceBuffer<T>> {
-    check_ptr::<T>(op, arg, ptr, len)?;
-    // SAFETY: validity for `len` elements is the caller's contract; NULL,
-    // alignment and size were checked above.
-    unsafe { DeviceBuffer::from_raw_parts(dev, ptr as u64, len) }
-}
-
-/// A host slice of `len` elements at `ptr` (caller memory, read during the
-/// call), checked for NULL (when `len > 0`), alignment and size overflow.
-///
-/// # Safety
-/// `ptr` must be valid for reads of `len` elements for the call's duration.
-pub(crate) unsafe fn host_slice<'a, T: Element>(
-    op: &'static str,
-    arg: &'static str,
-    ptr: *const c_void,
-    len: usize,
-) -> Result<&'a [T]> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    check_ptr::<T>(op, arg, ptr, len)?;
-    // SAFETY: non-NULL, aligned, size fits in isize; validity for `len`
-    // elements is the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, len) })
-}
-
-/// An optional view: NULL gives `None`.
-///
-/// # Safety
-/// As [`view`].
-pub(crate) unsafe fn opt_view<T: Element>(
-    dev: &Device,
-    op: &'static str,
-    arg: &'static str,
-    ptr: *const c_void,
-    len: usize,
-) -> Result<Option<DeviceBuffer<T>>> {
-    if ptr.is_null() {
-        Ok(None)
-    } else {
-        // SAFETY: forwarded contract.
-        unsafe { view(dev, op, arg, ptr, len).map(Some) }
-    }
-}
-
-/// A caller-given count (`int64_t` dims, `size_t` counts) as `usize`.
-pub(crate) fn dim(op: &'static str, arg: &'static str, v: i64) -> Result<usize> {
-    usize::try_from(v).map_err(|_| invalid(op, arg, "a dimension >= 0", v))
-}
-
-/// `a * b` with overflow reported against `arg`.
-pub(crate) fn mul(op: &'static str, arg: &'static str, a: usize, b: usize) -> Result<usize> {
-    a.checked_mul(b)
-        .filter(|&n| n <= i64::MAX as usize)
-        .ok_or_else(|| {
-            invalid(
-                op,
-                arg,
-                "a product that fits in int64_t",
-                format!("{a} * {b} (overflows)"),
-            )
-        })
-}
 
 /// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
 /// ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the

@@ -11,14 +11,18 @@ use ferrotron::parallel::linear::TpElement;
 use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
 use ferrotron::Result;
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::args::{dim, mul};
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::descriptors::Desc;
+use crate::abi::handles::{handle, take, Handle};
+use crate::abi::views::{host_slice, view};
 use crate::comm::{ftnComm_t, Call};
-use crate::handles::{dim, ftnStream_t, handle, host_slice, mul, take, view, Handle};
-use crate::ops::{gelu_of, Desc};
-use crate::tp_common::{
+use crate::ops::gelu_of;
+use crate::parallel::common::{
     create, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, on_typed, owner, tp_new,
     with_layer, with_params, write_params, GradViews, Typed,
 };
+use crate::runtime::ftnStream_t;
 
 /// Shape and options of the tensor-parallel MLP block `Y = gelu(X W1^T +
 /// b1) W2^T + b2` (fc1 column-parallel `[ffn, hidden]`, fc2 row-parallel

@@ -11,15 +11,16 @@ use ferrotron::parallel::vocab::{
     VocabParallelEmbedding,
 };
 use ferrotron::Result;
-use half::{bf16, f16};
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::args::{dim, mul, to_i64};
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::descriptors::{read_desc, Desc};
+use crate::abi::dtype::float_dispatch;
+use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::views::view;
 use crate::comm::{call, ftnComm_t, Call};
-use crate::handles::{
-    check_out, dim, ftnStream_t, get, handle, mul, take, view, write_out, Handle,
-};
-use crate::ops::{float_dispatch, read_desc, Desc};
-use crate::tp_common::{to_i64, tp_size};
+use crate::parallel::common::tp_size;
+use crate::runtime::ftnStream_t;
 
 /// `id_dispatch!(op, arg, id_dtype, I => body)`: `body` with `I` the token
 /// id type (ftnInt32 or ftnInt64).

@@ -1,15 +1,16 @@
 //! Communicators and collectives (NCCL's argument order).
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
-use ferrotron::comm::{CommElement, Communicator, P2p, ReduceOp};
+use ferrotron::comm::Communicator;
 use ferrotron::{Device, Result};
-use half::{bf16, f16};
 
-use crate::boundary::{ftnResult_t, guard, invalid};
-use crate::handles::{
-    check_out, ftnContext, ftnContext_t, ftnStream, ftnStream_t, get, take, view, Handle,
-};
+pub(crate) mod collectives;
+pub(crate) mod job;
+
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::handles::{check_out, get, take, Handle};
+use crate::runtime::{ftnContext, ftnContext_t, ftnStream, ftnStream_t};
 
 /// Reductions.
 #[allow(non_camel_case_types)]
@@ -238,7 +239,7 @@ pub unsafe extern "C" fn ftn_comm_count(comm: ftnComm_t, count: *mut c_int) -> f
         // SAFETY: handle and out-pointer contracts.
         unsafe {
             let c = get("ftn_comm_count", "comm", comm)?;
-            crate::handles::write_out("ftn_comm_count", "count", count, c.comm.size() as c_int)
+            crate::abi::handles::write_out("ftn_comm_count", "count", count, c.comm.size() as c_int)
         }
     })
 }
@@ -250,7 +251,12 @@ pub unsafe extern "C" fn ftn_comm_user_rank(comm: ftnComm_t, rank: *mut c_int) -
         // SAFETY: handle and out-pointer contracts.
         unsafe {
             let c = get("ftn_comm_user_rank", "comm", comm)?;
-            crate::handles::write_out("ftn_comm_user_rank", "rank", rank, c.comm.rank() as c_int)
+            crate::abi::handles::write_out(
+                "ftn_comm_user_rank",
+                "rank",
+                rank,
+                c.comm.rank() as c_int,
+            )
         }
     })
 }
@@ -337,23 +343,6 @@ pub unsafe extern "C" fn ftn_comm_get_stream(
     })
 }
 
-fn red_op(op: &'static str, v: c_int) -> Result<ReduceOp> {
-    Ok(match v {
-        0 => ReduceOp::Sum,
-        1 => ReduceOp::Max,
-        2 => ReduceOp::Min,
-        3 => ReduceOp::Avg,
-        other => {
-            return Err(invalid(
-                op,
-                "op",
-                "ftnSum (0), ftnMax (1), ftnMin (2) or ftnAvg (3)",
-                other,
-            ))
-        }
-    })
-}
-
 pub(crate) struct Call<'a> {
     pub(crate) comm: &'a Communicator,
     pub(crate) stream: &'a ferrotron::Stream,
@@ -408,326 +397,3 @@ macro_rules! comm_dispatch {
     };
 }
 pub(crate) use comm_dispatch;
-
-fn count_times(op: &'static str, arg: &'static str, count: usize, ranks: usize) -> Result<usize> {
-    count.checked_mul(ranks).ok_or_else(|| {
-        invalid(
-            op,
-            arg,
-            "a count whose world-size multiple fits in size_t",
-            count,
-        )
-    })
-}
-
-unsafe fn all_reduce_t<T: CommElement>(
-    c: &Call,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    op: ReduceOp,
-) -> Result<()> {
-    const OP: &str = "ftn_all_reduce";
-    // SAFETY: pointer contracts: `count` elements each.
-    let (s, mut r) = unsafe {
-        (
-            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
-            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
-        )
-    };
-    c.comm.all_reduce(c.stream, &s, &mut r, op).map(drop)
-}
-
-/// `recvbuff = reduce over ranks of sendbuff` (`count` elements each; in
-/// place when the two are equal). Enqueued on `stream`.
-#[no_mangle]
-pub unsafe extern "C" fn ftn_all_reduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    op: c_int,
-    comm: ftnComm_t,
-    stream: ftnStream_t,
-) -> ftnResult_t {
-    guard("ftn_all_reduce", move || {
-        const OP: &str = "ftn_all_reduce";
-        let c = call(OP, comm, stream)?;
-        let r = red_op(OP, op)?;
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { all_reduce_t::<T>(&c, sendbuff, recvbuff, count, r) })
-    })
-}
-
-unsafe fn all_gather_t<T: CommElement>(
-    c: &Call,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-) -> Result<()> {
-    const OP: &str = "ftn_all_gather";
-    let total = count_times(OP, "sendcount", count, c.comm.size())?;
-    // SAFETY: pointer contracts.
-    let (s, mut r) = unsafe {
-        (
-            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
-            view::<T>(&c.dev, OP, "recvbuff", recv, total)?,
-        )
-    };
-    c.comm.all_gather(c.stream, &s, &mut r).map(drop)
-}
-
-/// `recvbuff` (`nranks * sendcount` elements) = the ranks' `sendbuff`s
-/// (`sendcount` each) in rank order.
-#[no_mangle]
-pub unsafe extern "C" fn ftn_all_gather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: c_int,
-    comm: ftnComm_t,
-    stream: ftnStream_t,
-) -> ftnResult_t {
-    guard("ftn_all_gather", move || {
-        const OP: &str = "ftn_all_gather";
-        let c = call(OP, comm, stream)?;
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { all_gather_t::<T>(&c, sendbuff, recvbuff, sendcount) })
-    })
-}
-
-unsafe fn reduce_scatter_t<T: CommElement>(
-    c: &Call,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    op: ReduceOp,
-) -> Result<()> {
-    const OP: &str = "ftn_reduce_scatter";
-    let total = count_times(OP, "recvcount", count, c.comm.size())?;
-    // SAFETY: pointer contracts.
-    let (s, mut r) = unsafe {
-        (
-            view::<T>(&c.dev, OP, "sendbuff", send, total)?,
-            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
-        )
-    };
-    c.comm.reduce_scatter(c.stream, &s, &mut r, op).map(drop)
-}
-
-/// `recvbuff` (`recvcount` elements) = slice `rank` of the reduction over
-/// ranks of `sendbuff` (`nranks * recvcount` elements).
-#[no_mangle]
-pub unsafe extern "C" fn ftn_reduce_scatter(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcount: usize,
-    datatype: c_int,
-    op: c_int,
-    comm: ftnComm_t,
-    stream: ftnStream_t,
-) -> ftnResult_t {
-    guard("ftn_reduce_scatter", move || {
-        const OP: &str = "ftn_reduce_scatter";
-        let c = call(OP, comm, stream)?;
-        let r = red_op(OP, op)?;
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { reduce_scatter_t::<T>(&c, sendbuff, recvbuff, recvcount, r) })
-    })
-}
-
-unsafe fn broadcast_t<T: CommElement>(
-    c: &Call,
-    buf: *mut c_void,
-    count: usize,
-    root: usize,
-) -> Result<()> {
-    // SAFETY: pointer contract.
-    let mut b = unsafe { view::<T>(&c.dev, "ftn_broadcast", "buff", buf, count)? };
-    c.comm.broadcast(c.stream, &mut b, root).map(drop)
-}
-
-/// Copies `buff` (`count` elements) of rank `root` into `buff` of every rank.
-#[no_mangle]
-pub unsafe extern "C" fn ftn_broadcast(
-    buff: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    root: c_int,
-    comm: ftnComm_t,
-    stream: ftnStream_t,
-) -> ftnResult_t {
-    guard("ftn_broadcast", move || {
-        const OP: &str = "ftn_broadcast";
-        let c = call(OP, comm, stream)?;
-        let root = usize::try_from(root).map_err(|_| invalid(OP, "root", "a rank >= 0", root))?;
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { broadcast_t::<T>(&c, buff, count, root) })
-    })
-}
-
-/// Completes (in `stream` order) when every rank has reached it.
-#[no_mangle]
-pub unsafe extern "C" fn ftn_barrier(comm: ftnComm_t, stream: ftnStream_t) -> ftnResult_t {
-    guard("ftn_barrier", move || {
-        let c = call("ftn_barrier", comm, stream)?;
-        c.comm.barrier(c.stream).map(drop)
-    })
-}
-
-unsafe fn send_t<T: CommElement>(
-    c: &Call,
-    buf: *const c_void,
-    count: usize,
-    peer: usize,
-) -> Result<()> {
-    // SAFETY: pointer contract.
-    let b = unsafe { view::<T>(&c.dev, "ftn_send", "sendbuff", buf, count)? };
-    c.comm.send(c.stream, &b, peer).map(drop)
-}
-
-unsafe fn recv_t<T: CommElement>(
-    c: &Call,
-    buf: *mut c_void,
-    count: usize,
-    peer: usize,
-) -> Result<()> {
-    // SAFETY: pointer contract.
-    let mut b = unsafe { view::<T>(&c.dev, "ftn_recv", "recvbuff", buf, count)? };
-    c.comm.recv(c.stream, &mut b, peer).map(drop)
-}
-
-/// Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
-#[no_mangle]
-pub unsafe extern "C" fn ftn_send(
-    sendbuff: *const c_void,
-    count: usize,
-    datatype: c_int,
-    peer: c_int,
-    comm: ftnComm_t,
-    stream: ftnStream_t,
-) -> ftnResult_t {
-    guard("ftn_send", move || {
-        const OP: &str = "ftn_send";
-        let c = call(OP, comm, stream)?;
-        let peer = usize::try_from(peer).map_err(|_| invalid(OP, "peer", "a rank >= 0", peer))?;
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { send_t::<T>(&c, sendbuff, count, peer) })
-    })
-}
-
-/// Receives `count` elements from `peer` (its `ftn_send` has the same count).
-#[no_mangle]
-pub unsafe extern "C" fn ftn_recv(
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    peer: c_int,
-    comm: ftnComm_t,
-    stream: ftnStream_t,
-) -> ftnResult_t {
-    guard("ftn_recv", move || {
-        const OP: &str = "ftn_recv";
-        let c = call(OP, comm, stream)?;
-        let peer = usize::try_from(peer).map_err(|_| invalid(OP, "peer", "a rank >= 0", peer))?;
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { recv_t::<T>(&c, recvbuff, count, peer) })
-    })
-}
-
-/// One operation of `ftn_group_p2p` (fixed layout).
-#[allow(non_camel_case_types)]
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ftnP2pOp_t {
-    /// Device buffer of `count` elements (sent from, or received into).
-    pub buff: *mut c_void,
-    pub count: usize,
-    pub peer: i32,
-    /// 0: send `buff` to `peer`; non-zero: receive into `buff` from `peer`.
-    pub is_recv: i32,
-}
-
-unsafe fn group_t<T: CommElement>(c: &Call, ops: &[ftnP2pOp_t]) -> Result<()> {
-    const OP: &str = "ftn_group_p2p";
-    let mut views = Vec::with_capacity(ops.len());
-    for (i, o) in ops.iter().enumerate() {
-        let peer = usize::try_from(o.peer).map_err(|_| {
-            invalid(
-                OP,
-                "ops[i].peer",
-                "a rank >= 0",
-                format!("{} (op {i})", o.peer),
-            )
-        })?;
-        // SAFETY: pointer contract: `count` elements.
-        views.push((
-            unsafe { view::<T>(&c.dev, OP, "ops[i].buff", o.buff, o.count)? },
-            peer,
-            o.is_recv != 0,
-        ));
-    }
-    let mut group: Vec<P2p<'_, T>> = views
-        .iter_mut()
-        .map(|(v, peer, recv)| {
-            if *recv {
-                P2p::Recv(v, *peer)
-            } else {
-                P2p::Send(v, *peer)
-            }
-        })
-        .collect();
-    c.comm.group_p2p(c.stream, &mut group).map(drop)
-}
-
-#[no_mangle]
-/// A group of sends and receives that progress together (NCCL's
-/// `ncclGroupStart/End` around `ncclSend/ncclRecv`): a ring exchange in one
-/// group cannot deadlock. `ops` holds `count` entries.
-pub unsafe extern "C" fn ftn_group_p2p(
-    ops: *const ftnP2pOp_t,
-    count: usize,
-    datatype: c_int,
-    comm: ftnComm_t,
-    stream: ftnStream_t,
-) -> ftnResult_t {
-    guard("ftn_group_p2p", move || {
-        const OP: &str = "ftn_group_p2p";
-        let c = call(OP, comm, stream)?;
-        if count
-            .checked_mul(std::mem::size_of::<ftnP2pOp_t>())
-            .is_none_or(|b| b > isize::MAX as usize)
-        {
-            return Err(invalid(
-                OP,
-                "count",
-                "a count whose array size fits in isize",
-                count,
-            ));
-        }
-        if count > 0 && ops.is_null() {
-            return Err(invalid(
-                OP,
-                "ops",
-                format!("a non-NULL array of {count} ftnP2pOp_t"),
-                "NULL",
-            ));
-        }
-        if (ops as usize) % std::mem::align_of::<ftnP2pOp_t>() != 0 {
-            return Err(invalid(
-                OP,
-                "ops",
-                "a pointer aligned for ftnP2pOp_t",
-                format!("{ops:p}"),
-            ));
-        }
-        let list = if count == 0 {
-            &[][..]
-        } else {
-            // SAFETY: non-NULL, aligned, `count` entries by the contract.
-            unsafe { std::slice::from_raw_parts(ops, count) }
-        };
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { group_t::<T>(&c, list) })
-    })
-}

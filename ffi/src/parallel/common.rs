@@ -10,10 +10,13 @@ use ferrotron::ops::Gelu;
 use ferrotron::parallel::linear::{LinearGrads, TpElement, WeightGrad};
 use ferrotron::{Device, DeviceBuffer, Result};
 
-use crate::boundary::invalid;
+use crate::abi::args::mul;
+use crate::abi::boundary::invalid;
+use crate::abi::descriptors::{check_out_desc, read_desc, Desc};
+use crate::abi::handles::{check_out, get, Handle};
+use crate::abi::views::{host_slice, view};
 use crate::comm::{call, ftnComm, ftnComm_t, Call};
-use crate::handles::{check_out, ftnStream_t, get, host_slice, mul, view, Handle};
-use crate::ops::{check_out_desc, read_desc, Desc};
+use crate::runtime::ftnStream_t;
 
 /// A fused activation (`ftnColumnParallelLinearDesc_t.activation`, the
 /// `dgelu` of `ftn_row_parallel_linear_backward`).
@@ -99,12 +102,12 @@ pub(crate) enum Typed<A, B> {
 macro_rules! on_typed {
     ($v:expr, $b:ident, $T:ident => $body:expr) => {
         match $v {
-            $crate::tp_common::Typed::F16($b) => {
+            $crate::parallel::common::Typed::F16($b) => {
                 #[allow(dead_code)]
                 type $T = half::f16;
                 $body
             }
-            $crate::tp_common::Typed::Bf16($b) => {
+            $crate::parallel::common::Typed::Bf16($b) => {
                 #[allow(dead_code)]
                 type $T = half::bf16;
                 $body
@@ -122,13 +125,13 @@ macro_rules! tp_new {
         match $dtype {
             1 => {
                 type $T = half::f16;
-                ($body).map($crate::tp_common::Typed::F16)
+                ($body).map($crate::parallel::common::Typed::F16)
             }
             2 => {
                 type $T = half::bf16;
-                ($body).map($crate::tp_common::Typed::Bf16)
+                ($body).map($crate::parallel::common::Typed::Bf16)
             }
-            other => Err($crate::boundary::invalid(
+            other => Err($crate::abi::boundary::invalid(
                 $op,
                 "desc.dtype",
                 "ftnFloat16 (1) or ftnBfloat16 (2) (the tensor-core GEMM's inputs)",
@@ -170,11 +173,6 @@ pub(crate) fn tp_size(op: &'static str, tp: std::ffi::c_int) -> Result<usize> {
         .ok()
         .filter(|&t| t >= 1)
         .ok_or_else(|| invalid(op, "tp", "at least 1", tp))
-}
-
-/// A size as `int64_t` for an out-parameter.
-pub(crate) fn to_i64(op: &'static str, arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| invalid(op, arg, "a result that fits in int64_t", v))
 }
 
 /// `rows` of a sequence-parallel tensor on `tp` ranks (`tokens / tp`; the
@@ -319,7 +317,7 @@ pub(crate) trait Owner: Handle + Sized {
 /// field is `inner: Mutex<Inner>`.
 macro_rules! owner {
     ($h:ty, $inner:ty) => {
-        impl $crate::tp_common::Owner for $h {
+        impl $crate::parallel::common::Owner for $h {
             type Inner = $inner;
             fn inner(&self) -> &std::sync::Mutex<$inner> {
                 &self.inner

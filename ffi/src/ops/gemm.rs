@@ -1,0 +1,342 @@
+//! GEMM with fused epilogues, and the bias gradient (`ferrotron::ops::gemm`).
+
+use crate::abi::args::dim;
+use crate::runtime::ftnStream;
+use ferrotron::ops::gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
+use ferrotron::Device;
+use half::{bf16, f16};
+use std::ffi::c_void;
+
+use ferrotron::Result;
+
+use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::descriptors::{read_desc, Desc};
+use crate::abi::dtype::float_dispatch;
+use crate::abi::views::{opt_view, view};
+use crate::ops::{gelu_of, stream_of};
+use crate::runtime::ftnStream_t;
+
+/// What the GEMM does to `v = alpha * op(A) op(B) [+ beta * C]`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnGemmEpilogue_t {
+    /// `D = v`.
+    ftnGemmEpilogueNone = 0,
+    /// `D = v + bias[n]` (bias required).
+    ftnGemmEpilogueBias = 1,
+    /// `D = gelu(v + bias[n])` (bias optional); a non-NULL `aux` receives
+    /// the pre-activation `v + bias`.
+    ftnGemmEpilogueBiasGelu = 2,
+    /// `D = v * gelu'(aux)`, `aux` (required) the saved pre-activation: the
+    /// backward of BiasGelu.
+    ftnGemmEpilogueDGelu = 3,
+}
+
+/// One (batched) GEMM `D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b])`
+/// over row-major matrices, `op(A)` `[m, k]`, `op(B)` `[k, n]`; fp16 or bf16
+/// inputs, fp32 accumulation, output in the input type or fp32.
+///
+/// Layouts: leading dimensions (`ld*`, 0 = packed: the stored row length)
+/// and batch strides (`stride_*`, 0 = packed: rows * ld), in elements. An
+/// operand spans `(batch - 1) * stride + (rows - 1) * ld + cols` elements
+/// (`rows x cols` its stored shape: A is `[k, m]` with `trans_a`, B `[n, k]`
+/// with `trans_b`); each pointer must hold that many.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnGemmDesc_t {
+    /// `sizeof(ftnGemmDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// Input type (A, B, bias): ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// Output type (C, D, aux): the input type or ftnFloat32.
+    pub out_dtype: i32,
+    /// Non-zero: A is stored `[k, m]`.
+    pub trans_a: i32,
+    /// Non-zero: B is stored `[n, k]` (a linear layer's `X W^T`).
+    pub trans_b: i32,
+    /// `ftnGemmEpilogue_t`.
+    pub epilogue: i32,
+    /// `ftnGelu_t` of the GeLU epilogues.
+    pub gelu: i32,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    /// Batch entries (1 for a plain GEMM; 0 does nothing).
+    pub batch: i64,
+    pub alpha: f32,
+    /// With `beta != 0`, C is read; a NULL `c` means C is D (accumulate).
+    pub beta: f32,
+    pub lda: i64,
+    pub ldb: i64,
+    pub ldc: i64,
+    pub ldd: i64,
+    pub ld_aux: i64,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+    pub stride_d: i64,
+    pub stride_aux: i64,
+    /// Non-zero: one A for every batch entry (stride 0).
+    pub broadcast_a: i32,
+    /// Non-zero: one B for every batch entry (stride 0).
+    pub broadcast_b: i32,
+}
+// SAFETY: repr(C), size_t first, integer/float fields, no implicit padding.
+unsafe impl Desc for ftnGemmDesc_t {
+    const NAME: &'static str = "ftnGemmDesc_t";
+    const V1_SIZE: usize = 160;
+}
+
+fn opt_dim(op: &'static str, arg: &'static str, v: i64) -> Result<Option<usize>> {
+    Ok(match dim(op, arg, v)? {
+        0 => None,
+        x => Some(x),
+    })
+}
+
+/// Elements an operand spans (the header's formula), overflow reported.
+fn span(
+    op: &'static str,
+    arg: &'static str,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+    ld: Option<usize>,
+    stride: Option<usize>,
+) -> Result<usize> {
+    let ld = ld.unwrap_or(cols.max(1));
+    let over = || {
+        invalid(
+            op,
+            arg,
+            "a span that fits in int64_t",
+            "an overflowing layout",
+        )
+    };
+    if rows == 0 || cols == 0 || batch == 0 {
+        return Ok(0);
+    }
+    let extent = (rows - 1)
+        .checked_mul(ld)
+        .and_then(|v| v.checked_add(cols))
+        .ok_or_else(over)?;
+    let stride = match stride {
+        Some(s) => s,
+        None => rows.checked_mul(ld).ok_or_else(over)?,
+    };
+    (batch - 1)
+        .checked_mul(stride)
+        .and_then(|v| v.checked_add(extent))
+        .filter(|&v| v <= i64::MAX as usize)
+        .ok_or_else(over)
+}
+
+struct GemmArgs {
+    a: *const c_void,
+    b: *const c_void,
+    bias: *const c_void,
+    c: *const c_void,
+    aux: *mut c_void,
+    d: *mut c_void,
+}
+
+/// # Safety
+/// Pointer contracts of [`ftn_gemm`].
+unsafe fn gemm_t<
+    T: ferrotron::core::dtype::FloatElement,
+    O: ferrotron::core::dtype::FloatElement,
+>(
+    s: &ftnStream,
+    dev: &Device,
+    d: &ftnGemmDesc_t,
+    p: GemmArgs,
+) -> Result<()> {
+    const OP: &str = "ftn_gemm";
+    let m = dim(OP, "desc.m", d.m)?;
+    let n = dim(OP, "desc.n", d.n)?;
+    let k = dim(OP, "desc.k", d.k)?;
+    let batch = dim(OP, "desc.batch", d.batch)?;
+    let lds = [
+        opt_dim(OP, "desc.lda", d.lda)?,
+        opt_dim(OP, "desc.ldb", d.ldb)?,
+        opt_dim(OP, "desc.ldc", d.ldc)?,
+        opt_dim(OP, "desc.ldd", d.ldd)?,
+        opt_dim(OP, "desc.ld_aux", d.ld_aux)?,
+    ];
+    let mut strides = [
+        opt_dim(OP, "desc.stride_a", d.stride_a)?,
+        opt_dim(OP, "desc.stride_b", d.stride_b)?,
+        opt_dim(OP, "desc.stride_c", d.stride_c)?,
+        opt_dim(OP, "desc.stride_d", d.stride_d)?,
+        opt_dim(OP, "desc.stride_aux", d.stride_aux)?,
+    ];
+    if d.broadcast_a != 0 {
+        strides[0] = Some(0);
+    }
+    if d.broadcast_b != 0 {
+        strides[1] = Some(0);
+    }
+    let g = gelu_of(OP, d.gelu)?;
+    let epilogue = match d.epilogue {
+        0 => Epilogue::None,
+        1 => Epilogue::Bias,
+        2 => Epilogue::BiasGelu(g),
+        3 => Epilogue::DGelu(g),
+        other => {
+            return Err(invalid(
+                OP,
+                "desc.epilogue",
+                "an ftnGemmEpilogue_t (0..=3)",
+                other,
+            ))
+        }
+    };
+    let (ra, ca) = if d.trans_a != 0 { (k, m) } else { (m, k) };
+    let (rb, cb) = if d.trans_b != 0 { (n, k) } else { (k, n) };
+    let na = span(OP, "a", ra, ca, batch, lds[0], strides[0])?;
+    let nb = span(OP, "b", rb, cb, batch, lds[1], strides[1])?;
+    let nc = span(OP, "c", m, n, batch, lds[2], strides[2])?;
+    let nd = span(OP, "d", m, n, batch, lds[3], strides[3])?;
+    let nx = span(OP, "aux", m, n, batch, lds[4], strides[4])?;
+    // SAFETY: pointer contracts: each operand spans what its layout says.
+    let (av, bv, biasv, cv, mut dv) = unsafe {
+        (
+            view::<T>(dev, OP, "a", p.a, na)?,
+            view::<T>(dev, OP, "b", p.b, nb)?,
+            opt_view::<T>(dev, OP, "bias", p.bias, n)?,
+            opt_view::<O>(dev, OP, "c", p.c, nc)?,
+            view::<O>(dev, OP, "d", p.d, nd)?,
+        )
+    };
+    // SAFETY: as above.
+    let mut auxv = unsafe { opt_view::<O>(dev, OP, "aux", p.aux, nx)? };
+    let aux = match (epilogue, auxv.as_mut()) {
+        (_, None) => Aux::None,
+        (Epilogue::DGelu(_), Some(x)) => Aux::PreActivation(x),
+        (_, Some(x)) => Aux::Store(x),
+    };
+    let gemm = Gemm::new(m, n, k)
+        .trans_a(d.trans_a != 0)
+        .trans_b(d.trans_b != 0)
+        .alpha(d.alpha)
+        .beta(d.beta)
+        .batch(batch)
+        .epilogue(epilogue)
+        .lds(lds[0], lds[1], lds[2], lds[3], lds[4])
+        .strides(strides[0], strides[1], strides[2], strides[3], strides[4]);
+    let inputs = GemmInputs {
+        a: &av,
+        b: &bv,
+        bias: biasv.as_ref(),
+        c: cv.as_ref(),
+    };
+    gemm.run(&s.stream, inputs, aux, &mut dv)
+}
+
+#[no_mangle]
+/// Enqueues one (batched) GEMM described by `desc` (see `ftnGemmDesc_t` for
+/// the layouts and how many elements each pointer must hold). `bias` (`n`
+/// elements of the input type) and `c` may be NULL as the epilogue and
+/// `beta` allow; `aux` is written by BiasGelu when not NULL and read by DGelu.
+pub unsafe extern "C" fn ftn_gemm(
+    stream: ftnStream_t,
+    desc: *const ftnGemmDesc_t,
+    a: *const c_void,
+    b: *const c_void,
+    bias: *const c_void,
+    c: *const c_void,
+    aux: *mut c_void,
+    d: *mut c_void,
+) -> ftnResult_t {
+    guard("ftn_gemm", move || {
+        const OP: &str = "ftn_gemm";
+        let (s, dev) = stream_of(OP, stream)?;
+        // SAFETY: descriptor contract.
+        let g = unsafe { read_desc(OP, "desc", desc)? };
+        let p = GemmArgs {
+            a,
+            b,
+            bias,
+            c,
+            aux,
+            d,
+        };
+        // SAFETY: pointer contracts.
+        unsafe {
+            match (g.dtype, g.out_dtype) {
+                (1, 1) => gemm_t::<f16, f16>(s, &dev, &g, p),
+                (1, 0) => gemm_t::<f16, f32>(s, &dev, &g, p),
+                (2, 2) => gemm_t::<bf16, bf16>(s, &dev, &g, p),
+                (2, 0) => gemm_t::<bf16, f32>(s, &dev, &g, p),
+                (1 | 2, other) => Err(invalid(
+                    OP,
+                    "desc.out_dtype",
+                    "the input type or ftnFloat32 (0)",
+                    other,
+                )),
+                (other, _) => Err(invalid(
+                    OP,
+                    "desc.dtype",
+                    "ftnFloat16 (1) or ftnBfloat16 (2)",
+                    other,
+                )),
+            }
+        }
+    })
+}
+
+/// Bias gradient `dbias[c] = sum_r dy[r, c]` of a row-major `[rows, cols]`
+/// matrix with leading dimension `ld` (0 = `cols`); fp32 accumulation in a
+/// fixed order (bitwise reproducible).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ftnBiasGradDesc_t {
+    /// `sizeof(ftnBiasGradDesc_t)` as the caller compiled it.
+    pub size: usize,
+    /// `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+    pub dtype: i32,
+    /// Must be 0.
+    pub reserved: i32,
+    pub rows: i64,
+    pub cols: i64,
+    pub ld: i64,
+}
+// SAFETY: repr(C), size_t first, integer fields, explicit padding.
+unsafe impl Desc for ftnBiasGradDesc_t {
+    const NAME: &'static str = "ftnBiasGradDesc_t";
+    const V1_SIZE: usize = 40;
+}
+
+#[no_mangle]
+/// `dbias` (`cols` elements) = column sums of `dy`, which spans
+/// `(rows - 1) * ld + cols` elements.
+pub unsafe extern "C" fn ftn_gemm_bias_grad(
+    stream: ftnStream_t,
+    desc: *const ftnBiasGradDesc_t,
+    dy: *const c_void,
+    dbias: *mut c_void,
+) -> ftnResult_t {
+    guard("ftn_gemm_bias_grad", move || {
+        const OP: &str = "ftn_gemm_bias_grad";
+        let (s, dev) = stream_of(OP, stream)?;
+        // SAFETY: descriptor contract.
+        let d = unsafe { read_desc(OP, "desc", desc)? };
+        if d.reserved != 0 {
+            return Err(invalid(OP, "desc.reserved", 0, d.reserved));
+        }
+        let rows = dim(OP, "desc.rows", d.rows)?;
+        let cols = dim(OP, "desc.cols", d.cols)?;
+        let ld = opt_dim(OP, "desc.ld", d.ld)?;
+        let need = span(OP, "dy", rows, cols, 1, ld, None)?;
+        let mut bg = BiasGrad::new(rows, cols);
+        bg.ld = ld;
+        float_dispatch!(OP, d.dtype, T => {
+            // SAFETY: pointer contracts.
+            let (dyv, mut dbv) = unsafe { (view::<T>(&dev, OP, "dy", dy, need)?, view::<T>(&dev, OP, "dbias", dbias, cols)?) };
+            bg.run(&s.stream, &dyv, &mut dbv)
+        })
+    })
+}
