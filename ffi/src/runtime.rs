@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use ferrotron::ops::multi_tensor::MultiTensor;
 use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
 
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
 use crate::abi::views::view;
 
@@ -46,11 +46,10 @@ pub unsafe extern "C" fn ftn_context_create(
     device: c_int,
     ctx: *mut ftnContext_t,
 ) -> ftnResult_t {
-    guard("ftn_context_create", move || {
-        const OP: &str = "ftn_context_create";
-        check_out(OP, "ctx", ctx)?;
+    export!(|op| {
+        check_out(op, "ctx", ctx)?;
         let ordinal = || {
-            usize::try_from(device).map_err(|_| invalid(OP, "device", "a GPU ordinal >= 0", device))
+            usize::try_from(device).map_err(|_| invalid(op, "device", "a GPU ordinal >= 0", device))
         };
         let dev = match backend {
             0 => Device::emu(),
@@ -58,7 +57,7 @@ pub unsafe extern "C" fn ftn_context_create(
             2 => Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu()),
             other => {
                 return Err(invalid(
-                    OP,
+                    op,
                     "backend",
                     "ftnBackendEmu (0), ftnBackendCuda (1) or ftnBackendAuto (2)",
                     other,
@@ -76,9 +75,9 @@ pub unsafe extern "C" fn ftn_context_create(
 /// with `ftn_malloc`. Streams and events of it must be destroyed first.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
-    guard("ftn_context_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { take("ftn_context_destroy", "ctx", ctx)? };
+        let c = unsafe { take(op, "ctx", ctx)? };
         let r = c.dev.synchronize();
         drop(c);
         r
@@ -91,16 +90,15 @@ pub unsafe extern "C" fn ftn_context_get_backend(
     ctx: ftnContext_t,
     backend: *mut c_int,
 ) -> ftnResult_t {
-    guard("ftn_context_get_backend", move || {
-        const OP: &str = "ftn_context_get_backend";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
+        let c = unsafe { get(op, "ctx", ctx)? };
         let b = match c.dev.kind() {
             BackendKind::Emu => ftnBackend_t::ftnBackendEmu,
             BackendKind::Cuda => ftnBackend_t::ftnBackendCuda,
         };
         // SAFETY: out-pointer contract.
-        unsafe { write_out(OP, "backend", backend, b as c_int) }
+        unsafe { write_out(op, "backend", backend, b as c_int) }
     })
 }
 
@@ -111,13 +109,12 @@ pub unsafe extern "C" fn ftn_context_get_name(
     name: *mut c_char,
     len: usize,
 ) -> ftnResult_t {
-    guard("ftn_context_get_name", move || {
-        const OP: &str = "ftn_context_get_name";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
-        check_out(OP, "name", name)?;
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "name", name)?;
         if len == 0 {
-            return Err(invalid(OP, "len", "at least 1 (room for the NUL)", 0));
+            return Err(invalid(op, "len", "at least 1 (room for the NUL)", 0));
         }
         let s = c.dev.name();
         let n = s.len().min(len - 1);
@@ -134,11 +131,9 @@ pub unsafe extern "C" fn ftn_context_get_name(
 /// failure.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult_t {
-    guard("ftn_context_synchronize", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        unsafe { get("ftn_context_synchronize", "ctx", ctx)? }
-            .dev
-            .synchronize()
+        unsafe { get(op, "ctx", ctx)? }.dev.synchronize()
     })
 }
 
@@ -150,11 +145,10 @@ pub unsafe extern "C" fn ftn_malloc(
     ptr: *mut *mut c_void,
     bytes: usize,
 ) -> ftnResult_t {
-    guard("ftn_malloc", move || {
-        const OP: &str = "ftn_malloc";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
-        check_out(OP, "ptr", ptr)?;
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "ptr", ptr)?;
         if bytes == 0 {
             // SAFETY: checked non-NULL.
             unsafe { ptr.write(std::ptr::null_mut()) };
@@ -176,10 +170,9 @@ pub unsafe extern "C" fn ftn_malloc(
 /// context's work first, like `cudaFree`). NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnResult_t {
-    guard("ftn_free", move || {
-        const OP: &str = "ftn_free";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
+        let c = unsafe { get(op, "ctx", ctx)? };
         if ptr.is_null() {
             return Ok(());
         }
@@ -194,7 +187,7 @@ pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnRes
                 Ok(())
             }
             None => Err(invalid(
-                OP,
+                op,
                 "ptr",
                 "a pointer returned by ftn_malloc on this context",
                 format!("{ptr:p}"),
@@ -209,11 +202,10 @@ pub unsafe extern "C" fn ftn_stream_create(
     ctx: ftnContext_t,
     stream: *mut ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_stream_create", move || {
-        const OP: &str = "ftn_stream_create";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
-        check_out(OP, "stream", stream)?;
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "stream", stream)?;
         let s = c.dev.new_stream()?;
         // SAFETY: checked non-NULL.
         unsafe { stream.write(ftnStream::into_raw(s, Mutex::new(MultiTensor::new()))) };
@@ -225,9 +217,9 @@ pub unsafe extern "C" fn ftn_stream_create(
 /// pending failure, if any (the stream is destroyed either way).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t {
-    guard("ftn_stream_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        let s = unsafe { take("ftn_stream_destroy", "stream", stream)? };
+        let s = unsafe { take(op, "stream", stream)? };
         let r = s.stream.synchronize();
         drop(s);
         r
@@ -238,11 +230,9 @@ pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t 
 /// first failure since the last synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_synchronize(stream: ftnStream_t) -> ftnResult_t {
-    guard("ftn_stream_synchronize", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        unsafe { get("ftn_stream_synchronize", "stream", stream)? }
-            .stream
-            .synchronize()
+        unsafe { get(op, "stream", stream)? }.stream.synchronize()
     })
 }
 
@@ -252,10 +242,9 @@ pub unsafe extern "C" fn ftn_stream_wait_event(
     stream: ftnStream_t,
     event: ftnEvent_t,
 ) -> ftnResult_t {
-    guard("ftn_stream_wait_event", move || {
-        const OP: &str = "ftn_stream_wait_event";
+    export!(|op| {
         // SAFETY: handle contracts.
-        let (s, e) = unsafe { (get(OP, "stream", stream)?, get(OP, "event", event)?) };
+        let (s, e) = unsafe { (get(op, "stream", stream)?, get(op, "event", event)?) };
         s.stream.wait_event(&e.event)
     })
 }
@@ -267,11 +256,10 @@ pub unsafe extern "C" fn ftn_event_create(
     ctx: ftnContext_t,
     event: *mut ftnEvent_t,
 ) -> ftnResult_t {
-    guard("ftn_event_create", move || {
-        const OP: &str = "ftn_event_create";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
-        check_out(OP, "event", event)?;
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "event", event)?;
         let e = Event::new(&c.dev)?;
         // SAFETY: checked non-NULL.
         unsafe { event.write(ftnEvent::into_raw(e)) };
@@ -282,9 +270,9 @@ pub unsafe extern "C" fn ftn_event_create(
 /// Destroys an event.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
-    guard("ftn_event_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        drop(unsafe { take("ftn_event_destroy", "event", event)? });
+        drop(unsafe { take(op, "event", event)? });
         Ok(())
     })
 }
@@ -292,10 +280,9 @@ pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
 /// Records the event at the current end of `stream`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_record(event: ftnEvent_t, stream: ftnStream_t) -> ftnResult_t {
-    guard("ftn_event_record", move || {
-        const OP: &str = "ftn_event_record";
+    export!(|op| {
         // SAFETY: handle contracts.
-        let (e, s) = unsafe { (get(OP, "event", event)?, get(OP, "stream", stream)?) };
+        let (e, s) = unsafe { (get(op, "event", event)?, get(op, "stream", stream)?) };
         s.stream.record(&e.event)
     })
 }
@@ -303,25 +290,22 @@ pub unsafe extern "C" fn ftn_event_record(event: ftnEvent_t, stream: ftnStream_t
 /// Blocks until the event's latest record has been reached.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t {
-    guard("ftn_event_synchronize", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        unsafe { get("ftn_event_synchronize", "event", event)? }
-            .event
-            .synchronize()
+        unsafe { get(op, "event", event)? }.event.synchronize()
     })
 }
 
 /// `*complete` = 1 when the event's latest record has been reached, else 0.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int) -> ftnResult_t {
-    guard("ftn_event_query", move || {
-        const OP: &str = "ftn_event_query";
+    export!(|op| {
         // SAFETY: handle contract.
-        let e = unsafe { get(OP, "event", event)? };
-        check_out(OP, "complete", complete)?;
+        let e = unsafe { get(op, "event", event)? };
+        check_out(op, "complete", complete)?;
         let done = e.event.is_complete()?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(OP, "complete", complete, done as c_int) }
+        unsafe { write_out(op, "complete", complete, done as c_int) }
     })
 }
 
@@ -332,14 +316,13 @@ pub unsafe extern "C" fn ftn_event_elapsed_ms(
     end: ftnEvent_t,
     ms: *mut f32,
 ) -> ftnResult_t {
-    guard("ftn_event_elapsed_ms", move || {
-        const OP: &str = "ftn_event_elapsed_ms";
+    export!(|op| {
         // SAFETY: handle contracts.
-        let (a, b) = unsafe { (get(OP, "start", start)?, get(OP, "end", end)?) };
-        check_out(OP, "ms", ms)?;
+        let (a, b) = unsafe { (get(op, "start", start)?, get(op, "end", end)?) };
+        check_out(op, "ms", ms)?;
         let v = a.event.elapsed_ms(&b.event)?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(OP, "ms", ms, v) }
+        unsafe { write_out(op, "ms", ms, v) }
     })
 }
 
@@ -356,20 +339,19 @@ pub unsafe extern "C" fn ftn_memcpy_htod(
     src: *const c_void,
     bytes: usize,
 ) -> ftnResult_t {
-    guard("ftn_memcpy_htod", move || {
-        const OP: &str = "ftn_memcpy_htod";
+    export!(|op| {
         // SAFETY: handle contract.
-        let s = unsafe { get(OP, "stream", stream)? };
+        let s = unsafe { get(op, "stream", stream)? };
         if src.is_null() && bytes > 0 {
             return Err(invalid(
-                OP,
+                op,
                 "src",
                 format!("a non-NULL host pointer to {bytes} bytes"),
                 "NULL",
             ));
         }
         // SAFETY: pointer contracts (valid for `bytes` bytes).
-        let mut d = unsafe { view::<u8>(&stream_dev(s), OP, "dst", dst, bytes)? };
+        let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
         if bytes == 0 {
             return Ok(());
         }
@@ -388,20 +370,19 @@ pub unsafe extern "C" fn ftn_memcpy_dtoh(
     src: *const c_void,
     bytes: usize,
 ) -> ftnResult_t {
-    guard("ftn_memcpy_dtoh", move || {
-        const OP: &str = "ftn_memcpy_dtoh";
+    export!(|op| {
         // SAFETY: handle contract.
-        let s = unsafe { get(OP, "stream", stream)? };
+        let s = unsafe { get(op, "stream", stream)? };
         if dst.is_null() && bytes > 0 {
             return Err(invalid(
-                OP,
+                op,
                 "dst",
                 format!("a non-NULL host pointer to {bytes} bytes"),
                 "NULL",
             ));
         }
         // SAFETY: pointer contracts.
-        let v = unsafe { view::<u8>(&stream_dev(s), OP, "src", src, bytes)? };
+        let v = unsafe { view::<u8>(&stream_dev(s), op, "src", src, bytes)? };
         if bytes == 0 {
             return Ok(());
         }
@@ -419,16 +400,15 @@ pub unsafe extern "C" fn ftn_memcpy_dtod(
     src: *const c_void,
     bytes: usize,
 ) -> ftnResult_t {
-    guard("ftn_memcpy_dtod", move || {
-        const OP: &str = "ftn_memcpy_dtod";
+    export!(|op| {
         // SAFETY: handle contract.
-        let s = unsafe { get(OP, "stream", stream)? };
+        let s = unsafe { get(op, "stream", stream)? };
         let dev = stream_dev(s);
         // SAFETY: pointer contracts.
         let (v, mut d) = unsafe {
             (
-                view::<u8>(&dev, OP, "src", src, bytes)?,
-                view::<u8>(&dev, OP, "dst", dst, bytes)?,
+                view::<u8>(&dev, op, "src", src, bytes)?,
+                view::<u8>(&dev, op, "dst", dst, bytes)?,
             )
         };
         if bytes == 0 {
@@ -447,14 +427,13 @@ pub unsafe extern "C" fn ftn_memset(
     value: c_int,
     bytes: usize,
 ) -> ftnResult_t {
-    guard("ftn_memset", move || {
-        const OP: &str = "ftn_memset";
+    export!(|op| {
         // SAFETY: handle contract.
-        let s = unsafe { get(OP, "stream", stream)? };
+        let s = unsafe { get(op, "stream", stream)? };
         let byte = u8::try_from(value)
-            .map_err(|_| invalid(OP, "value", "a byte value in 0..=255", value))?;
+            .map_err(|_| invalid(op, "value", "a byte value in 0..=255", value))?;
         // SAFETY: pointer contract.
-        let mut d = unsafe { view::<u8>(&stream_dev(s), OP, "dst", dst, bytes)? };
+        let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
         if bytes == 0 {
             return Ok(());
         }

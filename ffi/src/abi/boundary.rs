@@ -121,6 +121,43 @@ pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> ferrotron::Result<()
     }
 }
 
+/// The body of every exported function, which names itself once (in its
+/// `fn` item):
+///
+/// ```ignore
+/// #[no_mangle]
+/// pub unsafe extern "C" fn ftn_x(stream: ftnStream_t) -> ftnResult_t {
+///     export!(|op| { /* a ferrotron::Result<()>, errors naming `op` */ })
+/// }
+/// ```
+///
+/// runs the body inside the panic boundary ([`guard`]) with `op` bound to
+/// the exported function's own name, `"ftn_x"`. The name comes from the
+/// path of an item the macro declares inside the function (see
+/// [`export_name`]), so it cannot drift from the symbol. A macro around the
+/// body rather than the whole `fn` item: cbindgen does not look inside
+/// macro invocations (only `bitflags!`), so the signature, `#[no_mangle]` and
+/// the doc comment stay written out for the header.
+macro_rules! export {
+    (|$op:ident| $body:expr) => {{
+        fn __export() {}
+        let name = $crate::abi::boundary::export_name(::std::any::type_name_of_val(&__export));
+        $crate::abi::boundary::guard(name, move || {
+            let $op: &'static str = name;
+            $body
+        })
+    }};
+}
+pub(crate) use export;
+
+/// The exported function's name from the type name of the item [`export!`]
+/// declares in it (`ferrotron::ops::gemm::ftn_gemm::__export` gives
+/// `ftn_gemm`). The tests check it on exports of several modules.
+pub(crate) fn export_name(path: &'static str) -> &'static str {
+    let f = path.strip_suffix("::__export").unwrap_or(path);
+    f.rsplit("::").next().unwrap_or(f)
+}
+
 /// `Error::InvalidArgument` for `op`'s argument `arg`.
 pub(crate) fn invalid(
     op: &'static str,

@@ -7,7 +7,7 @@ use ferrotron::comm::{CommElement, P2p, ReduceOp};
 use ferrotron::Result;
 use half::{bf16, f16};
 
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::views::view;
 use crate::comm::{call, comm_dispatch, ftnComm_t, Call};
 use crate::runtime::ftnStream_t;
@@ -40,21 +40,21 @@ fn count_times(op: &'static str, arg: &'static str, count: usize, ranks: usize) 
 }
 
 unsafe fn all_reduce_t<T: CommElement>(
+    op: &'static str,
     c: &Call,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
-    op: ReduceOp,
+    red: ReduceOp,
 ) -> Result<()> {
-    const OP: &str = "ftn_all_reduce";
     // SAFETY: pointer contracts: `count` elements each.
     let (s, mut r) = unsafe {
         (
-            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
-            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
+            view::<T>(&c.dev, op, "sendbuff", send, count)?,
+            view::<T>(&c.dev, op, "recvbuff", recv, count)?,
         )
     };
-    c.comm.all_reduce(c.stream, &s, &mut r, op).map(drop)
+    c.comm.all_reduce(c.stream, &s, &mut r, red).map(drop)
 }
 
 /// `recvbuff = reduce over ranks of sendbuff` (`count` elements each; in
@@ -69,28 +69,27 @@ pub unsafe extern "C" fn ftn_all_reduce(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_all_reduce", move || {
-        const OP: &str = "ftn_all_reduce";
-        let c = call(OP, comm, stream)?;
-        let r = red_op(OP, op)?;
+    export!(|func| {
+        let c = call(func, comm, stream)?;
+        let r = red_op(func, op)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { all_reduce_t::<T>(&c, sendbuff, recvbuff, count, r) })
+        comm_dispatch!(func, datatype, T => unsafe { all_reduce_t::<T>(func, &c, sendbuff, recvbuff, count, r) })
     })
 }
 
 unsafe fn all_gather_t<T: CommElement>(
+    op: &'static str,
     c: &Call,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_all_gather";
-    let total = count_times(OP, "sendcount", count, c.comm.size())?;
+    let total = count_times(op, "sendcount", count, c.comm.size())?;
     // SAFETY: pointer contracts.
     let (s, mut r) = unsafe {
         (
-            view::<T>(&c.dev, OP, "sendbuff", send, count)?,
-            view::<T>(&c.dev, OP, "recvbuff", recv, total)?,
+            view::<T>(&c.dev, op, "sendbuff", send, count)?,
+            view::<T>(&c.dev, op, "recvbuff", recv, total)?,
         )
     };
     c.comm.all_gather(c.stream, &s, &mut r).map(drop)
@@ -107,31 +106,30 @@ pub unsafe extern "C" fn ftn_all_gather(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_all_gather", move || {
-        const OP: &str = "ftn_all_gather";
-        let c = call(OP, comm, stream)?;
+    export!(|op| {
+        let c = call(op, comm, stream)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { all_gather_t::<T>(&c, sendbuff, recvbuff, sendcount) })
+        comm_dispatch!(op, datatype, T => unsafe { all_gather_t::<T>(op, &c, sendbuff, recvbuff, sendcount) })
     })
 }
 
 unsafe fn reduce_scatter_t<T: CommElement>(
+    op: &'static str,
     c: &Call,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
-    op: ReduceOp,
+    red: ReduceOp,
 ) -> Result<()> {
-    const OP: &str = "ftn_reduce_scatter";
-    let total = count_times(OP, "recvcount", count, c.comm.size())?;
+    let total = count_times(op, "recvcount", count, c.comm.size())?;
     // SAFETY: pointer contracts.
     let (s, mut r) = unsafe {
         (
-            view::<T>(&c.dev, OP, "sendbuff", send, total)?,
-            view::<T>(&c.dev, OP, "recvbuff", recv, count)?,
+            view::<T>(&c.dev, op, "sendbuff", send, total)?,
+            view::<T>(&c.dev, op, "recvbuff", recv, count)?,
         )
     };
-    c.comm.reduce_scatter(c.stream, &s, &mut r, op).map(drop)
+    c.comm.reduce_scatter(c.stream, &s, &mut r, red).map(drop)
 }
 
 /// `recvbuff` (`recvcount` elements) = slice `rank` of the reduction over
@@ -146,23 +144,23 @@ pub unsafe extern "C" fn ftn_reduce_scatter(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_reduce_scatter", move || {
-        const OP: &str = "ftn_reduce_scatter";
-        let c = call(OP, comm, stream)?;
-        let r = red_op(OP, op)?;
+    export!(|func| {
+        let c = call(func, comm, stream)?;
+        let r = red_op(func, op)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { reduce_scatter_t::<T>(&c, sendbuff, recvbuff, recvcount, r) })
+        comm_dispatch!(func, datatype, T => unsafe { reduce_scatter_t::<T>(func, &c, sendbuff, recvbuff, recvcount, r) })
     })
 }
 
 unsafe fn broadcast_t<T: CommElement>(
+    op: &'static str,
     c: &Call,
     buf: *mut c_void,
     count: usize,
     root: usize,
 ) -> Result<()> {
     // SAFETY: pointer contract.
-    let mut b = unsafe { view::<T>(&c.dev, "ftn_broadcast", "buff", buf, count)? };
+    let mut b = unsafe { view::<T>(&c.dev, op, "buff", buf, count)? };
     c.comm.broadcast(c.stream, &mut b, root).map(drop)
 }
 
@@ -176,43 +174,44 @@ pub unsafe extern "C" fn ftn_broadcast(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_broadcast", move || {
-        const OP: &str = "ftn_broadcast";
-        let c = call(OP, comm, stream)?;
-        let root = usize::try_from(root).map_err(|_| invalid(OP, "root", "a rank >= 0", root))?;
+    export!(|op| {
+        let c = call(op, comm, stream)?;
+        let root = usize::try_from(root).map_err(|_| invalid(op, "root", "a rank >= 0", root))?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { broadcast_t::<T>(&c, buff, count, root) })
+        comm_dispatch!(op, datatype, T => unsafe { broadcast_t::<T>(op, &c, buff, count, root) })
     })
 }
 
 /// Completes (in `stream` order) when every rank has reached it.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_barrier(comm: ftnComm_t, stream: ftnStream_t) -> ftnResult_t {
-    guard("ftn_barrier", move || {
-        let c = call("ftn_barrier", comm, stream)?;
+    export!(|op| {
+        let c = call(op, comm, stream)?;
         c.comm.barrier(c.stream).map(drop)
     })
 }
 
 unsafe fn send_t<T: CommElement>(
+    op: &'static str,
     c: &Call,
     buf: *const c_void,
     count: usize,
     peer: usize,
 ) -> Result<()> {
     // SAFETY: pointer contract.
-    let b = unsafe { view::<T>(&c.dev, "ftn_send", "sendbuff", buf, count)? };
+    let b = unsafe { view::<T>(&c.dev, op, "sendbuff", buf, count)? };
     c.comm.send(c.stream, &b, peer).map(drop)
 }
 
 unsafe fn recv_t<T: CommElement>(
+    op: &'static str,
     c: &Call,
     buf: *mut c_void,
     count: usize,
     peer: usize,
 ) -> Result<()> {
     // SAFETY: pointer contract.
-    let mut b = unsafe { view::<T>(&c.dev, "ftn_recv", "recvbuff", buf, count)? };
+    let mut b = unsafe { view::<T>(&c.dev, op, "recvbuff", buf, count)? };
     c.comm.recv(c.stream, &mut b, peer).map(drop)
 }
 
@@ -226,12 +225,11 @@ pub unsafe extern "C" fn ftn_send(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_send", move || {
-        const OP: &str = "ftn_send";
-        let c = call(OP, comm, stream)?;
-        let peer = usize::try_from(peer).map_err(|_| invalid(OP, "peer", "a rank >= 0", peer))?;
+    export!(|op| {
+        let c = call(op, comm, stream)?;
+        let peer = usize::try_from(peer).map_err(|_| invalid(op, "peer", "a rank >= 0", peer))?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { send_t::<T>(&c, sendbuff, count, peer) })
+        comm_dispatch!(op, datatype, T => unsafe { send_t::<T>(op, &c, sendbuff, count, peer) })
     })
 }
 
@@ -245,12 +243,11 @@ pub unsafe extern "C" fn ftn_recv(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_recv", move || {
-        const OP: &str = "ftn_recv";
-        let c = call(OP, comm, stream)?;
-        let peer = usize::try_from(peer).map_err(|_| invalid(OP, "peer", "a rank >= 0", peer))?;
+    export!(|op| {
+        let c = call(op, comm, stream)?;
+        let peer = usize::try_from(peer).map_err(|_| invalid(op, "peer", "a rank >= 0", peer))?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { recv_t::<T>(&c, recvbuff, count, peer) })
+        comm_dispatch!(op, datatype, T => unsafe { recv_t::<T>(op, &c, recvbuff, count, peer) })
     })
 }
 
@@ -267,13 +264,12 @@ pub struct ftnP2pOp_t {
     pub is_recv: i32,
 }
 
-unsafe fn group_t<T: CommElement>(c: &Call, ops: &[ftnP2pOp_t]) -> Result<()> {
-    const OP: &str = "ftn_group_p2p";
+unsafe fn group_t<T: CommElement>(op: &'static str, c: &Call, ops: &[ftnP2pOp_t]) -> Result<()> {
     let mut views = Vec::with_capacity(ops.len());
     for (i, o) in ops.iter().enumerate() {
         let peer = usize::try_from(o.peer).map_err(|_| {
             invalid(
-                OP,
+                op,
                 "ops[i].peer",
                 "a rank >= 0",
                 format!("{} (op {i})", o.peer),
@@ -281,7 +277,7 @@ unsafe fn group_t<T: CommElement>(c: &Call, ops: &[ftnP2pOp_t]) -> Result<()> {
         })?;
         // SAFETY: pointer contract: `count` elements.
         views.push((
-            unsafe { view::<T>(&c.dev, OP, "ops[i].buff", o.buff, o.count)? },
+            unsafe { view::<T>(&c.dev, op, "ops[i].buff", o.buff, o.count)? },
             peer,
             o.is_recv != 0,
         ));
@@ -310,15 +306,14 @@ pub unsafe extern "C" fn ftn_group_p2p(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_group_p2p", move || {
-        const OP: &str = "ftn_group_p2p";
-        let c = call(OP, comm, stream)?;
+    export!(|op| {
+        let c = call(op, comm, stream)?;
         if count
             .checked_mul(std::mem::size_of::<ftnP2pOp_t>())
             .is_none_or(|b| b > isize::MAX as usize)
         {
             return Err(invalid(
-                OP,
+                op,
                 "count",
                 "a count whose array size fits in isize",
                 count,
@@ -326,7 +321,7 @@ pub unsafe extern "C" fn ftn_group_p2p(
         }
         if count > 0 && ops.is_null() {
             return Err(invalid(
-                OP,
+                op,
                 "ops",
                 format!("a non-NULL array of {count} ftnP2pOp_t"),
                 "NULL",
@@ -334,7 +329,7 @@ pub unsafe extern "C" fn ftn_group_p2p(
         }
         if (ops as usize) % std::mem::align_of::<ftnP2pOp_t>() != 0 {
             return Err(invalid(
-                OP,
+                op,
                 "ops",
                 "a pointer aligned for ftnP2pOp_t",
                 format!("{ops:p}"),
@@ -347,6 +342,6 @@ pub unsafe extern "C" fn ftn_group_p2p(
             unsafe { std::slice::from_raw_parts(ops, count) }
         };
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { group_t::<T>(&c, list) })
+        comm_dispatch!(op, datatype, T => unsafe { group_t::<T>(op, &c, list) })
     })
 }

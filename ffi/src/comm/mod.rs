@@ -8,7 +8,7 @@ use ferrotron::{Device, Result};
 pub(crate) mod collectives;
 pub(crate) mod job;
 
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::handles::{check_out, get, take, Handle};
 use crate::runtime::{ftnContext, ftnContext_t, ftnStream, ftnStream_t};
 
@@ -78,10 +78,10 @@ pub unsafe extern "C" fn ftn_comm_init_all(
     nranks: c_int,
     ctxs: *const ftnContext_t,
 ) -> ftnResult_t {
-    guard("ftn_comm_init_all", move || {
+    export!(|op| {
         let t = ferrotron::comm::DEFAULT_TIMEOUT;
         // SAFETY: forwarded contracts.
-        unsafe { init_all("ftn_comm_init_all", comms, nranks, ctxs, t) }
+        unsafe { init_all(op, comms, nranks, ctxs, t) }
     })
 }
 
@@ -95,16 +95,15 @@ pub unsafe extern "C" fn ftn_comm_init_all_with_timeout(
     ctxs: *const ftnContext_t,
     timeout_ms: i64,
 ) -> ftnResult_t {
-    guard("ftn_comm_init_all_with_timeout", move || {
-        const OP: &str = "ftn_comm_init_all_with_timeout";
+    export!(|op| {
         let ms = u64::try_from(timeout_ms)
             .ok()
             .filter(|&m| m >= 1)
-            .ok_or_else(|| invalid(OP, "timeout_ms", "at least 1", timeout_ms))?;
+            .ok_or_else(|| invalid(op, "timeout_ms", "at least 1", timeout_ms))?;
         // SAFETY: forwarded contracts.
         unsafe {
             init_all(
-                OP,
+                op,
                 comms,
                 nranks,
                 ctxs,
@@ -154,9 +153,8 @@ unsafe fn init_all(
 /// A new NCCL unique id (CUDA builds; `ftnBackendUnavailable` otherwise).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_get_unique_id(id: *mut ftnUniqueId_t) -> ftnResult_t {
-    guard("ftn_get_unique_id", move || {
-        const OP: &str = "ftn_get_unique_id";
-        check_out(OP, "id", id)?;
+    export!(|op| {
+        check_out(op, "id", id)?;
         #[cfg(feature = "cuda")]
         {
             let bytes = Communicator::nccl_unique_id()?;
@@ -184,22 +182,21 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
     id: *const ftnUniqueId_t,
     rank: c_int,
 ) -> ftnResult_t {
-    guard("ftn_comm_init_rank", move || {
-        const OP: &str = "ftn_comm_init_rank";
-        check_out(OP, "comm", comm)?;
+    export!(|op| {
+        check_out(op, "comm", comm)?;
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
+        let c = unsafe { get(op, "ctx", ctx)? };
         if id.is_null() {
-            return Err(invalid(OP, "id", "a non-NULL ftnUniqueId_t", "NULL"));
+            return Err(invalid(op, "id", "a non-NULL ftnUniqueId_t", "NULL"));
         }
         let n = usize::try_from(nranks)
             .ok()
             .filter(|&n| n >= 1)
-            .ok_or_else(|| invalid(OP, "nranks", "at least 1", nranks))?;
+            .ok_or_else(|| invalid(op, "nranks", "at least 1", nranks))?;
         let r = usize::try_from(rank)
             .ok()
             .filter(|&r| r < n)
-            .ok_or_else(|| invalid(OP, "rank", format!("a rank in 0..{n}"), rank))?;
+            .ok_or_else(|| invalid(op, "rank", format!("a rank in 0..{n}"), rank))?;
         #[cfg(feature = "cuda")]
         {
             // SAFETY: checked non-NULL; a ftnUniqueId_t by the contract.
@@ -223,9 +220,9 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
 /// Destroys one rank (waits for its pending operations first).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
-    guard("ftn_comm_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { take("ftn_comm_destroy", "comm", comm)? };
+        let c = unsafe { take(op, "comm", comm)? };
         let r = c.comm.device().synchronize();
         drop(c);
         r
@@ -235,11 +232,11 @@ pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
 /// Number of ranks.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_count(comm: ftnComm_t, count: *mut c_int) -> ftnResult_t {
-    guard("ftn_comm_count", move || {
+    export!(|op| {
         // SAFETY: handle and out-pointer contracts.
         unsafe {
-            let c = get("ftn_comm_count", "comm", comm)?;
-            crate::abi::handles::write_out("ftn_comm_count", "count", count, c.comm.size() as c_int)
+            let c = get(op, "comm", comm)?;
+            crate::abi::handles::write_out(op, "count", count, c.comm.size() as c_int)
         }
     })
 }
@@ -247,16 +244,11 @@ pub unsafe extern "C" fn ftn_comm_count(comm: ftnComm_t, count: *mut c_int) -> f
 /// This rank's index.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_user_rank(comm: ftnComm_t, rank: *mut c_int) -> ftnResult_t {
-    guard("ftn_comm_user_rank", move || {
+    export!(|op| {
         // SAFETY: handle and out-pointer contracts.
         unsafe {
-            let c = get("ftn_comm_user_rank", "comm", comm)?;
-            crate::abi::handles::write_out(
-                "ftn_comm_user_rank",
-                "rank",
-                rank,
-                c.comm.rank() as c_int,
-            )
+            let c = get(op, "comm", comm)?;
+            crate::abi::handles::write_out(op, "rank", rank, c.comm.rank() as c_int)
         }
     })
 }
@@ -272,24 +264,23 @@ pub unsafe extern "C" fn ftn_comm_split(
     key: c_int,
     newcomm: *mut ftnComm_t,
 ) -> ftnResult_t {
-    guard("ftn_comm_split", move || {
-        const OP: &str = "ftn_comm_split";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "comm", comm)? };
-        check_out(OP, "newcomm", newcomm)?;
+        let c = unsafe { get(op, "comm", comm)? };
+        check_out(op, "newcomm", newcomm)?;
         let color = match color {
             FTN_SPLIT_NOCOLOR => None,
             c if c >= 0 => Some(c as usize),
             other => {
                 return Err(invalid(
-                    OP,
+                    op,
                     "color",
                     "a color >= 0 or FTN_SPLIT_NOCOLOR",
                     other,
                 ))
             }
         };
-        let key = usize::try_from(key).map_err(|_| invalid(OP, "key", "a key >= 0", key))?;
+        let key = usize::try_from(key).map_err(|_| invalid(op, "key", "a key >= 0", key))?;
         let sub = c.comm.split(color, key)?;
         // SAFETY: checked non-NULL.
         unsafe { newcomm.write(sub.map_or(std::ptr::null_mut(), wrap)) };
@@ -309,11 +300,10 @@ pub unsafe extern "C" fn ftn_comm_wait(
     stream: ftnStream_t,
     timeout_ms: i64,
 ) -> ftnResult_t {
-    guard("ftn_comm_wait", move || {
-        const OP: &str = "ftn_comm_wait";
-        let c = call(OP, comm, stream)?;
+    export!(|op| {
+        let c = call(op, comm, stream)?;
         let ms =
-            u64::try_from(timeout_ms).map_err(|_| invalid(OP, "timeout_ms", ">= 0", timeout_ms))?;
+            u64::try_from(timeout_ms).map_err(|_| invalid(op, "timeout_ms", ">= 0", timeout_ms))?;
         c.comm
             .wait_stream(c.stream, std::time::Duration::from_millis(ms))
     })
@@ -328,11 +318,10 @@ pub unsafe extern "C" fn ftn_comm_get_stream(
     comm: ftnComm_t,
     stream: *mut ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_comm_get_stream", move || {
-        const OP: &str = "ftn_comm_get_stream";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get::<ftnComm>(OP, "comm", comm)? };
-        check_out(OP, "stream", stream)?;
+        let c = unsafe { get::<ftnComm>(op, "comm", comm)? };
+        check_out(op, "stream", stream)?;
         let s = ftnStream::into_raw(
             c.comm.stream().clone(),
             std::sync::Mutex::new(ferrotron::ops::multi_tensor::MultiTensor::new()),

@@ -3,7 +3,7 @@
 use ferrotron::ops::BiasGelu;
 use std::ffi::c_void;
 
-use crate::abi::boundary::{ftnResult_t, guard};
+use crate::abi::boundary::{export, ftnResult_t};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::dtype::float_dispatch;
 use crate::abi::views::{opt_view, view};
@@ -40,20 +40,19 @@ pub unsafe extern "C" fn ftn_bias_gelu_forward(
     bias: *const c_void,
     out: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_bias_gelu_forward", move || {
-        const OP: &str = "ftn_bias_gelu_forward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let g = gelu_of(OP, d.gelu)?;
-        let sh = shape(OP, d.rows, d.cols, "desc.cols")?;
-        float_dispatch!(OP, d.dtype, T => {
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let g = gelu_of(op, d.gelu)?;
+        let sh = shape(op, d.rows, d.cols, "desc.cols")?;
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts: valid for the documented lengths.
             let (xv, bv, mut ov) = unsafe {
                 (
-                    view::<T>(&dev, OP, "x", x, sh.n)?,
-                    opt_view::<T>(&dev, OP, "bias", bias, sh.cols)?,
-                    view::<T>(&dev, OP, "out", out, sh.n)?,
+                    view::<T>(&dev, op, "x", x, sh.n)?,
+                    opt_view::<T>(&dev, op, "bias", bias, sh.cols)?,
+                    view::<T>(&dev, op, "out", out, sh.n)?,
                 )
             };
             BiasGelu::new(sh.rows, sh.cols).with_gelu(g).forward(&s.stream, &xv, bv.as_ref(), &mut ov)
@@ -73,22 +72,21 @@ pub unsafe extern "C" fn ftn_bias_gelu_backward(
     dx: *mut c_void,
     dbias: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_bias_gelu_backward", move || {
-        const OP: &str = "ftn_bias_gelu_backward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let g = gelu_of(OP, d.gelu)?;
-        let sh = shape(OP, d.rows, d.cols, "desc.cols")?;
-        float_dispatch!(OP, d.dtype, T => {
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let g = gelu_of(op, d.gelu)?;
+        let sh = shape(op, d.rows, d.cols, "desc.cols")?;
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, bv, mut dxv, mut dbv) = unsafe {
                 (
-                    view::<T>(&dev, OP, "dy", dy, sh.n)?,
-                    view::<T>(&dev, OP, "x", x, sh.n)?,
-                    opt_view::<T>(&dev, OP, "bias", bias, sh.cols)?,
-                    view::<T>(&dev, OP, "dx", dx, sh.n)?,
-                    opt_view::<T>(&dev, OP, "dbias", dbias, sh.cols)?,
+                    view::<T>(&dev, op, "dy", dy, sh.n)?,
+                    view::<T>(&dev, op, "x", x, sh.n)?,
+                    opt_view::<T>(&dev, op, "bias", bias, sh.cols)?,
+                    view::<T>(&dev, op, "dx", dx, sh.n)?,
+                    opt_view::<T>(&dev, op, "dbias", dbias, sh.cols)?,
                 )
             };
             BiasGelu::new(sh.rows, sh.cols).with_gelu(g).backward(

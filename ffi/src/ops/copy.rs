@@ -7,7 +7,7 @@ use ferrotron::{Element, Result};
 use half::{bf16, f16};
 
 use crate::abi::args::dim;
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::handles::get;
 use crate::abi::views::view;
 use crate::comm::comm_dispatch;
@@ -43,21 +43,21 @@ fn extent(
 }
 
 unsafe fn copy_t<T: Element>(
+    op: &'static str,
     s: &ftnStream,
     (src, src_at): (*const c_void, Block2d),
     (dst, dst_at): (*mut c_void, Block2d),
     rows: usize,
     cols: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_copy_2d";
     let dev = s.stream.device().clone();
-    let ns = extent(OP, "src_block", src_at, rows, cols)?;
-    let nd = extent(OP, "dst_block", dst_at, rows, cols)?;
+    let ns = extent(op, "src_block", src_at, rows, cols)?;
+    let nd = extent(op, "dst_block", dst_at, rows, cols)?;
     // SAFETY: pointer contracts: each buffer holds its block.
     let (x, mut y) = unsafe {
         (
-            view::<T>(&dev, OP, "src", src, ns)?,
-            view::<T>(&dev, OP, "dst", dst, nd)?,
+            view::<T>(&dev, op, "src", src, ns)?,
+            view::<T>(&dev, op, "dst", dst, nd)?,
         )
     };
     copy_2d(&s.stream, &x, src_at, &mut y, dst_at, rows, cols)
@@ -86,14 +86,13 @@ pub unsafe extern "C" fn ftn_copy_2d(
     rows: i64,
     cols: i64,
 ) -> ftnResult_t {
-    guard("ftn_copy_2d", move || {
-        const OP: &str = "ftn_copy_2d";
+    export!(|op| {
         // SAFETY: handle contract.
-        let s = unsafe { get::<ftnStream>(OP, "stream", stream)? };
-        let (r, c) = (dim(OP, "rows", rows)?, dim(OP, "cols", cols)?);
-        let sa = block(OP, "src_block", src_block)?;
-        let da = block(OP, "dst_block", dst_block)?;
+        let s = unsafe { get::<ftnStream>(op, "stream", stream)? };
+        let (r, c) = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
+        let sa = block(op, "src_block", src_block)?;
+        let da = block(op, "dst_block", dst_block)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { copy_t::<T>(s, (src, sa), (dst, da), r, c) })
+        comm_dispatch!(op, datatype, T => unsafe { copy_t::<T>(op, s, (src, sa), (dst, da), r, c) })
     })
 }

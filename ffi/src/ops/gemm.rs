@@ -9,7 +9,7 @@ use std::ffi::c_void;
 
 use ferrotron::Result;
 
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::dtype::float_dispatch;
 use crate::abi::views::{opt_view, view};
@@ -148,29 +148,29 @@ unsafe fn gemm_t<
     T: ferrotron::core::dtype::FloatElement,
     O: ferrotron::core::dtype::FloatElement,
 >(
+    op: &'static str,
     s: &ftnStream,
     dev: &Device,
     d: &ftnGemmDesc_t,
     p: GemmArgs,
 ) -> Result<()> {
-    const OP: &str = "ftn_gemm";
-    let m = dim(OP, "desc.m", d.m)?;
-    let n = dim(OP, "desc.n", d.n)?;
-    let k = dim(OP, "desc.k", d.k)?;
-    let batch = dim(OP, "desc.batch", d.batch)?;
+    let m = dim(op, "desc.m", d.m)?;
+    let n = dim(op, "desc.n", d.n)?;
+    let k = dim(op, "desc.k", d.k)?;
+    let batch = dim(op, "desc.batch", d.batch)?;
     let lds = [
-        opt_dim(OP, "desc.lda", d.lda)?,
-        opt_dim(OP, "desc.ldb", d.ldb)?,
-        opt_dim(OP, "desc.ldc", d.ldc)?,
-        opt_dim(OP, "desc.ldd", d.ldd)?,
-        opt_dim(OP, "desc.ld_aux", d.ld_aux)?,
+        opt_dim(op, "desc.lda", d.lda)?,
+        opt_dim(op, "desc.ldb", d.ldb)?,
+        opt_dim(op, "desc.ldc", d.ldc)?,
+        opt_dim(op, "desc.ldd", d.ldd)?,
+        opt_dim(op, "desc.ld_aux", d.ld_aux)?,
     ];
     let mut strides = [
-        opt_dim(OP, "desc.stride_a", d.stride_a)?,
-        opt_dim(OP, "desc.stride_b", d.stride_b)?,
-        opt_dim(OP, "desc.stride_c", d.stride_c)?,
-        opt_dim(OP, "desc.stride_d", d.stride_d)?,
-        opt_dim(OP, "desc.stride_aux", d.stride_aux)?,
+        opt_dim(op, "desc.stride_a", d.stride_a)?,
+        opt_dim(op, "desc.stride_b", d.stride_b)?,
+        opt_dim(op, "desc.stride_c", d.stride_c)?,
+        opt_dim(op, "desc.stride_d", d.stride_d)?,
+        opt_dim(op, "desc.stride_aux", d.stride_aux)?,
     ];
     if d.broadcast_a != 0 {
         strides[0] = Some(0);
@@ -178,7 +178,7 @@ unsafe fn gemm_t<
     if d.broadcast_b != 0 {
         strides[1] = Some(0);
     }
-    let g = gelu_of(OP, d.gelu)?;
+    let g = gelu_of(op, d.gelu)?;
     let epilogue = match d.epilogue {
         0 => Epilogue::None,
         1 => Epilogue::Bias,
@@ -186,7 +186,7 @@ unsafe fn gemm_t<
         3 => Epilogue::DGelu(g),
         other => {
             return Err(invalid(
-                OP,
+                op,
                 "desc.epilogue",
                 "an ftnGemmEpilogue_t (0..=3)",
                 other,
@@ -195,23 +195,23 @@ unsafe fn gemm_t<
     };
     let (ra, ca) = if d.trans_a != 0 { (k, m) } else { (m, k) };
     let (rb, cb) = if d.trans_b != 0 { (n, k) } else { (k, n) };
-    let na = span(OP, "a", ra, ca, batch, lds[0], strides[0])?;
-    let nb = span(OP, "b", rb, cb, batch, lds[1], strides[1])?;
-    let nc = span(OP, "c", m, n, batch, lds[2], strides[2])?;
-    let nd = span(OP, "d", m, n, batch, lds[3], strides[3])?;
-    let nx = span(OP, "aux", m, n, batch, lds[4], strides[4])?;
+    let na = span(op, "a", ra, ca, batch, lds[0], strides[0])?;
+    let nb = span(op, "b", rb, cb, batch, lds[1], strides[1])?;
+    let nc = span(op, "c", m, n, batch, lds[2], strides[2])?;
+    let nd = span(op, "d", m, n, batch, lds[3], strides[3])?;
+    let nx = span(op, "aux", m, n, batch, lds[4], strides[4])?;
     // SAFETY: pointer contracts: each operand spans what its layout says.
     let (av, bv, biasv, cv, mut dv) = unsafe {
         (
-            view::<T>(dev, OP, "a", p.a, na)?,
-            view::<T>(dev, OP, "b", p.b, nb)?,
-            opt_view::<T>(dev, OP, "bias", p.bias, n)?,
-            opt_view::<O>(dev, OP, "c", p.c, nc)?,
-            view::<O>(dev, OP, "d", p.d, nd)?,
+            view::<T>(dev, op, "a", p.a, na)?,
+            view::<T>(dev, op, "b", p.b, nb)?,
+            opt_view::<T>(dev, op, "bias", p.bias, n)?,
+            opt_view::<O>(dev, op, "c", p.c, nc)?,
+            view::<O>(dev, op, "d", p.d, nd)?,
         )
     };
     // SAFETY: as above.
-    let mut auxv = unsafe { opt_view::<O>(dev, OP, "aux", p.aux, nx)? };
+    let mut auxv = unsafe { opt_view::<O>(dev, op, "aux", p.aux, nx)? };
     let aux = match (epilogue, auxv.as_mut()) {
         (_, None) => Aux::None,
         (Epilogue::DGelu(_), Some(x)) => Aux::PreActivation(x),
@@ -250,11 +250,10 @@ pub unsafe extern "C" fn ftn_gemm(
     aux: *mut c_void,
     d: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_gemm", move || {
-        const OP: &str = "ftn_gemm";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let g = unsafe { read_desc(OP, "desc", desc)? };
+        let g = unsafe { read_desc(op, "desc", desc)? };
         let p = GemmArgs {
             a,
             b,
@@ -266,18 +265,18 @@ pub unsafe extern "C" fn ftn_gemm(
         // SAFETY: pointer contracts.
         unsafe {
             match (g.dtype, g.out_dtype) {
-                (1, 1) => gemm_t::<f16, f16>(s, &dev, &g, p),
-                (1, 0) => gemm_t::<f16, f32>(s, &dev, &g, p),
-                (2, 2) => gemm_t::<bf16, bf16>(s, &dev, &g, p),
-                (2, 0) => gemm_t::<bf16, f32>(s, &dev, &g, p),
+                (1, 1) => gemm_t::<f16, f16>(op, s, &dev, &g, p),
+                (1, 0) => gemm_t::<f16, f32>(op, s, &dev, &g, p),
+                (2, 2) => gemm_t::<bf16, bf16>(op, s, &dev, &g, p),
+                (2, 0) => gemm_t::<bf16, f32>(op, s, &dev, &g, p),
                 (1 | 2, other) => Err(invalid(
-                    OP,
+                    op,
                     "desc.out_dtype",
                     "the input type or ftnFloat32 (0)",
                     other,
                 )),
                 (other, _) => Err(invalid(
-                    OP,
+                    op,
                     "desc.dtype",
                     "ftnFloat16 (1) or ftnBfloat16 (2)",
                     other,
@@ -319,23 +318,22 @@ pub unsafe extern "C" fn ftn_gemm_bias_grad(
     dy: *const c_void,
     dbias: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_gemm_bias_grad", move || {
-        const OP: &str = "ftn_gemm_bias_grad";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
+        let d = unsafe { read_desc(op, "desc", desc)? };
         if d.reserved != 0 {
-            return Err(invalid(OP, "desc.reserved", 0, d.reserved));
+            return Err(invalid(op, "desc.reserved", 0, d.reserved));
         }
-        let rows = dim(OP, "desc.rows", d.rows)?;
-        let cols = dim(OP, "desc.cols", d.cols)?;
-        let ld = opt_dim(OP, "desc.ld", d.ld)?;
-        let need = span(OP, "dy", rows, cols, 1, ld, None)?;
+        let rows = dim(op, "desc.rows", d.rows)?;
+        let cols = dim(op, "desc.cols", d.cols)?;
+        let ld = opt_dim(op, "desc.ld", d.ld)?;
+        let need = span(op, "dy", rows, cols, 1, ld, None)?;
         let mut bg = BiasGrad::new(rows, cols);
         bg.ld = ld;
-        float_dispatch!(OP, d.dtype, T => {
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
-            let (dyv, mut dbv) = unsafe { (view::<T>(&dev, OP, "dy", dy, need)?, view::<T>(&dev, OP, "dbias", dbias, cols)?) };
+            let (dyv, mut dbv) = unsafe { (view::<T>(&dev, op, "dy", dy, need)?, view::<T>(&dev, op, "dbias", dbias, cols)?) };
             bg.run(&s.stream, &dyv, &mut dbv)
         })
     })

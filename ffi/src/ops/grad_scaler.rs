@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use ferrotron::Result;
 
-use crate::abi::boundary::{ftnResult_t, guard};
+use crate::abi::boundary::{export, ftnResult_t};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::views::view;
 use crate::ops::stream_of;
@@ -112,10 +112,9 @@ unsafe fn write_state(out: *mut ftnGradScalerState_t, s: &DynamicGradScaler) {
 pub unsafe extern "C" fn ftn_grad_scaler_config_default(
     config: *mut ftnGradScalerConfig_t,
 ) -> ftnResult_t {
-    guard("ftn_grad_scaler_config_default", move || {
-        const OP: &str = "ftn_grad_scaler_config_default";
+    export!(|op| {
         // SAFETY: descriptor contract.
-        unsafe { check_out_desc(OP, "config", config)? };
+        unsafe { check_out_desc(op, "config", config)? };
         let c = GradScalerConfig::default();
         // SAFETY: checked above.
         unsafe {
@@ -138,12 +137,11 @@ pub unsafe extern "C" fn ftn_grad_scaler_host_init(
     config: *const ftnGradScalerConfig_t,
     state: *mut ftnGradScalerState_t,
 ) -> ftnResult_t {
-    guard("ftn_grad_scaler_host_init", move || {
-        const OP: &str = "ftn_grad_scaler_host_init";
+    export!(|op| {
         // SAFETY: descriptor contracts.
         unsafe {
-            check_out_desc(OP, "state", state)?;
-            let s = host_scaler(OP, config, std::ptr::null())?;
+            check_out_desc(op, "state", state)?;
+            let s = host_scaler(op, config, std::ptr::null())?;
             write_state(state, &s);
         }
         Ok(())
@@ -158,11 +156,10 @@ pub unsafe extern "C" fn ftn_grad_scaler_host_update(
     state: *mut ftnGradScalerState_t,
     found_inf: c_int,
 ) -> ftnResult_t {
-    guard("ftn_grad_scaler_host_update", move || {
-        const OP: &str = "ftn_grad_scaler_host_update";
+    export!(|op| {
         // SAFETY: descriptor contracts.
         unsafe {
-            let mut s = host_scaler(OP, config, state)?;
+            let mut s = host_scaler(op, config, state)?;
             s.update(found_inf != 0);
             write_state(state, &s);
         }
@@ -199,13 +196,12 @@ pub unsafe extern "C" fn ftn_grad_scaler_create(
     state: *const ftnGradScalerState_t,
     scaler: *mut ftnGradScaler_t,
 ) -> ftnResult_t {
-    guard("ftn_grad_scaler_create", move || {
-        const OP: &str = "ftn_grad_scaler_create";
+    export!(|op| {
         // SAFETY: handle contract.
-        let c = unsafe { get(OP, "ctx", ctx)? };
-        check_out(OP, "scaler", scaler)?;
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "scaler", scaler)?;
         // SAFETY: descriptor contracts.
-        let host = unsafe { host_scaler(OP, config, state)? };
+        let host = unsafe { host_scaler(op, config, state)? };
         let dev = DeviceGradScaler::from_host(&c.dev, &host)?;
         let h = Box::into_raw(Box::new(ftnGradScaler {
             magic: ftnGradScaler::MAGIC,
@@ -220,9 +216,9 @@ pub unsafe extern "C" fn ftn_grad_scaler_create(
 /// Destroys a device scaler (waits for the device's work first).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_destroy(scaler: ftnGradScaler_t) -> ftnResult_t {
-    guard("ftn_grad_scaler_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        drop(unsafe { take("ftn_grad_scaler_destroy", "scaler", scaler)? });
+        drop(unsafe { take(op, "scaler", scaler)? });
         Ok(())
     })
 }
@@ -238,13 +234,12 @@ pub unsafe extern "C" fn ftn_grad_scaler_update(
     found_inf: *mut f32,
     reset_found_inf: c_int,
 ) -> ftnResult_t {
-    guard("ftn_grad_scaler_update", move || {
-        const OP: &str = "ftn_grad_scaler_update";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: handle contract.
-        let sc = unsafe { get(OP, "scaler", scaler)? };
+        let sc = unsafe { get(op, "scaler", scaler)? };
         // SAFETY: pointer contract: one fp32.
-        let mut fi = unsafe { view::<f32>(&dev, OP, "found_inf", found_inf as *const c_void, 1)? };
+        let mut fi = unsafe { view::<f32>(&dev, op, "found_inf", found_inf as *const c_void, 1)? };
         let mut g = sc.scaler.lock().unwrap_or_else(|p| p.into_inner());
         g.update(&s.stream, &mut fi, reset_found_inf != 0)
     })
@@ -257,12 +252,11 @@ pub unsafe extern "C" fn ftn_grad_scaler_get_state(
     scaler: ftnGradScaler_t,
     state: *mut ftnGradScalerState_t,
 ) -> ftnResult_t {
-    guard("ftn_grad_scaler_get_state", move || {
-        const OP: &str = "ftn_grad_scaler_get_state";
+    export!(|op| {
         // SAFETY: handle contract.
-        let sc = unsafe { get(OP, "scaler", scaler)? };
+        let sc = unsafe { get(op, "scaler", scaler)? };
         // SAFETY: descriptor contract.
-        unsafe { check_out_desc(OP, "state", state)? };
+        unsafe { check_out_desc(op, "state", state)? };
         let host = sc
             .scaler
             .lock()

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 
 use ferrotron::Result;
 
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::views::view;
 use crate::ops::stream_of;
@@ -182,20 +182,19 @@ pub unsafe extern "C" fn ftn_multi_tensor_unscale(
     scaler: ftnGradScaler_t,
     found_inf: *mut f32,
 ) -> ftnResult_t {
-    guard("ftn_multi_tensor_unscale", move || {
-        const OP: &str = "ftn_multi_tensor_unscale";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor and pointer contracts.
-        let (d, mut views) = unsafe { tensor_list(OP, &dev, desc, tensors)? };
+        let (d, mut views) = unsafe { tensor_list(op, &dev, desc, tensors)? };
         // SAFETY: pointer contract: one fp32.
-        let mut fi = unsafe { view::<f32>(&dev, OP, "found_inf", found_inf as *const c_void, 1)? };
+        let mut fi = unsafe { view::<f32>(&dev, op, "found_inf", found_inf as *const c_void, 1)? };
         let mut g = grads(&mut views);
         let mut mt = s.mt.lock().unwrap_or_else(|p| p.into_inner());
         if scaler.is_null() {
             mt.unscale(&s.stream, &mut g, d.scale, &mut fi)
         } else {
             // SAFETY: handle contract.
-            let sc = unsafe { get(OP, "scaler", scaler)? };
+            let sc = unsafe { get(op, "scaler", scaler)? };
             let sc = sc.scaler.lock().unwrap_or_else(|p| p.into_inner());
             mt.unscale_with_scaler(&s.stream, &mut g, &sc, &mut fi)
         }
@@ -211,13 +210,12 @@ pub unsafe extern "C" fn ftn_multi_tensor_l2_norm(
     tensors: *const ftnTensor_t,
     norm: *mut f32,
 ) -> ftnResult_t {
-    guard("ftn_multi_tensor_l2_norm", move || {
-        const OP: &str = "ftn_multi_tensor_l2_norm";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor and pointer contracts.
-        let (_, views) = unsafe { tensor_list(OP, &dev, desc, tensors)? };
+        let (_, views) = unsafe { tensor_list(op, &dev, desc, tensors)? };
         // SAFETY: pointer contract: one fp32.
-        let mut nv = unsafe { view::<f32>(&dev, OP, "norm", norm as *const c_void, 1)? };
+        let mut nv = unsafe { view::<f32>(&dev, op, "norm", norm as *const c_void, 1)? };
         let refs = tensor_refs(&views);
         let mut mt = s.mt.lock().unwrap_or_else(|p| p.into_inner());
         mt.l2_norm(&s.stream, &refs, &mut nv)
@@ -233,13 +231,12 @@ pub unsafe extern "C" fn ftn_multi_tensor_clip_by_norm(
     tensors: *const ftnTensor_t,
     norm: *const f32,
 ) -> ftnResult_t {
-    guard("ftn_multi_tensor_clip_by_norm", move || {
-        const OP: &str = "ftn_multi_tensor_clip_by_norm";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor and pointer contracts.
-        let (d, mut views) = unsafe { tensor_list(OP, &dev, desc, tensors)? };
+        let (d, mut views) = unsafe { tensor_list(op, &dev, desc, tensors)? };
         // SAFETY: pointer contract: one fp32.
-        let nv = unsafe { view::<f32>(&dev, OP, "norm", norm as *const c_void, 1)? };
+        let nv = unsafe { view::<f32>(&dev, op, "norm", norm as *const c_void, 1)? };
         let mut g = grads(&mut views);
         let mut mt = s.mt.lock().unwrap_or_else(|p| p.into_inner());
         mt.clip_by_norm(&s.stream, &mut g, &nv, d.max_norm)
@@ -255,13 +252,12 @@ pub unsafe extern "C" fn ftn_multi_tensor_clip_grad_norm(
     tensors: *const ftnTensor_t,
     norm: *mut f32,
 ) -> ftnResult_t {
-    guard("ftn_multi_tensor_clip_grad_norm", move || {
-        const OP: &str = "ftn_multi_tensor_clip_grad_norm";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor and pointer contracts.
-        let (d, mut views) = unsafe { tensor_list(OP, &dev, desc, tensors)? };
+        let (d, mut views) = unsafe { tensor_list(op, &dev, desc, tensors)? };
         // SAFETY: pointer contract: one fp32.
-        let mut nv = unsafe { view::<f32>(&dev, OP, "norm", norm as *const c_void, 1)? };
+        let mut nv = unsafe { view::<f32>(&dev, op, "norm", norm as *const c_void, 1)? };
         let mut g = grads(&mut views);
         let mut mt = s.mt.lock().unwrap_or_else(|p| p.into_inner());
         mt.clip_grad_norm(&s.stream, &mut g, d.max_norm, &mut nv)

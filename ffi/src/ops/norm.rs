@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use ferrotron::Result;
 
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::dtype::float_dispatch;
 use crate::abi::views::{opt_view, view};
@@ -59,25 +59,24 @@ pub unsafe extern "C" fn ftn_layer_norm_forward(
     mean: *mut f32,
     rstd: *mut f32,
 ) -> ftnResult_t {
-    guard("ftn_layer_norm_forward", move || {
-        const OP: &str = "ftn_layer_norm_forward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let sh = norm_shape(OP, &d)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let sh = norm_shape(op, &d)?;
         let ln = LayerNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(OP, d.dtype, T => {
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (xv, gv, bv, mut yv, mut mv, mut rv) = unsafe {
                 (
-                    view::<T>(&dev, OP, "x", x, sh.n)?,
-                    opt_view::<T>(&dev, OP, "gamma", gamma, sh.cols)?,
-                    opt_view::<T>(&dev, OP, "beta", beta, sh.cols)?,
-                    view::<T>(&dev, OP, "y", y, sh.n)?,
-                    view::<f32>(&dev, OP, "mean", mean as *const c_void, sh.rows)?,
-                    view::<f32>(&dev, OP, "rstd", rstd as *const c_void, sh.rows)?,
+                    view::<T>(&dev, op, "x", x, sh.n)?,
+                    opt_view::<T>(&dev, op, "gamma", gamma, sh.cols)?,
+                    opt_view::<T>(&dev, op, "beta", beta, sh.cols)?,
+                    view::<T>(&dev, op, "y", y, sh.n)?,
+                    view::<f32>(&dev, op, "mean", mean as *const c_void, sh.rows)?,
+                    view::<f32>(&dev, op, "rstd", rstd as *const c_void, sh.rows)?,
                 )
             };
             ln.forward(&s.stream, &xv, gv.as_ref(), bv.as_ref(), &mut yv, &mut mv, &mut rv)
@@ -100,27 +99,26 @@ pub unsafe extern "C" fn ftn_layer_norm_backward(
     dgamma: *mut c_void,
     dbeta: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_layer_norm_backward", move || {
-        const OP: &str = "ftn_layer_norm_backward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let sh = norm_shape(OP, &d)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let sh = norm_shape(op, &d)?;
         let ln = LayerNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(OP, d.dtype, T => {
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, mv, rv, gv, mut dxv, mut dgv, mut dbv) = unsafe {
                 (
-                    view::<T>(&dev, OP, "dy", dy, sh.n)?,
-                    view::<T>(&dev, OP, "x", x, sh.n)?,
-                    view::<f32>(&dev, OP, "mean", mean as *const c_void, sh.rows)?,
-                    view::<f32>(&dev, OP, "rstd", rstd as *const c_void, sh.rows)?,
-                    opt_view::<T>(&dev, OP, "gamma", gamma, sh.cols)?,
-                    view::<T>(&dev, OP, "dx", dx, sh.n)?,
-                    opt_view::<T>(&dev, OP, "dgamma", dgamma, sh.cols)?,
-                    opt_view::<T>(&dev, OP, "dbeta", dbeta, sh.cols)?,
+                    view::<T>(&dev, op, "dy", dy, sh.n)?,
+                    view::<T>(&dev, op, "x", x, sh.n)?,
+                    view::<f32>(&dev, op, "mean", mean as *const c_void, sh.rows)?,
+                    view::<f32>(&dev, op, "rstd", rstd as *const c_void, sh.rows)?,
+                    opt_view::<T>(&dev, op, "gamma", gamma, sh.cols)?,
+                    view::<T>(&dev, op, "dx", dx, sh.n)?,
+                    opt_view::<T>(&dev, op, "dgamma", dgamma, sh.cols)?,
+                    opt_view::<T>(&dev, op, "dbeta", dbeta, sh.cols)?,
                 )
             };
             ln.backward(&s.stream, &dyv, &xv, &mv, &rv, gv.as_ref(), &mut dxv, dgv.as_mut(), dbv.as_mut())
@@ -139,23 +137,22 @@ pub unsafe extern "C" fn ftn_rms_norm_forward(
     y: *mut c_void,
     rstd: *mut f32,
 ) -> ftnResult_t {
-    guard("ftn_rms_norm_forward", move || {
-        const OP: &str = "ftn_rms_norm_forward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let sh = norm_shape(OP, &d)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let sh = norm_shape(op, &d)?;
         let rms = RmsNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(OP, d.dtype, T => {
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (xv, gv, mut yv, mut rv) = unsafe {
                 (
-                    view::<T>(&dev, OP, "x", x, sh.n)?,
-                    opt_view::<T>(&dev, OP, "gamma", gamma, sh.cols)?,
-                    view::<T>(&dev, OP, "y", y, sh.n)?,
-                    view::<f32>(&dev, OP, "rstd", rstd as *const c_void, sh.rows)?,
+                    view::<T>(&dev, op, "x", x, sh.n)?,
+                    opt_view::<T>(&dev, op, "gamma", gamma, sh.cols)?,
+                    view::<T>(&dev, op, "y", y, sh.n)?,
+                    view::<f32>(&dev, op, "rstd", rstd as *const c_void, sh.rows)?,
                 )
             };
             rms.forward(&s.stream, &xv, gv.as_ref(), &mut yv, &mut rv)
@@ -175,25 +172,24 @@ pub unsafe extern "C" fn ftn_rms_norm_backward(
     dx: *mut c_void,
     dgamma: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_rms_norm_backward", move || {
-        const OP: &str = "ftn_rms_norm_backward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let sh = norm_shape(OP, &d)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let sh = norm_shape(op, &d)?;
         let rms = RmsNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(OP, d.dtype, T => {
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, rv, gv, mut dxv, mut dgv) = unsafe {
                 (
-                    view::<T>(&dev, OP, "dy", dy, sh.n)?,
-                    view::<T>(&dev, OP, "x", x, sh.n)?,
-                    view::<f32>(&dev, OP, "rstd", rstd as *const c_void, sh.rows)?,
-                    opt_view::<T>(&dev, OP, "gamma", gamma, sh.cols)?,
-                    view::<T>(&dev, OP, "dx", dx, sh.n)?,
-                    opt_view::<T>(&dev, OP, "dgamma", dgamma, sh.cols)?,
+                    view::<T>(&dev, op, "dy", dy, sh.n)?,
+                    view::<T>(&dev, op, "x", x, sh.n)?,
+                    view::<f32>(&dev, op, "rstd", rstd as *const c_void, sh.rows)?,
+                    opt_view::<T>(&dev, op, "gamma", gamma, sh.cols)?,
+                    view::<T>(&dev, op, "dx", dx, sh.n)?,
+                    opt_view::<T>(&dev, op, "dgamma", dgamma, sh.cols)?,
                 )
             };
             rms.backward(&s.stream, &dyv, &xv, &rv, gv.as_ref(), &mut dxv, dgv.as_mut())

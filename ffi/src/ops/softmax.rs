@@ -6,7 +6,7 @@ use std::ffi::c_void;
 
 use ferrotron::Result;
 
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::dtype::float_dispatch;
 use crate::abi::views::view;
@@ -84,12 +84,11 @@ pub unsafe extern "C" fn ftn_softmax_forward(
     mask: *const u8,
     y: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_softmax_forward", move || {
-        const OP: &str = "ftn_softmax_forward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let (sm, n, matrix) = softmax_shape(OP, &d)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let (sm, n, matrix) = softmax_shape(op, &d)?;
         let mask_view =
             match d.mask {
                 0 => None,
@@ -97,14 +96,14 @@ pub unsafe extern "C" fn ftn_softmax_forward(
                     let len = if d.mask_broadcast != 0 {
                         matrix
                     } else {
-                        mul(OP, "desc.batch * sq * sk", sm.batch, matrix)?
+                        mul(op, "desc.batch * sq * sk", sm.batch, matrix)?
                     };
                     // SAFETY: pointer contract: `len` bytes.
-                    Some(unsafe { view::<u8>(&dev, OP, "mask", mask as *const c_void, len)? })
+                    Some(unsafe { view::<u8>(&dev, op, "mask", mask as *const c_void, len)? })
                 }
                 2 => None,
                 other => return Err(invalid(
-                    OP,
+                    op,
                     "desc.mask",
                     "ftnSoftmaxMaskNone (0), ftnSoftmaxMaskPadding (1) or ftnSoftmaxMaskCausal (2)",
                     other,
@@ -115,9 +114,9 @@ pub unsafe extern "C" fn ftn_softmax_forward(
             (2, _) => SoftmaxMask::Causal,
             _ => SoftmaxMask::None,
         };
-        float_dispatch!(OP, d.dtype, T => {
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
-            let (xv, mut yv) = unsafe { (view::<T>(&dev, OP, "x", x, n)?, view::<T>(&dev, OP, "y", y, n)?) };
+            let (xv, mut yv) = unsafe { (view::<T>(&dev, op, "x", x, n)?, view::<T>(&dev, op, "y", y, n)?) };
             sm.forward(&s.stream, &xv, m, &mut yv)
         })
     })
@@ -133,16 +132,15 @@ pub unsafe extern "C" fn ftn_softmax_backward(
     dy: *const c_void,
     dx: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_softmax_backward", move || {
-        const OP: &str = "ftn_softmax_backward";
-        let (s, dev) = stream_of(OP, stream)?;
+    export!(|op| {
+        let (s, dev) = stream_of(op, stream)?;
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let (sm, n, _) = softmax_shape(OP, &d)?;
-        float_dispatch!(OP, d.dtype, T => {
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let (sm, n, _) = softmax_shape(op, &d)?;
+        float_dispatch!(op, d.dtype, T => {
             // SAFETY: pointer contracts.
             let (yv, dyv, mut dxv) = unsafe {
-                (view::<T>(&dev, OP, "y", y, n)?, view::<T>(&dev, OP, "dy", dy, n)?, view::<T>(&dev, OP, "dx", dx, n)?)
+                (view::<T>(&dev, op, "y", y, n)?, view::<T>(&dev, op, "dy", dy, n)?, view::<T>(&dev, op, "dx", dx, n)?)
             };
             sm.backward(&s.stream, &yv, &dyv, &mut dxv)
         })

@@ -10,7 +10,7 @@ use ferrotron::Result;
 use half::{bf16, f16};
 
 use crate::abi::args::{dim, mul, to_i64};
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::handles::write_out;
 use crate::abi::views::view;
 use crate::comm::{call, comm_dispatch, ftnComm_t, Call};
@@ -81,28 +81,27 @@ pub unsafe extern "C" fn ftn_tp_mapping_shape(
     out_rows: *mut i64,
     out_cols: *mut i64,
 ) -> ftnResult_t {
-    guard("ftn_tp_mapping_shape", move || {
-        const OP: &str = "ftn_tp_mapping_shape";
-        let m = mapping_of(OP, mapping)?;
-        let (r, c) = (dim(OP, "rows", rows)?, dim(OP, "cols", cols)?);
-        let tp = tp_size(OP, tp)?;
+    export!(|op| {
+        let m = mapping_of(op, mapping)?;
+        let (r, c) = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
+        let tp = tp_size(op, tp)?;
         let dir = if backward != 0 {
             Direction::Backward
         } else {
             Direction::Forward
         };
         // Growing directions must not overflow.
-        mul(OP, "rows * tp", r, tp)?;
-        mul(OP, "cols * tp", c, tp)?;
+        mul(op, "rows * tp", r, tp)?;
+        mul(op, "cols * tp", c, tp)?;
         let (orows, ocols) = dir.shape(m, r, c, tp);
-        let (orows, ocols) = (to_i64(OP, "rows", orows)?, to_i64(OP, "cols", ocols)?);
+        let (orows, ocols) = (to_i64(op, "rows", orows)?, to_i64(op, "cols", ocols)?);
         // SAFETY: out-pointer contracts.
         unsafe {
             if out_cols.is_null() {
-                return Err(invalid(OP, "out_cols", "a non-NULL pointer", "NULL"));
+                return Err(invalid(op, "out_cols", "a non-NULL pointer", "NULL"));
             }
-            write_out(OP, "out_rows", out_rows, orows)?;
-            write_out(OP, "out_cols", out_cols, ocols)
+            write_out(op, "out_rows", out_rows, orows)?;
+            write_out(op, "out_cols", out_cols, ocols)
         }
     })
 }
@@ -168,11 +167,11 @@ pub unsafe extern "C" fn ftn_tp_mapping_forward(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_mapping_forward", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             run_mapping(
-                "ftn_tp_mapping_forward",
+                op,
                 Direction::Forward,
                 mapping,
                 input,
@@ -201,11 +200,11 @@ pub unsafe extern "C" fn ftn_tp_mapping_backward(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_mapping_backward", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             run_mapping(
-                "ftn_tp_mapping_backward",
+                op,
                 Direction::Backward,
                 mapping,
                 grad_output,

@@ -11,7 +11,7 @@ use ferrotron::{Element, Result};
 use half::{bf16, f16};
 
 use crate::abi::args::{dim, mul};
-use crate::abi::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::views::{check_ptr, host_slice};
 use crate::comm::comm_dispatch;
 use crate::parallel::common::tp_size;
@@ -112,11 +112,11 @@ pub unsafe extern "C" fn ftn_shard_rows(
     out: *mut c_void,
     out_count: usize,
 ) -> ftnResult_t {
-    guard("ftn_shard_rows", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             shard(
-                "ftn_shard_rows",
+                op,
                 Split::Rows,
                 datatype,
                 full,
@@ -144,11 +144,11 @@ pub unsafe extern "C" fn ftn_shard_cols(
     out: *mut c_void,
     out_count: usize,
 ) -> ftnResult_t {
-    guard("ftn_shard_cols", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             shard(
-                "ftn_shard_cols",
+                op,
                 Split::Cols,
                 datatype,
                 full,
@@ -177,11 +177,11 @@ pub unsafe extern "C" fn ftn_vocab_shard_rows(
     out: *mut c_void,
     out_count: usize,
 ) -> ftnResult_t {
-    guard("ftn_vocab_shard_rows", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             shard(
-                "ftn_vocab_shard_rows",
+                op,
                 Split::VocabRows,
                 datatype,
                 full,
