@@ -205,7 +205,8 @@ mod tests {
                 .unwrap()
                 .to_owned()
         };
-        let cases: [(&str, Box<dyn Fn() -> ftnResult_t>); 7] = [
+        type Call = Box<dyn Fn() -> ftnResult_t>;
+        let cases: [(&str, Call); 7] = [
             // SAFETY (all): NULL handles and pointers are rejected first.
             (
                 "ftn_get_version",

@@ -8,6 +8,7 @@ use ferrotron::ops::multi_tensor::MultiTensor;
 use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::enums::{c_enum, parse_enum};
 use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
 use crate::abi::views::view;
 
@@ -23,6 +24,7 @@ pub enum ftnBackend_t {
     /// The GPU when one can be used, else the emulator.
     ftnBackendAuto = 2,
 }
+c_enum!(ftnBackend_t: ftnBackendEmu, ftnBackendCuda, ftnBackendAuto);
 
 handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
     dev: Device,
@@ -51,17 +53,11 @@ pub unsafe extern "C" fn ftn_context_create(
         let ordinal = || {
             usize::try_from(device).map_err(|_| invalid(op, "device", "a GPU ordinal >= 0", device))
         };
-        let dev = match backend {
-            0 => Device::emu(),
-            1 => Device::cuda(ordinal()?)?,
-            2 => Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu()),
-            other => {
-                return Err(invalid(
-                    op,
-                    "backend",
-                    "ftnBackendEmu (0), ftnBackendCuda (1) or ftnBackendAuto (2)",
-                    other,
-                ))
+        let dev = match parse_enum(op, "backend", backend)? {
+            ftnBackend_t::ftnBackendEmu => Device::emu(),
+            ftnBackend_t::ftnBackendCuda => Device::cuda(ordinal()?)?,
+            ftnBackend_t::ftnBackendAuto => {
+                Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu())
             }
         };
         let h = ftnContext::into_raw(dev, Mutex::new(HashMap::new()));

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::abi::enums::c_enum;
 use ferrotron::Error;
 
 /// Status of every `ftn_*` call. The values are part of the ABI and never
@@ -34,22 +35,22 @@ pub enum ftnResult_t {
     /// A bug in ferrotron (a caught panic). Please report it.
     ftnInternalError = 7,
 }
+c_enum!(
+    ftnResult_t: ftnSuccess,
+    ftnInvalidArgument,
+    ftnBackendUnavailable,
+    ftnKernelFailed,
+    ftnInvalidLaunch,
+    ftnDeviceMismatch,
+    ftnBackendError,
+    ftnInternalError,
+);
 
 use ftnResult_t::*;
 
 impl ftnResult_t {
     pub(crate) fn from_code(code: i32) -> Option<ftnResult_t> {
-        Some(match code {
-            0 => ftnSuccess,
-            1 => ftnInvalidArgument,
-            2 => ftnBackendUnavailable,
-            3 => ftnKernelFailed,
-            4 => ftnInvalidLaunch,
-            5 => ftnDeviceMismatch,
-            6 => ftnBackendError,
-            7 => ftnInternalError,
-            _ => return None,
-        })
+        crate::abi::enums::from_value(code)
     }
 
     pub(crate) fn text(self) -> &'static std::ffi::CStr {

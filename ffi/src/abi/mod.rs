@@ -7,5 +7,6 @@ pub(crate) mod args;
 pub(crate) mod boundary;
 pub(crate) mod descriptors;
 pub(crate) mod dtype;
+pub(crate) mod enums;
 pub(crate) mod handles;
 pub(crate) mod views;

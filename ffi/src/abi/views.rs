@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use ferrotron::{Device, DeviceBuffer, Element, Result};
+use ferrotron::{with_dtype, AnyBuffer, DType, Device, DeviceBuffer, Element, Result};
 
 use crate::abi::boundary::invalid;
 
@@ -102,4 +102,21 @@ pub(crate) unsafe fn opt_view<T: Element>(
         // SAFETY: forwarded contract.
         unsafe { view(dev, op, arg, ptr, len).map(Some) }
     }
+}
+
+/// A view of `len` elements of `dtype` (known only at run time), checked
+/// as [`view`] checks its element type.
+///
+/// # Safety
+/// As [`view`].
+pub(crate) unsafe fn any_view(
+    dev: &Device,
+    op: &'static str,
+    arg: &'static str,
+    dtype: DType,
+    ptr: *const c_void,
+    len: usize,
+) -> Result<AnyBuffer> {
+    // SAFETY: forwarded contract.
+    with_dtype!(dtype, T => unsafe { view::<T>(dev, op, arg, ptr, len) }.map(AnyBuffer::from))
 }

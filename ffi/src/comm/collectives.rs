@@ -5,29 +5,24 @@ use std::ffi::{c_int, c_void};
 
 use ferrotron::comm::{CommElement, P2p, ReduceOp};
 use ferrotron::Result;
-use half::{bf16, f16};
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::dtype::dispatch_dtype;
+use crate::abi::enums::parse_enum;
 use crate::abi::views::view;
-use crate::comm::{call, comm_dispatch, ftnComm_t, Call};
+use crate::comm::ftnRedOp_t;
+use crate::comm::{call, ftnComm_t, Call};
 use crate::runtime::ftnStream_t;
 
 fn red_op(op: &'static str, v: c_int) -> Result<ReduceOp> {
-    Ok(match v {
-        0 => ReduceOp::Sum,
-        1 => ReduceOp::Max,
-        2 => ReduceOp::Min,
-        3 => ReduceOp::Avg,
-        other => {
-            return Err(invalid(
-                op,
-                "op",
-                "ftnSum (0), ftnMax (1), ftnMin (2) or ftnAvg (3)",
-                other,
-            ))
-        }
+    Ok(match parse_enum(op, "op", v)? {
+        ftnRedOp_t::ftnSum => ReduceOp::Sum,
+        ftnRedOp_t::ftnMax => ReduceOp::Max,
+        ftnRedOp_t::ftnMin => ReduceOp::Min,
+        ftnRedOp_t::ftnAvg => ReduceOp::Avg,
     })
 }
+
 fn count_times(op: &'static str, arg: &'static str, count: usize, ranks: usize) -> Result<usize> {
     count.checked_mul(ranks).ok_or_else(|| {
         invalid(
@@ -73,7 +68,7 @@ pub unsafe extern "C" fn ftn_all_reduce(
         let c = call(func, comm, stream)?;
         let r = red_op(func, op)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(func, datatype, T => unsafe { all_reduce_t::<T>(func, &c, sendbuff, recvbuff, count, r) })
+        dispatch_dtype!(func, "datatype", datatype, T => unsafe { all_reduce_t::<T>(func, &c, sendbuff, recvbuff, count, r) })
     })
 }
 
@@ -109,7 +104,7 @@ pub unsafe extern "C" fn ftn_all_gather(
     export!(|op| {
         let c = call(op, comm, stream)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(op, datatype, T => unsafe { all_gather_t::<T>(op, &c, sendbuff, recvbuff, sendcount) })
+        dispatch_dtype!(op, "datatype", datatype, T => unsafe { all_gather_t::<T>(op, &c, sendbuff, recvbuff, sendcount) })
     })
 }
 
@@ -148,7 +143,7 @@ pub unsafe extern "C" fn ftn_reduce_scatter(
         let c = call(func, comm, stream)?;
         let r = red_op(func, op)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(func, datatype, T => unsafe { reduce_scatter_t::<T>(func, &c, sendbuff, recvbuff, recvcount, r) })
+        dispatch_dtype!(func, "datatype", datatype, T => unsafe { reduce_scatter_t::<T>(func, &c, sendbuff, recvbuff, recvcount, r) })
     })
 }
 
@@ -178,7 +173,7 @@ pub unsafe extern "C" fn ftn_broadcast(
         let c = call(op, comm, stream)?;
         let root = usize::try_from(root).map_err(|_| invalid(op, "root", "a rank >= 0", root))?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(op, datatype, T => unsafe { broadcast_t::<T>(op, &c, buff, count, root) })
+        dispatch_dtype!(op, "datatype", datatype, T => unsafe { broadcast_t::<T>(op, &c, buff, count, root) })
     })
 }
 
@@ -229,7 +224,7 @@ pub unsafe extern "C" fn ftn_send(
         let c = call(op, comm, stream)?;
         let peer = usize::try_from(peer).map_err(|_| invalid(op, "peer", "a rank >= 0", peer))?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(op, datatype, T => unsafe { send_t::<T>(op, &c, sendbuff, count, peer) })
+        dispatch_dtype!(op, "datatype", datatype, T => unsafe { send_t::<T>(op, &c, sendbuff, count, peer) })
     })
 }
 
@@ -247,7 +242,7 @@ pub unsafe extern "C" fn ftn_recv(
         let c = call(op, comm, stream)?;
         let peer = usize::try_from(peer).map_err(|_| invalid(op, "peer", "a rank >= 0", peer))?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(op, datatype, T => unsafe { recv_t::<T>(op, &c, recvbuff, count, peer) })
+        dispatch_dtype!(op, "datatype", datatype, T => unsafe { recv_t::<T>(op, &c, recvbuff, count, peer) })
     })
 }
 
@@ -342,6 +337,6 @@ pub unsafe extern "C" fn ftn_group_p2p(
             unsafe { std::slice::from_raw_parts(ops, count) }
         };
         // SAFETY: pointer contracts.
-        comm_dispatch!(op, datatype, T => unsafe { group_t::<T>(op, &c, list) })
+        dispatch_dtype!(op, "datatype", datatype, T => unsafe { group_t::<T>(op, &c, list) })
     })
 }

@@ -12,6 +12,7 @@ use ferrotron::Result;
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{check_out_desc, read_desc, Desc};
+use crate::abi::enums::{c_enum, parse_enum, CEnum};
 use crate::abi::handles::{check_out, get, write_out};
 use crate::comm::{ftnComm, ftnComm_t, ftnUniqueId_t};
 
@@ -29,6 +30,7 @@ pub enum ftnAxis_t {
     /// Pipeline parallelism.
     ftnAxisPp = 8,
 }
+c_enum!(ftnAxis_t: ftnAxisTp, ftnAxisCp, ftnAxisDp, ftnAxisPp);
 
 /// Rank layout orders (`ftnRankGridDesc_t.order`).
 #[allow(non_camel_case_types)]
@@ -40,6 +42,7 @@ pub enum ftnRankOrder_t {
     /// `tp-cp-ep-pp-dp`.
     ftnOrderTpCpEpPpDp = 1,
 }
+c_enum!(ftnRankOrder_t: ftnOrderTpCpEpDpPp, ftnOrderTpCpEpPpDp);
 
 /// A job of `world` ranks as TP x CP x DP x PP (DP is what remains:
 /// `world / (tp*cp*pp)`).
@@ -94,17 +97,9 @@ unsafe fn grid(op: &'static str, desc: *const ftnRankGridDesc_t) -> Result<RankG
     if d.reserved != 0 {
         return Err(invalid(op, "desc.reserved", "0", d.reserved));
     }
-    let order = match d.order {
-        0 => RankOrder::TpCpEpDpPp,
-        1 => RankOrder::TpCpEpPpDp,
-        other => {
-            return Err(invalid(
-                op,
-                "desc.order",
-                "ftnOrderTpCpEpDpPp (0) or ftnOrderTpCpEpPpDp (1)",
-                other,
-            ))
-        }
+    let order = match parse_enum(op, "desc.order", d.order)? {
+        ftnRankOrder_t::ftnOrderTpCpEpDpPp => RankOrder::TpCpEpDpPp,
+        ftnRankOrder_t::ftnOrderTpCpEpPpDp => RankOrder::TpCpEpPpDp,
     };
     RankGrid::new(
         nonneg(op, "desc.world", d.world)?,
@@ -116,18 +111,31 @@ unsafe fn grid(op: &'static str, desc: *const ftnRankGridDesc_t) -> Result<RankG
 }
 
 fn axes_of(op: &'static str, mask: c_int) -> Result<Vec<Axis>> {
-    if mask <= 0 || mask > 15 {
+    let all = ftnAxis_t::ALL.iter().fold(0, |m, a| m | a.value());
+    if mask <= 0 || mask & !all != 0 {
         return Err(invalid(
             op,
             "axes",
-            "a non-empty OR of ftnAxisTp, ftnAxisCp, ftnAxisDp, ftnAxisPp (1..=15)",
+            format!(
+                "a non-empty OR of {} (1..={all})",
+                ftnAxis_t::ALL
+                    .iter()
+                    .map(|a| format!("{a:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             mask,
         ));
     }
-    Ok([(1, Axis::Tp), (2, Axis::Cp), (4, Axis::Dp), (8, Axis::Pp)]
-        .into_iter()
-        .filter(|(bit, _)| mask & bit != 0)
-        .map(|(_, a)| a)
+    Ok(ftnAxis_t::ALL
+        .iter()
+        .filter(|a| mask & a.value() != 0)
+        .map(|a| match a {
+            ftnAxis_t::ftnAxisTp => Axis::Tp,
+            ftnAxis_t::ftnAxisCp => Axis::Cp,
+            ftnAxis_t::ftnAxisDp => Axis::Dp,
+            ftnAxis_t::ftnAxisPp => Axis::Pp,
+        })
         .collect())
 }
 

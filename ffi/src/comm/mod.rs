@@ -9,6 +9,7 @@ pub(crate) mod collectives;
 pub(crate) mod job;
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::enums::c_enum;
 use crate::abi::handles::{check_out, get, take, Handle};
 use crate::runtime::{ftnContext, ftnContext_t, ftnStream, ftnStream_t};
 
@@ -23,6 +24,7 @@ pub enum ftnRedOp_t {
     /// Sum divided by the number of ranks (integer division for integers).
     ftnAvg = 3,
 }
+c_enum!(ftnRedOp_t: ftnSum, ftnMax, ftnMin, ftnAvg);
 
 /// Bytes of an NCCL unique id.
 pub const FTN_UNIQUE_ID_BYTES: usize = 128;
@@ -353,36 +355,3 @@ pub(crate) fn call<'a>(op: &'static str, comm: ftnComm_t, stream: ftnStream_t) -
         dev: s.stream.device().clone(),
     })
 }
-
-macro_rules! comm_dispatch {
-    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            0 => {
-                type $T = f32;
-                $body
-            }
-            1 => {
-                type $T = f16;
-                $body
-            }
-            2 => {
-                type $T = bf16;
-                $body
-            }
-            3 => {
-                type $T = u8;
-                $body
-            }
-            4 => {
-                type $T = i32;
-                $body
-            }
-            5 => {
-                type $T = i64;
-                $body
-            }
-            other => Err(invalid($op, "datatype", "an ftnDataType_t (0..=5)", other)),
-        }
-    };
-}
-pub(crate) use comm_dispatch;

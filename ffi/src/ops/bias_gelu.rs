@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use crate::abi::boundary::{export, ftnResult_t};
 use crate::abi::descriptors::{read_desc, Desc};
-use crate::abi::dtype::float_dispatch;
+use crate::abi::dtype::dispatch_dtype;
 use crate::abi::views::{opt_view, view};
 use crate::ops::{gelu_of, shape, stream_of};
 use crate::runtime::ftnStream_t;
@@ -46,7 +46,7 @@ pub unsafe extern "C" fn ftn_bias_gelu_forward(
         let d = unsafe { read_desc(op, "desc", desc)? };
         let g = gelu_of(op, d.gelu)?;
         let sh = shape(op, d.rows, d.cols, "desc.cols")?;
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts: valid for the documented lengths.
             let (xv, bv, mut ov) = unsafe {
                 (
@@ -78,7 +78,7 @@ pub unsafe extern "C" fn ftn_bias_gelu_backward(
         let d = unsafe { read_desc(op, "desc", desc)? };
         let g = gelu_of(op, d.gelu)?;
         let sh = shape(op, d.rows, d.cols, "desc.cols")?;
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, bv, mut dxv, mut dbv) = unsafe {
                 (

@@ -4,13 +4,12 @@ use std::ffi::{c_int, c_void};
 
 use ferrotron::ops::copy::{copy_2d, Block2d};
 use ferrotron::{Element, Result};
-use half::{bf16, f16};
 
 use crate::abi::args::dim;
 use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::dtype::dispatch_dtype;
 use crate::abi::handles::get;
 use crate::abi::views::view;
-use crate::comm::comm_dispatch;
 use crate::runtime::{ftnStream, ftnStream_t};
 
 /// Where a `[rows, cols]` block lives in a row-major matrix.
@@ -93,6 +92,6 @@ pub unsafe extern "C" fn ftn_copy_2d(
         let sa = block(op, "src_block", src_block)?;
         let da = block(op, "dst_block", dst_block)?;
         // SAFETY: pointer contracts.
-        comm_dispatch!(op, datatype, T => unsafe { copy_t::<T>(op, s, (src, sa), (dst, da), r, c) })
+        dispatch_dtype!(op, "datatype", datatype, T => unsafe { copy_t::<T>(op, s, (src, sa), (dst, da), r, c) })
     })
 }

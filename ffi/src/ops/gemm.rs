@@ -1,17 +1,17 @@
 //! GEMM with fused epilogues, and the bias gradient (`ferrotron::ops::gemm`).
 
 use crate::abi::args::dim;
+use crate::abi::enums::{c_enum, parse_enum};
 use crate::runtime::ftnStream;
 use ferrotron::ops::gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
-use ferrotron::Device;
-use half::{bf16, f16};
+use ferrotron::{with_dtype, DType, Device};
 use std::ffi::c_void;
 
 use ferrotron::Result;
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
-use crate::abi::dtype::float_dispatch;
+use crate::abi::dtype::{dispatch_dtype, dtype_in, dtype_names, parse_dtype, HALVES};
 use crate::abi::views::{opt_view, view};
 use crate::ops::{gelu_of, stream_of};
 use crate::runtime::ftnStream_t;
@@ -32,6 +32,12 @@ pub enum ftnGemmEpilogue_t {
     /// backward of BiasGelu.
     ftnGemmEpilogueDGelu = 3,
 }
+c_enum!(
+    ftnGemmEpilogue_t: ftnGemmEpilogueNone,
+    ftnGemmEpilogueBias,
+    ftnGemmEpilogueBiasGelu,
+    ftnGemmEpilogueDGelu,
+);
 
 /// One (batched) GEMM `D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b])`
 /// over row-major matrices, `op(A)` `[m, k]`, `op(B)` `[k, n]`; fp16 or bf16
@@ -179,19 +185,11 @@ unsafe fn gemm_t<
         strides[1] = Some(0);
     }
     let g = gelu_of(op, d.gelu)?;
-    let epilogue = match d.epilogue {
-        0 => Epilogue::None,
-        1 => Epilogue::Bias,
-        2 => Epilogue::BiasGelu(g),
-        3 => Epilogue::DGelu(g),
-        other => {
-            return Err(invalid(
-                op,
-                "desc.epilogue",
-                "an ftnGemmEpilogue_t (0..=3)",
-                other,
-            ))
-        }
+    let epilogue = match parse_enum(op, "desc.epilogue", d.epilogue)? {
+        ftnGemmEpilogue_t::ftnGemmEpilogueNone => Epilogue::None,
+        ftnGemmEpilogue_t::ftnGemmEpilogueBias => Epilogue::Bias,
+        ftnGemmEpilogue_t::ftnGemmEpilogueBiasGelu => Epilogue::BiasGelu(g),
+        ftnGemmEpilogue_t::ftnGemmEpilogueDGelu => Epilogue::DGelu(g),
     };
     let (ra, ca) = if d.trans_a != 0 { (k, m) } else { (m, k) };
     let (rb, cb) = if d.trans_b != 0 { (n, k) } else { (k, n) };
@@ -262,26 +260,22 @@ pub unsafe extern "C" fn ftn_gemm(
             aux,
             d,
         };
+        let input = parse_dtype(op, "desc.dtype", g.dtype, &HALVES)?;
+        let output = dtype_in(g.out_dtype, &[input, DType::F32]).ok_or_else(|| {
+            invalid(
+                op,
+                "desc.out_dtype",
+                format!("the input type or {}", dtype_names(&[DType::F32])),
+                g.out_dtype,
+            )
+        })?;
         // SAFETY: pointer contracts.
         unsafe {
-            match (g.dtype, g.out_dtype) {
-                (1, 1) => gemm_t::<f16, f16>(op, s, &dev, &g, p),
-                (1, 0) => gemm_t::<f16, f32>(op, s, &dev, &g, p),
-                (2, 2) => gemm_t::<bf16, bf16>(op, s, &dev, &g, p),
-                (2, 0) => gemm_t::<bf16, f32>(op, s, &dev, &g, p),
-                (1 | 2, other) => Err(invalid(
-                    op,
-                    "desc.out_dtype",
-                    "the input type or ftnFloat32 (0)",
-                    other,
-                )),
-                (other, _) => Err(invalid(
-                    op,
-                    "desc.dtype",
-                    "ftnFloat16 (1) or ftnBfloat16 (2)",
-                    other,
-                )),
-            }
+            with_dtype!(input, [F16, BF16], T => if output == DType::F32 {
+                gemm_t::<T, f32>(op, s, &dev, &g, p)
+            } else {
+                gemm_t::<T, T>(op, s, &dev, &g, p)
+            }, else other => unreachable!("parse_dtype admitted {other}"))
         }
     })
 }
@@ -331,7 +325,7 @@ pub unsafe extern "C" fn ftn_gemm_bias_grad(
         let need = span(op, "dy", rows, cols, 1, ld, None)?;
         let mut bg = BiasGrad::new(rows, cols);
         bg.ld = ld;
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (dyv, mut dbv) = unsafe { (view::<T>(&dev, op, "dy", dy, need)?, view::<T>(&dev, op, "dbias", dbias, cols)?) };
             bg.run(&s.stream, &dyv, &mut dbv)

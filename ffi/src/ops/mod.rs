@@ -13,7 +13,7 @@ use ferrotron::ops::Gelu;
 use ferrotron::{Device, Result};
 
 use crate::abi::args::{dim, mul};
-use crate::abi::boundary::invalid;
+use crate::abi::enums::{c_enum, parse_enum};
 use crate::abi::handles::get;
 use crate::runtime::{ftnStream, ftnStream_t};
 
@@ -27,18 +27,13 @@ pub enum ftnGelu_t {
     /// Exact: `0.5 x (1 + erf(x / sqrt 2))` (PyTorch's default).
     ftnGeluErf = 1,
 }
+c_enum!(ftnGelu_t: ftnGeluTanh, ftnGeluErf);
 
 pub(crate) fn gelu_of(op: &'static str, g: i32) -> Result<Gelu> {
-    match g {
-        0 => Ok(Gelu::Tanh),
-        1 => Ok(Gelu::Erf),
-        other => Err(invalid(
-            op,
-            "desc.gelu",
-            "ftnGeluTanh (0) or ftnGeluErf (1)",
-            other,
-        )),
-    }
+    Ok(match parse_enum(op, "desc.gelu", g)? {
+        ftnGelu_t::ftnGeluTanh => Gelu::Tanh,
+        ftnGelu_t::ftnGeluErf => Gelu::Erf,
+    })
 }
 
 struct Shape {

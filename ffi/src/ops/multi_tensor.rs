@@ -3,15 +3,15 @@
 use crate::abi::handles::get;
 use crate::ops::grad_scaler::ftnGradScaler_t;
 use ferrotron::ops::multi_tensor::{GradRef, TensorRef};
-use ferrotron::{Device, DeviceBuffer};
-use half::{bf16, f16};
+use ferrotron::{AnyBuffer, Device};
 use std::ffi::c_void;
 
 use ferrotron::Result;
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
-use crate::abi::views::view;
+use crate::abi::dtype::{dtype_in, dtype_names, FLOATS};
+use crate::abi::views::{any_view, view};
 use crate::ops::stream_of;
 use crate::runtime::ftnStream_t;
 
@@ -54,12 +54,6 @@ unsafe impl Desc for ftnMultiTensorDesc_t {
     const V1_SIZE: usize = 32;
 }
 
-enum AnyView {
-    F32(DeviceBuffer<f32>),
-    F16(DeviceBuffer<f16>),
-    BF16(DeviceBuffer<bf16>),
-}
-
 /// Reads and validates the descriptor and the tensor list.
 ///
 /// # Safety
@@ -69,7 +63,7 @@ unsafe fn tensor_list(
     dev: &Device,
     desc: *const ftnMultiTensorDesc_t,
     tensors: *const ftnTensor_t,
-) -> Result<(ftnMultiTensorDesc_t, Vec<AnyView>)> {
+) -> Result<(ftnMultiTensorDesc_t, Vec<AnyBuffer>)> {
     // SAFETY: descriptor contract.
     let d = unsafe { read_desc(op, "desc", desc)? };
     if d.reserved != 0 {
@@ -126,45 +120,42 @@ unsafe fn tensor_list(
                 format!("{} (tensor {i})", t.reserved),
             ));
         }
+        let dtype = dtype_in(t.dtype, &FLOATS).ok_or_else(|| {
+            invalid(
+                op,
+                "tensors[i].dtype",
+                dtype_names(&FLOATS),
+                format!("{} (tensor {i})", t.dtype),
+            )
+        })?;
         // SAFETY: pointer contract: each tensor valid for numel elements.
-        let v = unsafe {
-            match t.dtype {
-                0 => AnyView::F32(view(dev, op, "tensors[i].data", t.data, numel)?),
-                1 => AnyView::F16(view(dev, op, "tensors[i].data", t.data, numel)?),
-                2 => AnyView::BF16(view(dev, op, "tensors[i].data", t.data, numel)?),
-                other => {
-                    return Err(invalid(
-                        op,
-                        "tensors[i].dtype",
-                        "ftnFloat32 (0), ftnFloat16 (1) or ftnBfloat16 (2)",
-                        format!("{other} (tensor {i})"),
-                    ))
-                }
-            }
-        };
+        let v = unsafe { any_view(dev, op, "tensors[i].data", dtype, t.data, numel)? };
         views.push(v);
     }
     Ok((d, views))
 }
 
-fn grads(views: &mut [AnyView]) -> Vec<GradRef<'_>> {
+/// The op's inputs over views that [`tensor_list`] admitted (float dtypes).
+fn grads(views: &mut [AnyBuffer]) -> Vec<GradRef<'_>> {
     views
         .iter_mut()
         .map(|v| match v {
-            AnyView::F32(b) => GradRef::F32(b),
-            AnyView::F16(b) => GradRef::F16(b),
-            AnyView::BF16(b) => GradRef::BF16(b),
+            AnyBuffer::F32(b) => GradRef::from(b),
+            AnyBuffer::F16(b) => GradRef::from(b),
+            AnyBuffer::BF16(b) => GradRef::from(b),
+            other => unreachable!("tensor_list admits floats only, not {}", other.dtype()),
         })
         .collect()
 }
 
-fn tensor_refs(views: &[AnyView]) -> Vec<TensorRef<'_>> {
+fn tensor_refs(views: &[AnyBuffer]) -> Vec<TensorRef<'_>> {
     views
         .iter()
         .map(|v| match v {
-            AnyView::F32(b) => TensorRef::F32(b),
-            AnyView::F16(b) => TensorRef::F16(b),
-            AnyView::BF16(b) => TensorRef::BF16(b),
+            AnyBuffer::F32(b) => TensorRef::from(b),
+            AnyBuffer::F16(b) => TensorRef::from(b),
+            AnyBuffer::BF16(b) => TensorRef::from(b),
+            other => unreachable!("tensor_list admits floats only, not {}", other.dtype()),
         })
         .collect()
 }

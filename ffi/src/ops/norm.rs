@@ -7,7 +7,7 @@ use ferrotron::Result;
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
-use crate::abi::dtype::float_dispatch;
+use crate::abi::dtype::dispatch_dtype;
 use crate::abi::views::{opt_view, view};
 use crate::ops::{shape, stream_of, Shape};
 use crate::runtime::ftnStream_t;
@@ -67,7 +67,7 @@ pub unsafe extern "C" fn ftn_layer_norm_forward(
         let ln = LayerNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (xv, gv, bv, mut yv, mut mv, mut rv) = unsafe {
                 (
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn ftn_layer_norm_backward(
         let ln = LayerNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, mv, rv, gv, mut dxv, mut dgv, mut dbv) = unsafe {
                 (
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn ftn_rms_norm_forward(
         let rms = RmsNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (xv, gv, mut yv, mut rv) = unsafe {
                 (
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn ftn_rms_norm_backward(
         let rms = RmsNorm::new(sh.rows, sh.cols)
             .with_eps(d.eps)
             .with_zero_centered_gamma(d.zero_centered_gamma != 0);
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (dyv, xv, rv, gv, mut dxv, mut dgv) = unsafe {
                 (

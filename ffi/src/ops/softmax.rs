@@ -1,14 +1,15 @@
 //! Fused scale + mask + softmax (`ferrotron::ops::softmax`).
 
 use crate::abi::args::{dim, mul};
+use crate::abi::enums::{c_enum, parse_enum};
 use ferrotron::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask};
 use std::ffi::c_void;
 
 use ferrotron::Result;
 
-use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::boundary::{export, ftnResult_t};
 use crate::abi::descriptors::{read_desc, Desc};
-use crate::abi::dtype::float_dispatch;
+use crate::abi::dtype::dispatch_dtype;
 use crate::abi::views::view;
 use crate::ops::stream_of;
 use crate::runtime::ftnStream_t;
@@ -25,6 +26,7 @@ pub enum ftnSoftmaxMask_t {
     /// Row `i` keeps columns `<= i` (`sq == sk`).
     ftnSoftmaxMaskCausal = 2,
 }
+c_enum!(ftnSoftmaxMask_t: ftnSoftmaxMaskNone, ftnSoftmaxMaskPadding, ftnSoftmaxMaskCausal);
 
 /// Shape and options of the fused scale + mask + softmax over logits
 /// `[batch, heads, sq, sk]` (last dimension).
@@ -89,32 +91,25 @@ pub unsafe extern "C" fn ftn_softmax_forward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(op, "desc", desc)? };
         let (sm, n, matrix) = softmax_shape(op, &d)?;
-        let mask_view =
-            match d.mask {
-                0 => None,
-                1 => {
-                    let len = if d.mask_broadcast != 0 {
-                        matrix
-                    } else {
-                        mul(op, "desc.batch * sq * sk", sm.batch, matrix)?
-                    };
-                    // SAFETY: pointer contract: `len` bytes.
-                    Some(unsafe { view::<u8>(&dev, op, "mask", mask as *const c_void, len)? })
-                }
-                2 => None,
-                other => return Err(invalid(
-                    op,
-                    "desc.mask",
-                    "ftnSoftmaxMaskNone (0), ftnSoftmaxMaskPadding (1) or ftnSoftmaxMaskCausal (2)",
-                    other,
-                )),
-            };
-        let m = match (d.mask, mask_view.as_ref()) {
-            (1, Some(v)) => SoftmaxMask::Padding(v),
-            (2, _) => SoftmaxMask::Causal,
+        let kind: ftnSoftmaxMask_t = parse_enum(op, "desc.mask", d.mask)?;
+        let mask_view = match kind {
+            ftnSoftmaxMask_t::ftnSoftmaxMaskNone | ftnSoftmaxMask_t::ftnSoftmaxMaskCausal => None,
+            ftnSoftmaxMask_t::ftnSoftmaxMaskPadding => {
+                let len = if d.mask_broadcast != 0 {
+                    matrix
+                } else {
+                    mul(op, "desc.batch * sq * sk", sm.batch, matrix)?
+                };
+                // SAFETY: pointer contract: `len` bytes.
+                Some(unsafe { view::<u8>(&dev, op, "mask", mask as *const c_void, len)? })
+            }
+        };
+        let m = match (kind, mask_view.as_ref()) {
+            (ftnSoftmaxMask_t::ftnSoftmaxMaskPadding, Some(v)) => SoftmaxMask::Padding(v),
+            (ftnSoftmaxMask_t::ftnSoftmaxMaskCausal, _) => SoftmaxMask::Causal,
             _ => SoftmaxMask::None,
         };
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (xv, mut yv) = unsafe { (view::<T>(&dev, op, "x", x, n)?, view::<T>(&dev, op, "y", y, n)?) };
             sm.forward(&s.stream, &xv, m, &mut yv)
@@ -137,7 +132,7 @@ pub unsafe extern "C" fn ftn_softmax_backward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(op, "desc", desc)? };
         let (sm, n, _) = softmax_shape(op, &d)?;
-        float_dispatch!(op, d.dtype, T => {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (yv, dyv, mut dxv) = unsafe {
                 (view::<T>(&dev, op, "y", y, n)?, view::<T>(&dev, op, "dy", dy, n)?, view::<T>(&dev, op, "dx", dx, n)?)

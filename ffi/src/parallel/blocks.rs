@@ -20,7 +20,7 @@ use crate::comm::{ftnComm_t, Call};
 use crate::ops::gelu_of;
 use crate::parallel::common::{
     create, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, on_typed, owner, tp_new,
-    with_layer, with_params, write_params, GradViews, Typed,
+    typed_from, with_layer, with_params, write_params, GradViews, Typed,
 };
 use crate::runtime::ftnStream_t;
 
@@ -89,6 +89,8 @@ handle!(ftnTpMlp, ftnTpMlp_t, 0x4654_4e4d_4c50_0008, "ftnTpMlp_t", {
 handle!(ftnTpAttention, ftnTpAttention_t, 0x4654_4e41_544e_0009, "ftnTpAttention_t", {
     inner: Mutex<AttentionImpl>,
 });
+typed_from!(TpMlp);
+typed_from!(TpAttention);
 owner!(ftnTpMlp, MlpImpl);
 owner!(ftnTpAttention, AttentionImpl);
 

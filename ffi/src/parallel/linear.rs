@@ -19,7 +19,8 @@ use crate::abi::views::view;
 use crate::comm::ftnComm_t;
 use crate::parallel::common::{
     activation, create, flag, ftnLinearGrads_t, ftnLinearParams_t, full_params, local_rows,
-    on_typed, owner, tp_new, view_iff, with_layer, with_params, write_params, GradViews, Typed,
+    on_typed, owner, tp_new, typed_from, view_iff, with_layer, with_params, write_params,
+    GradViews, Typed,
 };
 use crate::runtime::ftnStream_t;
 
@@ -101,6 +102,8 @@ handle!(ftnColumnParallelLinear, ftnColumnParallelLinear_t, 0x4654_4e43_504c_000
 handle!(ftnRowParallelLinear, ftnRowParallelLinear_t, 0x4654_4e52_504c_0007, "ftnRowParallelLinear_t", {
     inner: Mutex<RowImpl>,
 });
+typed_from!(ColumnParallelLinear);
+typed_from!(RowParallelLinear);
 owner!(ftnColumnParallelLinear, ColumnImpl);
 owner!(ftnRowParallelLinear, RowImpl);
 

@@ -7,13 +7,14 @@ use std::ffi::{c_int, c_void};
 use ferrotron::comm::CommElement;
 use ferrotron::parallel::mappings::Mapping;
 use ferrotron::Result;
-use half::{bf16, f16};
 
 use crate::abi::args::{dim, mul, to_i64};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::dtype::dispatch_dtype;
+use crate::abi::enums::{c_enum, parse_enum};
 use crate::abi::handles::write_out;
 use crate::abi::views::view;
-use crate::comm::{call, comm_dispatch, ftnComm_t, Call};
+use crate::comm::{call, ftnComm_t, Call};
 use crate::parallel::common::tp_size;
 use crate::runtime::ftnStream_t;
 
@@ -39,17 +40,26 @@ pub enum ftnMapping_t {
     /// Forward reduce-scatter first dim, backward all-gather first dim.
     ftnReduceScatterToSp = 6,
 }
+c_enum!(
+    ftnMapping_t: ftnCopyToTp,
+    ftnReduceFromTp,
+    ftnScatterToTp,
+    ftnGatherFromTp,
+    ftnScatterToSp,
+    ftnGatherFromSp,
+    ftnReduceScatterToSp,
+);
 
 fn mapping_of(op: &'static str, v: c_int) -> Result<Mapping> {
-    Ok(match v {
-        0 => Mapping::CopyToTp,
-        1 => Mapping::ReduceFromTp,
-        2 => Mapping::ScatterToTp,
-        3 => Mapping::GatherFromTp,
-        4 => Mapping::ScatterToSp,
-        5 => Mapping::GatherFromSp,
-        6 => Mapping::ReduceScatterToSp,
-        other => return Err(invalid(op, "mapping", "an ftnMapping_t (0..=6)", other)),
+    use ftnMapping_t::*;
+    Ok(match parse_enum(op, "mapping", v)? {
+        ftnCopyToTp => Mapping::CopyToTp,
+        ftnReduceFromTp => Mapping::ReduceFromTp,
+        ftnScatterToTp => Mapping::ScatterToTp,
+        ftnGatherFromTp => Mapping::GatherFromTp,
+        ftnScatterToSp => Mapping::ScatterToSp,
+        ftnGatherFromSp => Mapping::GatherFromSp,
+        ftnReduceScatterToSp => Mapping::ReduceScatterToSp,
     })
 }
 
@@ -150,7 +160,7 @@ unsafe fn run_mapping(
     let c = call(op, comm, stream)?;
     let shape = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
     // SAFETY: pointer contracts.
-    comm_dispatch!(op, datatype, T => unsafe { mapping_t::<T>(op, &c, (m, dir), input, output, shape) })
+    dispatch_dtype!(op, "datatype", datatype, T => unsafe { mapping_t::<T>(op, &c, (m, dir), input, output, shape) })
 }
 
 /// Forward of `mapping` on `stream`: `output = f(input)`, `input` `[rows,

@@ -8,12 +8,11 @@ use std::ffi::{c_int, c_void};
 use ferrotron::parallel::linear::{shard_cols, shard_rows};
 use ferrotron::parallel::vocab::{shard_vocab_rows, vocab_range};
 use ferrotron::{Element, Result};
-use half::{bf16, f16};
 
 use crate::abi::args::{dim, mul};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::dtype::dispatch_dtype;
 use crate::abi::views::{check_ptr, host_slice};
-use crate::comm::comm_dispatch;
 use crate::parallel::common::tp_size;
 
 /// Which sharding a call does.
@@ -93,7 +92,7 @@ unsafe fn shard(
     let shape = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
     let ranks = rank_of(op, tp, rank)?;
     // SAFETY: forwarded contracts.
-    comm_dispatch!(op, datatype, T => unsafe { shard_t::<T>(op, split, full, shape, ranks, out, out_count) })
+    dispatch_dtype!(op, "datatype", datatype, T => unsafe { shard_t::<T>(op, split, full, shape, ranks, out, out_count) })
 }
 
 /// Rows `[rank*rows/tp, (rank+1)*rows/tp)` of the row-major `[rows, cols]`

@@ -15,30 +15,12 @@ use ferrotron::Result;
 use crate::abi::args::{dim, mul, to_i64};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
-use crate::abi::dtype::float_dispatch;
+use crate::abi::dtype::dispatch_dtype;
 use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
 use crate::abi::views::view;
 use crate::comm::{call, ftnComm_t, Call};
 use crate::parallel::common::tp_size;
 use crate::runtime::ftnStream_t;
-
-/// `id_dispatch!(op, arg, id_dtype, I => body)`: `body` with `I` the token
-/// id type (ftnInt32 or ftnInt64).
-macro_rules! id_dispatch {
-    ($op:expr, $arg:expr, $dtype:expr, $I:ident => $body:expr) => {
-        match $dtype {
-            4 => {
-                type $I = i32;
-                $body
-            }
-            5 => {
-                type $I = i64;
-                $body
-            }
-            other => Err(invalid($op, $arg, "ftnInt32 (4) or ftnInt64 (5)", other)),
-        }
-    };
-}
 
 /// The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
 /// `make_vocab_size_divisible_by = 128`).
@@ -172,7 +154,7 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
         let c = call(op, comm, stream)?;
         let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: pointer contracts.
-        float_dispatch!(op, d.dtype, T => id_dispatch!(op, "desc.id_dtype", d.id_dtype, I => unsafe {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
             embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out, tokens)
         }))
     })
@@ -225,7 +207,7 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_backward(
         let tokens = dim(op, "tokens", tokens)?;
         let dw = dweight as *mut c_void;
         // SAFETY: pointer contracts.
-        float_dispatch!(op, d.dtype, T => id_dispatch!(op, "desc.id_dtype", d.id_dtype, I => unsafe {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
             embed_bwd_t::<T, I>(op, &c, &d, ids, dy, dw, tokens, accumulate != 0)
         }))
     })
@@ -320,7 +302,7 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_forward(
         check_out(op, "saved", saved)?;
         let loss = loss as *mut c_void;
         // SAFETY: pointer contracts.
-        let s = float_dispatch!(op, d.dtype, T => id_dispatch!(op, "desc.label_dtype", d.label_dtype, I => unsafe {
+        let s = dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.label_dtype", d.label_dtype, [I32, I64], I => unsafe {
             ce_fwd_t::<T, I>(op, &c, &d, logits, labels, loss)
         }))?;
         // SAFETY: checked non-NULL.
@@ -384,7 +366,7 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(
         let c = call(op, comm, stream)?;
         let dloss = dloss as *const c_void;
         // SAFETY: pointer contracts.
-        float_dispatch!(op, d.dtype, T => id_dispatch!(op, "desc.label_dtype", d.label_dtype, I => unsafe {
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.label_dtype", d.label_dtype, [I32, I64], I => unsafe {
             ce_bwd_t::<T, I>(op, &c, &d, logits, labels, &s.saved, dloss, grad)
         }))
     })
