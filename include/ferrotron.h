@@ -69,6 +69,12 @@ typedef ftnCrossEntropySaved *ftnCrossEntropySaved_t;
 #define FTN_VERSION 100
 
 /*
+ Largest `size` a descriptor may claim: larger values are almost always an
+ uninitialised `size` field.
+ */
+#define FTN_MAX_DESC_SIZE 4096
+
+/*
  Bytes of an NCCL unique id.
  */
 #define FTN_UNIQUE_ID_BYTES 128
@@ -77,12 +83,6 @@ typedef ftnCrossEntropySaved *ftnCrossEntropySaved_t;
  `ftn_comm_split` color of ranks that take part but get no communicator.
  */
 #define FTN_SPLIT_NOCOLOR -1
-
-/*
- Largest `size` a descriptor may claim: larger values are almost always an
- uninitialised `size` field.
- */
-#define FTN_MAX_DESC_SIZE 4096
 
 /*
  Status of every `ftn_*` call. The values are part of the ABI and never
@@ -426,178 +426,18 @@ typedef struct {
 } ftnBiasGeluDesc_t;
 
 /*
- Shape and options of LayerNorm / RMSNorm over a row-major `[rows, hidden]`
- matrix.
+ Where a `[rows, cols]` block lives in a row-major matrix.
  */
 typedef struct {
   /*
-   `sizeof(ftnNormDesc_t)` as the caller compiled it.
+   Index of the block's first element.
    */
-  size_t size;
+  int64_t offset;
   /*
-   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   Elements between the starts of consecutive rows (`>= cols`).
    */
-  int32_t dtype;
-  /*
-   Non-zero: scale by `gamma + 1` (gamma stored centred on zero).
-   */
-  int32_t zero_centered_gamma;
-  int64_t rows;
-  /*
-   `>= 1`.
-   */
-  int64_t hidden;
-  /*
-   Finite and `> 0` (1e-5 is Megatron's and PyTorch's default).
-   */
-  float eps;
-  /*
-   Must be 0.
-   */
-  uint32_t reserved;
-} ftnNormDesc_t;
-
-/*
- A list of tensors and the options of the multi-tensor ops.
- */
-typedef struct {
-  /*
-   `sizeof(ftnMultiTensorDesc_t)` as the caller compiled it.
-   */
-  size_t size;
-  /*
-   Entries of the `tensors` array.
-   */
-  size_t num_tensors;
-  /*
-   Loss scale for `ftn_multi_tensor_unscale` without a scaler (grads are
-   multiplied by `1/scale`); ignored by the other ops.
-   */
-  float scale;
-  /*
-   Must be 0.
-   */
-  uint32_t reserved;
-  /*
-   Clip threshold for the clip ops (`coeff = max_norm / (norm + 1e-6)`,
-   applied when < 1); ignored by the other ops.
-   */
-  double max_norm;
-} ftnMultiTensorDesc_t;
-
-/*
- One tensor of a multi-tensor list (fixed layout: the list's descriptor
- carries the versioning).
- */
-typedef struct {
-  /*
-   Device pointer (host pointer on the emulator); NULL only if `numel == 0`.
-   */
-  void *data;
-  int64_t numel;
-  /*
-   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
-   */
-  int32_t dtype;
-  /*
-   Must be 0.
-   */
-  int32_t reserved;
-} ftnTensor_t;
-
-/*
- Hyper-parameters of Megatron's dynamic loss scaler.
- */
-typedef struct {
-  /*
-   `sizeof(ftnGradScalerConfig_t)` as the caller compiled it.
-   */
-  size_t size;
-  /*
-   Scale at the start (Megatron: 2^32).
-   */
-  float initial_scale;
-  /*
-   The scale never backs off below this (1).
-   */
-  float min_scale;
-  /*
-   Multiplier after `growth_interval` clean steps (2).
-   */
-  float growth_factor;
-  /*
-   Multiplier on a backoff (0.5).
-   */
-  float backoff_factor;
-  /*
-   Clean steps in a row before the scale grows (1000).
-   */
-  uint32_t growth_interval;
-  /*
-   Overflows tolerated before backing off (2).
-   */
-  uint32_t hysteresis;
-} ftnGradScalerConfig_t;
-
-/*
- The scaler's state (Megatron's `state_dict`).
- */
-typedef struct {
-  /*
-   `sizeof(ftnGradScalerState_t)` as the caller compiled it.
-   */
-  size_t size;
-  /*
-   The current loss scale.
-   */
-  float scale;
-  /*
-   Clean steps since the last overflow or growth.
-   */
-  int32_t growth_tracker;
-  /*
-   Overflows still tolerated before backing off.
-   */
-  int32_t hysteresis_tracker;
-  /*
-   Must be 0.
-   */
-  int32_t reserved;
-} ftnGradScalerState_t;
-
-/*
- Shape and options of the fused scale + mask + softmax over logits
- `[batch, heads, sq, sk]` (last dimension).
- */
-typedef struct {
-  /*
-   `sizeof(ftnSoftmaxDesc_t)` as the caller compiled it.
-   */
-  size_t size;
-  /*
-   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
-   */
-  int32_t dtype;
-  /*
-   `ftnSoftmaxMask_t` (forward only; the backward reads the mask from `y`).
-   */
-  int32_t mask;
-  int64_t batch;
-  int64_t heads;
-  int64_t sq;
-  /*
-   `>= 1`.
-   */
-  int64_t sk;
-  /*
-   Multiplies the logits before masking (e.g. `1/sqrt(head_dim)`); finite.
-   */
-  float scale;
-  /*
-   Non-zero: the padding mask is `[1, 1, sq, sk]` (shared by the batch).
-   */
-  int32_t mask_broadcast;
-} ftnSoftmaxDesc_t;
+  int64_t pitch;
+} ftnBlock2d_t;
 
 /*
  One (batched) GEMM `D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b])`
@@ -693,6 +533,180 @@ typedef struct {
   int64_t cols;
   int64_t ld;
 } ftnBiasGradDesc_t;
+
+/*
+ Hyper-parameters of Megatron's dynamic loss scaler.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnGradScalerConfig_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   Scale at the start (Megatron: 2^32).
+   */
+  float initial_scale;
+  /*
+   The scale never backs off below this (1).
+   */
+  float min_scale;
+  /*
+   Multiplier after `growth_interval` clean steps (2).
+   */
+  float growth_factor;
+  /*
+   Multiplier on a backoff (0.5).
+   */
+  float backoff_factor;
+  /*
+   Clean steps in a row before the scale grows (1000).
+   */
+  uint32_t growth_interval;
+  /*
+   Overflows tolerated before backing off (2).
+   */
+  uint32_t hysteresis;
+} ftnGradScalerConfig_t;
+
+/*
+ The scaler's state (Megatron's `state_dict`).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnGradScalerState_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   The current loss scale.
+   */
+  float scale;
+  /*
+   Clean steps since the last overflow or growth.
+   */
+  int32_t growth_tracker;
+  /*
+   Overflows still tolerated before backing off.
+   */
+  int32_t hysteresis_tracker;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+} ftnGradScalerState_t;
+
+/*
+ A list of tensors and the options of the multi-tensor ops.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnMultiTensorDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   Entries of the `tensors` array.
+   */
+  size_t num_tensors;
+  /*
+   Loss scale for `ftn_multi_tensor_unscale` without a scaler (grads are
+   multiplied by `1/scale`); ignored by the other ops.
+   */
+  float scale;
+  /*
+   Must be 0.
+   */
+  uint32_t reserved;
+  /*
+   Clip threshold for the clip ops (`coeff = max_norm / (norm + 1e-6)`,
+   applied when < 1); ignored by the other ops.
+   */
+  double max_norm;
+} ftnMultiTensorDesc_t;
+
+/*
+ One tensor of a multi-tensor list (fixed layout: the list's descriptor
+ carries the versioning).
+ */
+typedef struct {
+  /*
+   Device pointer (host pointer on the emulator); NULL only if `numel == 0`.
+   */
+  void *data;
+  int64_t numel;
+  /*
+   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+} ftnTensor_t;
+
+/*
+ Shape and options of LayerNorm / RMSNorm over a row-major `[rows, hidden]`
+ matrix.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnNormDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Non-zero: scale by `gamma + 1` (gamma stored centred on zero).
+   */
+  int32_t zero_centered_gamma;
+  int64_t rows;
+  /*
+   `>= 1`.
+   */
+  int64_t hidden;
+  /*
+   Finite and `> 0` (1e-5 is Megatron's and PyTorch's default).
+   */
+  float eps;
+  /*
+   Must be 0.
+   */
+  uint32_t reserved;
+} ftnNormDesc_t;
+
+/*
+ Shape and options of the fused scale + mask + softmax over logits
+ `[batch, heads, sq, sk]` (last dimension).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnSoftmaxDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   `ftnSoftmaxMask_t` (forward only; the backward reads the mask from `y`).
+   */
+  int32_t mask;
+  int64_t batch;
+  int64_t heads;
+  int64_t sq;
+  /*
+   `>= 1`.
+   */
+  int64_t sk;
+  /*
+   Multiplies the logits before masking (e.g. `1/sqrt(head_dim)`); finite.
+   */
+  float scale;
+  /*
+   Non-zero: the padding mask is `[1, 1, sq, sk]` (shared by the batch).
+   */
+  int32_t mask_broadcast;
+} ftnSoftmaxDesc_t;
 
 /*
  Shape and options of the tensor-parallel MLP block `Y = gelu(X W1^T +
@@ -910,20 +924,6 @@ typedef struct {
    */
   int32_t serialize_comm;
 } ftnRowParallelLinearDesc_t;
-
-/*
- Where a `[rows, cols]` block lives in a row-major matrix.
- */
-typedef struct {
-  /*
-   Index of the block's first element.
-   */
-  int64_t offset;
-  /*
-   Elements between the starts of consecutive rows (`>= cols`).
-   */
-  int64_t pitch;
-} ftnBlock2d_t;
 
 /*
  Shape of a vocab-parallel embedding table `[vocab, hidden]`.
@@ -1163,124 +1163,6 @@ ftnResult_t ftn_group_p2p(const ftnP2pOp_t *ops,
                           ftnStream_t stream);
 
 /*
- Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
- ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
- emulator). With `ftnBackendAuto` the emulator is used when no GPU can
- be; query which with `ftn_context_get_backend`.
- */
-ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
-
-/*
- Destroys a context: waits for its work, frees the memory it allocated
- with `ftn_malloc`. Streams and events of it must be destroyed first.
- */
-ftnResult_t ftn_context_destroy(ftnContext_t ctx);
-
-/*
- The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
- */
-ftnResult_t ftn_context_get_backend(ftnContext_t ctx, int *backend);
-
-/*
- Writes the device's name, NUL-terminated and truncated to `len` bytes.
- */
-ftnResult_t ftn_context_get_name(ftnContext_t ctx, char *name, size_t len);
-
-/*
- Waits for all work on every stream of the context; reports the first
- failure.
- */
-ftnResult_t ftn_context_synchronize(ftnContext_t ctx);
-
-/*
- Allocates `bytes` zeroed bytes of device memory (host memory on the
- emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
- */
-ftnResult_t ftn_malloc(ftnContext_t ctx, void **ptr, size_t bytes);
-
-/*
- Frees memory from `ftn_malloc` on the same context (waits for the
- context's work first, like `cudaFree`). NULL is a no-op.
- */
-ftnResult_t ftn_free(ftnContext_t ctx, void *ptr);
-
-/*
- Creates a stream (an in-order queue of work) on a context.
- */
-ftnResult_t ftn_stream_create(ftnContext_t ctx, ftnStream_t *stream);
-
-/*
- Waits for the stream's work, then destroys it. Returns the stream's
- pending failure, if any (the stream is destroyed either way).
- */
-ftnResult_t ftn_stream_destroy(ftnStream_t stream);
-
-/*
- Blocks until all work enqueued on the stream has finished; reports the
- first failure since the last synchronize.
- */
-ftnResult_t ftn_stream_synchronize(ftnStream_t stream);
-
-/*
- Makes later work on `stream` wait for the event's latest record.
- */
-ftnResult_t ftn_stream_wait_event(ftnStream_t stream, ftnEvent_t event);
-
-/*
- Creates an event on a context (not yet recorded: waiting on it
- returns at once).
- */
-ftnResult_t ftn_event_create(ftnContext_t ctx, ftnEvent_t *event);
-
-/*
- Destroys an event.
- */
-ftnResult_t ftn_event_destroy(ftnEvent_t event);
-
-/*
- Records the event at the current end of `stream`.
- */
-ftnResult_t ftn_event_record(ftnEvent_t event, ftnStream_t stream);
-
-/*
- Blocks until the event's latest record has been reached.
- */
-ftnResult_t ftn_event_synchronize(ftnEvent_t event);
-
-/*
- `*complete` = 1 when the event's latest record has been reached, else 0.
- */
-ftnResult_t ftn_event_query(ftnEvent_t event, int *complete);
-
-/*
- Milliseconds between two completed records (`start` before `end`).
- */
-ftnResult_t ftn_event_elapsed_ms(ftnEvent_t start, ftnEvent_t end, float *ms);
-
-/*
- Enqueues a copy of `bytes` bytes from host memory `src` to device
- memory `dst`. `src` is staged before the call returns.
- */
-ftnResult_t ftn_memcpy_htod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
-
-/*
- Copies `bytes` bytes from device memory `src` to host memory `dst`
- after the stream's earlier work (blocks the caller).
- */
-ftnResult_t ftn_memcpy_dtoh(ftnStream_t stream, void *dst, const void *src, size_t bytes);
-
-/*
- Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
- */
-ftnResult_t ftn_memcpy_dtod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
-
-/*
- Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
- 0xFF makes float buffers NaN).
- */
-ftnResult_t ftn_memset(ftnStream_t stream, void *dst, int value, size_t bytes);
-
-/*
  The grid's data-parallel size (what remains of `world`), after validating it.
  */
 ftnResult_t ftn_rank_grid_dp(const ftnRankGridDesc_t *desc, int *dp);
@@ -1361,96 +1243,43 @@ ftnResult_t ftn_bias_gelu_backward(ftnStream_t stream,
                                    void *dbias);
 
 /*
- LayerNorm forward: `y = (x - mean) * rstd * g + beta`; writes fp32
- `mean[rows]` and `rstd[rows]` for the backward. `gamma`, `beta`
- (`hidden` elements) may be NULL. `y` must not overlap `x`.
+ Copies the `[rows, cols]` block `src_block` of `src` to `dst_block` of
+ `dst` on `stream` (`datatype` any ftnDataType_t; the blocks must not
+ overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
+ cols` elements.
  */
-ftnResult_t ftn_layer_norm_forward(ftnStream_t stream,
-                                   const ftnNormDesc_t *desc,
-                                   const void *x,
-                                   const void *gamma,
-                                   const void *beta,
-                                   void *y,
-                                   float *mean,
-                                   float *rstd);
+ftnResult_t ftn_copy_2d(ftnStream_t stream,
+                        int datatype,
+                        const void *src,
+                        ftnBlock2d_t src_block,
+                        void *dst,
+                        ftnBlock2d_t dst_block,
+                        int64_t rows,
+                        int64_t cols);
 
 /*
- LayerNorm backward: `dx`, and when not NULL `dgamma`, `dbeta`
- (`hidden` elements, deterministic). `mean`, `rstd` from the forward.
+ Enqueues one (batched) GEMM described by `desc` (see `ftnGemmDesc_t` for
+ the layouts and how many elements each pointer must hold). `bias` (`n`
+ elements of the input type) and `c` may be NULL as the epilogue and
+ `beta` allow; `aux` is written by BiasGelu when not NULL and read by DGelu.
  */
-ftnResult_t ftn_layer_norm_backward(ftnStream_t stream,
-                                    const ftnNormDesc_t *desc,
-                                    const void *dy,
-                                    const void *x,
-                                    const float *mean,
-                                    const float *rstd,
-                                    const void *gamma,
-                                    void *dx,
-                                    void *dgamma,
-                                    void *dbeta);
+ftnResult_t ftn_gemm(ftnStream_t stream,
+                     const ftnGemmDesc_t *desc,
+                     const void *a,
+                     const void *b,
+                     const void *bias,
+                     const void *c,
+                     void *aux,
+                     void *d);
 
 /*
- RMSNorm forward: `y = x * rstd * g`; writes fp32 `rstd[rows]`.
- `gamma` may be NULL. `y` must not overlap `x`.
+ `dbias` (`cols` elements) = column sums of `dy`, which spans
+ `(rows - 1) * ld + cols` elements.
  */
-ftnResult_t ftn_rms_norm_forward(ftnStream_t stream,
-                                 const ftnNormDesc_t *desc,
-                                 const void *x,
-                                 const void *gamma,
-                                 void *y,
-                                 float *rstd);
-
-/*
- RMSNorm backward: `dx`, and when not NULL `dgamma` (deterministic).
- */
-ftnResult_t ftn_rms_norm_backward(ftnStream_t stream,
-                                  const ftnNormDesc_t *desc,
-                                  const void *dy,
-                                  const void *x,
-                                  const float *rstd,
-                                  const void *gamma,
-                                  void *dx,
-                                  void *dgamma);
-
-/*
- Multiplies every gradient by `1/scale` in place (one launch for the
- whole mixed-dtype list) and sets `*found_inf` (one fp32 in device
- memory) to 1 if any value was non-finite (it is never cleared here).
- With a `scaler` its current scale is used, read on the device, and
- `desc.scale` is ignored; `scaler` may be NULL.
- */
-ftnResult_t ftn_multi_tensor_unscale(ftnStream_t stream,
-                                     const ftnMultiTensorDesc_t *desc,
-                                     const ftnTensor_t *tensors,
-                                     ftnGradScaler_t scaler,
-                                     float *found_inf);
-
-/*
- `*norm` (one fp32 in device memory) = the L2 norm over all tensors of
- the list (fp32 accumulation, deterministic).
- */
-ftnResult_t ftn_multi_tensor_l2_norm(ftnStream_t stream,
-                                     const ftnMultiTensorDesc_t *desc,
-                                     const ftnTensor_t *tensors,
-                                     float *norm);
-
-/*
- Scales every tensor by `min(1, max_norm / (*norm + 1e-6))` in place,
- with `*norm` read on the device (e.g. from `ftn_multi_tensor_l2_norm`).
- */
-ftnResult_t ftn_multi_tensor_clip_by_norm(ftnStream_t stream,
-                                          const ftnMultiTensorDesc_t *desc,
-                                          const ftnTensor_t *tensors,
-                                          const float *norm);
-
-/*
- `ftn_multi_tensor_l2_norm` then `ftn_multi_tensor_clip_by_norm`:
- PyTorch's `clip_grad_norm_`; `*norm` receives the norm before clipping.
- */
-ftnResult_t ftn_multi_tensor_clip_grad_norm(ftnStream_t stream,
-                                            const ftnMultiTensorDesc_t *desc,
-                                            const ftnTensor_t *tensors,
-                                            float *norm);
+ftnResult_t ftn_gemm_bias_grad(ftnStream_t stream,
+                               const ftnBiasGradDesc_t *desc,
+                               const void *dy,
+                               void *dbias);
 
 /*
  Fills `config` (whose `size` the caller has set) with Megatron's
@@ -1507,6 +1336,98 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
 
 /*
+ Multiplies every gradient by `1/scale` in place (one launch for the
+ whole mixed-dtype list) and sets `*found_inf` (one fp32 in device
+ memory) to 1 if any value was non-finite (it is never cleared here).
+ With a `scaler` its current scale is used, read on the device, and
+ `desc.scale` is ignored; `scaler` may be NULL.
+ */
+ftnResult_t ftn_multi_tensor_unscale(ftnStream_t stream,
+                                     const ftnMultiTensorDesc_t *desc,
+                                     const ftnTensor_t *tensors,
+                                     ftnGradScaler_t scaler,
+                                     float *found_inf);
+
+/*
+ `*norm` (one fp32 in device memory) = the L2 norm over all tensors of
+ the list (fp32 accumulation, deterministic).
+ */
+ftnResult_t ftn_multi_tensor_l2_norm(ftnStream_t stream,
+                                     const ftnMultiTensorDesc_t *desc,
+                                     const ftnTensor_t *tensors,
+                                     float *norm);
+
+/*
+ Scales every tensor by `min(1, max_norm / (*norm + 1e-6))` in place,
+ with `*norm` read on the device (e.g. from `ftn_multi_tensor_l2_norm`).
+ */
+ftnResult_t ftn_multi_tensor_clip_by_norm(ftnStream_t stream,
+                                          const ftnMultiTensorDesc_t *desc,
+                                          const ftnTensor_t *tensors,
+                                          const float *norm);
+
+/*
+ `ftn_multi_tensor_l2_norm` then `ftn_multi_tensor_clip_by_norm`:
+ PyTorch's `clip_grad_norm_`; `*norm` receives the norm before clipping.
+ */
+ftnResult_t ftn_multi_tensor_clip_grad_norm(ftnStream_t stream,
+                                            const ftnMultiTensorDesc_t *desc,
+                                            const ftnTensor_t *tensors,
+                                            float *norm);
+
+/*
+ LayerNorm forward: `y = (x - mean) * rstd * g + beta`; writes fp32
+ `mean[rows]` and `rstd[rows]` for the backward. `gamma`, `beta`
+ (`hidden` elements) may be NULL. `y` must not overlap `x`.
+ */
+ftnResult_t ftn_layer_norm_forward(ftnStream_t stream,
+                                   const ftnNormDesc_t *desc,
+                                   const void *x,
+                                   const void *gamma,
+                                   const void *beta,
+                                   void *y,
+                                   float *mean,
+                                   float *rstd);
+
+/*
+ LayerNorm backward: `dx`, and when not NULL `dgamma`, `dbeta`
+ (`hidden` elements, deterministic). `mean`, `rstd` from the forward.
+ */
+ftnResult_t ftn_layer_norm_backward(ftnStream_t stream,
+                                    const ftnNormDesc_t *desc,
+                                    const void *dy,
+                                    const void *x,
+                                    const float *mean,
+                                    const float *rstd,
+                                    const void *gamma,
+                                    void *dx,
+                                    void *dgamma,
+                                    void *dbeta);
+
+/*
+ RMSNorm forward: `y = x * rstd * g`; writes fp32 `rstd[rows]`.
+ `gamma` may be NULL. `y` must not overlap `x`.
+ */
+ftnResult_t ftn_rms_norm_forward(ftnStream_t stream,
+                                 const ftnNormDesc_t *desc,
+                                 const void *x,
+                                 const void *gamma,
+                                 void *y,
+                                 float *rstd);
+
+/*
+ RMSNorm backward: `dx`, and when not NULL `dgamma` (deterministic).
+ */
+ftnResult_t ftn_rms_norm_backward(ftnStream_t stream,
+                                  const ftnNormDesc_t *desc,
+                                  const void *dy,
+                                  const void *x,
+                                  const float *rstd,
+                                  const void *gamma,
+                                  void *dx,
+                                  void *dgamma);
+
+/*
  `y = softmax(mask(scale * x))` over the last dimension (`y` may be `x`).
  `x`, `y`: `batch * heads * sq * sk` elements; `mask` (uint8, only with
  `ftnSoftmaxMaskPadding`, else ignored): `batch * sq * sk` elements, or
@@ -1527,30 +1448,6 @@ ftnResult_t ftn_softmax_backward(ftnStream_t stream,
                                  const void *y,
                                  const void *dy,
                                  void *dx);
-
-/*
- Enqueues one (batched) GEMM described by `desc` (see `ftnGemmDesc_t` for
- the layouts and how many elements each pointer must hold). `bias` (`n`
- elements of the input type) and `c` may be NULL as the epilogue and
- `beta` allow; `aux` is written by BiasGelu when not NULL and read by DGelu.
- */
-ftnResult_t ftn_gemm(ftnStream_t stream,
-                     const ftnGemmDesc_t *desc,
-                     const void *a,
-                     const void *b,
-                     const void *bias,
-                     const void *c,
-                     void *aux,
-                     void *d);
-
-/*
- `dbias` (`cols` elements) = column sums of `dy`, which spans
- `(rows - 1) * ld + cols` elements.
- */
-ftnResult_t ftn_gemm_bias_grad(ftnStream_t stream,
-                               const ftnBiasGradDesc_t *desc,
-                               const void *dy,
-                               void *dbias);
 
 /*
  Creates this rank's shard of the MLP block from the full host
@@ -1821,21 +1718,6 @@ ftnResult_t ftn_tp_mapping_backward(int mapping,
                                     ftnStream_t stream);
 
 /*
- Copies the `[rows, cols]` block `src_block` of `src` to `dst_block` of
- `dst` on `stream` (`datatype` any ftnDataType_t; the blocks must not
- overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
- cols` elements.
- */
-ftnResult_t ftn_copy_2d(ftnStream_t stream,
-                        int datatype,
-                        const void *src,
-                        ftnBlock2d_t src_block,
-                        void *dst,
-                        ftnBlock2d_t dst_block,
-                        int64_t rows,
-                        int64_t cols);
-
-/*
  Rows `[rank*rows/tp, (rank+1)*rows/tp)` of the row-major `[rows, cols]`
  host matrix `full` into `out` (host, room for `out_count >= rows/tp *
  cols` elements): a column-parallel weight or bias shard. `rows` must be
@@ -1957,6 +1839,124 @@ ftnResult_t ftn_vocab_parallel_cross_entropy_backward(const ftnCrossEntropyDesc_
  work first).
  */
 ftnResult_t ftn_cross_entropy_saved_destroy(ftnCrossEntropySaved_t saved);
+
+/*
+ Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
+ ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
+ emulator). With `ftnBackendAuto` the emulator is used when no GPU can
+ be; query which with `ftn_context_get_backend`.
+ */
+ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
+
+/*
+ Destroys a context: waits for its work, frees the memory it allocated
+ with `ftn_malloc`. Streams and events of it must be destroyed first.
+ */
+ftnResult_t ftn_context_destroy(ftnContext_t ctx);
+
+/*
+ The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
+ */
+ftnResult_t ftn_context_get_backend(ftnContext_t ctx, int *backend);
+
+/*
+ Writes the device's name, NUL-terminated and truncated to `len` bytes.
+ */
+ftnResult_t ftn_context_get_name(ftnContext_t ctx, char *name, size_t len);
+
+/*
+ Waits for all work on every stream of the context; reports the first
+ failure.
+ */
+ftnResult_t ftn_context_synchronize(ftnContext_t ctx);
+
+/*
+ Allocates `bytes` zeroed bytes of device memory (host memory on the
+ emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+ */
+ftnResult_t ftn_malloc(ftnContext_t ctx, void **ptr, size_t bytes);
+
+/*
+ Frees memory from `ftn_malloc` on the same context (waits for the
+ context's work first, like `cudaFree`). NULL is a no-op.
+ */
+ftnResult_t ftn_free(ftnContext_t ctx, void *ptr);
+
+/*
+ Creates a stream (an in-order queue of work) on a context.
+ */
+ftnResult_t ftn_stream_create(ftnContext_t ctx, ftnStream_t *stream);
+
+/*
+ Waits for the stream's work, then destroys it. Returns the stream's
+ pending failure, if any (the stream is destroyed either way).
+ */
+ftnResult_t ftn_stream_destroy(ftnStream_t stream);
+
+/*
+ Blocks until all work enqueued on the stream has finished; reports the
+ first failure since the last synchronize.
+ */
+ftnResult_t ftn_stream_synchronize(ftnStream_t stream);
+
+/*
+ Makes later work on `stream` wait for the event's latest record.
+ */
+ftnResult_t ftn_stream_wait_event(ftnStream_t stream, ftnEvent_t event);
+
+/*
+ Creates an event on a context (not yet recorded: waiting on it
+ returns at once).
+ */
+ftnResult_t ftn_event_create(ftnContext_t ctx, ftnEvent_t *event);
+
+/*
+ Destroys an event.
+ */
+ftnResult_t ftn_event_destroy(ftnEvent_t event);
+
+/*
+ Records the event at the current end of `stream`.
+ */
+ftnResult_t ftn_event_record(ftnEvent_t event, ftnStream_t stream);
+
+/*
+ Blocks until the event's latest record has been reached.
+ */
+ftnResult_t ftn_event_synchronize(ftnEvent_t event);
+
+/*
+ `*complete` = 1 when the event's latest record has been reached, else 0.
+ */
+ftnResult_t ftn_event_query(ftnEvent_t event, int *complete);
+
+/*
+ Milliseconds between two completed records (`start` before `end`).
+ */
+ftnResult_t ftn_event_elapsed_ms(ftnEvent_t start, ftnEvent_t end, float *ms);
+
+/*
+ Enqueues a copy of `bytes` bytes from host memory `src` to device
+ memory `dst`. `src` is staged before the call returns.
+ */
+ftnResult_t ftn_memcpy_htod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
+
+/*
+ Copies `bytes` bytes from device memory `src` to host memory `dst`
+ after the stream's earlier work (blocks the caller).
+ */
+ftnResult_t ftn_memcpy_dtoh(ftnStream_t stream, void *dst, const void *src, size_t bytes);
+
+/*
+ Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
+ */
+ftnResult_t ftn_memcpy_dtod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
+
+/*
+ Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
+ 0xFF makes float buffers NaN).
+ */
+ftnResult_t ftn_memset(ftnStream_t stream, void *dst, int value, size_t bytes);
 
 #ifdef __cplusplus
 }  // extern "C"

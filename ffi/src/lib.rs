@@ -3,7 +3,7 @@
 //!
 //! Model: NCCL's `nccl.h`. Opaque handles (`ftnContext_t`, `ftnStream_t`,
 //! `ftnEvent_t`, `ftnComm_t`, `ftnGradScaler_t`); every function returns an
-//! `ftnResult_t` and runs inside a panic boundary ([`boundary::guard`]);
+//! `ftnResult_t` and runs inside a panic boundary ([`abi::boundary::guard`]);
 //! failures leave a message naming the failing argument in a thread-local
 //! last error (`ftn_get_last_error`). Ops take raw pointers (device pointers
 //! on CUDA, host pointers on the emulator), a stream and a `size`-prefixed
@@ -12,33 +12,39 @@
 //! validation of the Rust API applies.
 #![allow(clippy::missing_safety_doc)] // the contracts are in the header's comments
 
-mod boundary;
+mod abi;
 mod comm;
-mod handles;
-mod job;
 mod ops;
-mod tp_blocks;
-mod tp_common;
-mod tp_linear;
-mod tp_mappings;
-mod tp_shard;
-mod tp_vocab;
+mod parallel;
+mod runtime;
 
-pub use boundary::ftnResult_t;
+pub use abi::boundary::ftnResult_t;
+pub use abi::descriptors::FTN_MAX_DESC_SIZE;
+pub use abi::dtype::ftnDataType_t;
+pub use comm::collectives::*;
+pub use comm::job::*;
 pub use comm::*;
-pub use handles::*;
-pub use job::*;
-pub use ops::*;
-pub use tp_blocks::*;
-pub use tp_common::{ftnActivation_t, ftnLinearGrads_t, ftnLinearParams_t, ftnWeightGradMode_t};
-pub use tp_linear::*;
-pub use tp_mappings::*;
-pub use tp_shard::*;
-pub use tp_vocab::*;
+pub use ops::bias_gelu::*;
+pub use ops::copy::*;
+pub use ops::ftnGelu_t;
+pub use ops::gemm::*;
+pub use ops::grad_scaler::*;
+pub use ops::multi_tensor::*;
+pub use ops::norm::*;
+pub use ops::softmax::*;
+pub use parallel::blocks::*;
+pub use parallel::common::{
+    ftnActivation_t, ftnLinearGrads_t, ftnLinearParams_t, ftnWeightGradMode_t,
+};
+pub use parallel::linear::*;
+pub use parallel::mappings::*;
+pub use parallel::shard::*;
+pub use parallel::vocab::*;
+pub use runtime::*;
 
 use std::ffi::{c_char, c_int};
 
-use boundary::guard;
+use abi::boundary::export;
 
 /// Major version of the library this header belongs to.
 pub const FTN_VERSION_MAJOR: c_int = 0;
@@ -53,9 +59,9 @@ pub const FTN_VERSION: c_int = 100;
 /// (compare with `FTN_VERSION` from the header you compiled against).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_get_version(version: *mut c_int) -> ftnResult_t {
-    guard("ftn_get_version", move || {
+    export!(|op| {
         // SAFETY: out-pointer contract.
-        unsafe { handles::write_out("ftn_get_version", "version", version, FTN_VERSION) }
+        unsafe { abi::handles::write_out(op, "version", version, FTN_VERSION) }
     })
 }
 
@@ -75,7 +81,7 @@ pub extern "C" fn ftn_get_error_string(status: c_int) -> *const c_char {
 /// thread; successful calls leave it unchanged. Never NULL.
 #[no_mangle]
 pub extern "C" fn ftn_get_last_error() -> *const c_char {
-    boundary::last_error_ptr()
+    abi::boundary::last_error_ptr()
 }
 
 /// Handles may be used from any thread (the header says so): every type
@@ -96,33 +102,167 @@ const _: () = {
 mod tests {
     use super::*;
 
-    /// Every exported function either runs its body inside the panic
-    /// boundary (`guard`) or is one of the two infallible, allocation-free
-    /// accessors.
+    /// Every `.rs` file under `src/`: its items before the tests, without
+    /// comment lines.
+    fn sources() -> Vec<(String, String)> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&root, &mut files);
+        files.sort();
+        files
+            .into_iter()
+            .map(|p| {
+                let name = p.strip_prefix(&root).unwrap().display().to_string();
+                // Code only: comments and tests may quote an export.
+                let text = std::fs::read_to_string(&p).unwrap();
+                let items = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+                let code: Vec<&str> = items
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect();
+                (name, code.join("\n") + "\n")
+            })
+            .collect()
+    }
+
+    /// Every exported function of every file is `#[no_mangle] pub unsafe
+    /// extern "C"` and its whole body is `export!(|op| ..)`, the panic
+    /// boundary (the two infallible, allocation-free accessors excepted); no
+    /// other code calls `guard` directly.
     #[test]
     fn every_export_is_inside_the_panic_boundary() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        const ACCESSORS: [&str; 2] = ["ftn_get_error_string", "ftn_get_last_error"];
         let mut exports = 0;
-        for f in ["lib.rs", "handles.rs", "ops.rs", "comm.rs"] {
-            let src = std::fs::read_to_string(dir.join(f)).unwrap();
-            for (i, chunk) in src.split("extern \"C\" fn ").skip(1).enumerate() {
+        for (f, src) in sources() {
+            assert_eq!(
+                src.matches("extern \"C\" fn ").count(),
+                src.matches("#[no_mangle]").count(),
+                "{f}: every `extern \"C\" fn` is #[no_mangle] and vice versa"
+            );
+            if f != "abi/boundary.rs" {
+                assert!(
+                    !src.contains("guard("),
+                    "{f}: calls guard( directly, not export!"
+                );
+            }
+            for chunk in src.split("extern \"C\" fn ").skip(1) {
                 let name: String = chunk
                     .chars()
                     .take_while(|c| c.is_alphanumeric() || *c == '_')
                     .collect();
                 exports += 1;
-                if name == "ftn_get_error_string" || name == "ftn_get_last_error" {
+                if ACCESSORS.contains(&name.as_str()) {
                     continue;
                 }
-                let body = &chunk[chunk.find('{').unwrap()..];
-                let first = body[1..].trim_start();
+                let sig_end = chunk
+                    .find(") -> ftnResult_t {")
+                    .unwrap_or_else(|| panic!("{f}: export `{name}` does not return ftnResult_t"));
+                let body = chunk[sig_end + ") -> ftnResult_t {".len()..].trim_start();
                 assert!(
-                    first.starts_with(&format!("guard(\"{name}\"")),
-                    "{f}: export #{i} `{name}` does not start with guard(\"{name}\", ..)"
+                    body.starts_with("export!(|"),
+                    "{f}: export `{name}` does not start with export!(|op| ..)"
+                );
+                // The export! call is the whole body: the function ends right
+                // after it (at the first line that closes a top-level item).
+                let end = body.find("\n}\n").unwrap_or(body.len());
+                assert!(
+                    body[..end].trim_end().ends_with(')'),
+                    "{f}: export `{name}`: something follows export!(..)"
+                );
+            }
+            for (i, _) in src.match_indices("extern \"C\" fn ") {
+                let before = &src[..i];
+                let name = &src[i + "extern \"C\" fn ".len()..];
+                let public = before.ends_with("pub unsafe ")
+                    || (before.ends_with("pub ") && ACCESSORS.iter().any(|a| name.starts_with(a)));
+                assert!(
+                    public,
+                    "{f}: an export that is not `pub unsafe extern \"C\"`"
                 );
             }
         }
-        assert!(exports >= 59, "found only {exports} exports");
+        assert!(exports >= 104, "found only {exports} exports");
+    }
+
+    /// `export!` binds `op` to the function's own name, in every module.
+    #[test]
+    fn export_names_itself() {
+        let null = std::ptr::null_mut::<std::ffi::c_void>();
+        let last = || {
+            // SAFETY: a valid NUL-terminated string.
+            unsafe { std::ffi::CStr::from_ptr(ftn_get_last_error()) }
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        type Call = Box<dyn Fn() -> ftnResult_t>;
+        let cases: [(&str, Call); 7] = [
+            // SAFETY (all): NULL handles and pointers are rejected first.
+            (
+                "ftn_get_version",
+                Box::new(|| unsafe { ftn_get_version(std::ptr::null_mut()) }),
+            ),
+            (
+                "ftn_stream_synchronize",
+                Box::new(|| unsafe { ftn_stream_synchronize(std::ptr::null_mut()) }),
+            ),
+            (
+                "ftn_gemm",
+                Box::new(move || unsafe {
+                    ftn_gemm(
+                        std::ptr::null_mut(),
+                        std::ptr::null(),
+                        null,
+                        null,
+                        null,
+                        null,
+                        null,
+                        null,
+                    )
+                }),
+            ),
+            (
+                "ftn_comm_count",
+                Box::new(|| unsafe { ftn_comm_count(std::ptr::null_mut(), std::ptr::null_mut()) }),
+            ),
+            (
+                "ftn_all_reduce",
+                Box::new(move || unsafe {
+                    ftn_all_reduce(
+                        null,
+                        null,
+                        1,
+                        0,
+                        0,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                }),
+            ),
+            (
+                "ftn_rank_grid_dp",
+                Box::new(|| unsafe { ftn_rank_grid_dp(std::ptr::null(), std::ptr::null_mut()) }),
+            ),
+            (
+                "ftn_tp_mlp_destroy",
+                Box::new(|| unsafe { ftn_tp_mlp_destroy(std::ptr::null_mut()) }),
+            ),
+        ];
+        for (name, call) in cases {
+            assert_eq!(call(), ftnResult_t::ftnInvalidArgument, "{name}");
+            let msg = last();
+            assert!(msg.starts_with(&format!("{name}: ")), "{name}: {msg}");
+        }
     }
 
     #[test]

@@ -11,15 +11,18 @@ use ferrotron::parallel::linear::{
 };
 use ferrotron::Result;
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::args::{dim, mul};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::descriptors::Desc;
+use crate::abi::handles::{handle, take, Handle};
+use crate::abi::views::view;
 use crate::comm::ftnComm_t;
-use crate::handles::ftnStream_t;
-use crate::handles::{dim, handle, mul, take, view, Handle};
-use crate::ops::Desc;
-use crate::tp_common::{
+use crate::parallel::common::{
     activation, create, flag, ftnLinearGrads_t, ftnLinearParams_t, full_params, local_rows,
-    on_typed, owner, tp_new, view_iff, with_layer, with_params, write_params, GradViews, Typed,
+    on_typed, owner, tp_new, typed_from, view_iff, with_layer, with_params, write_params,
+    GradViews, Typed,
 };
+use crate::runtime::ftnStream_t;
 
 /// Shape and options of a column-parallel linear layer `Y = X W^T + b`
 /// (`W` is `[out_features, in_features]`; rank `r` owns rows
@@ -99,33 +102,35 @@ handle!(ftnColumnParallelLinear, ftnColumnParallelLinear_t, 0x4654_4e43_504c_000
 handle!(ftnRowParallelLinear, ftnRowParallelLinear_t, 0x4654_4e52_504c_0007, "ftnRowParallelLinear_t", {
     inner: Mutex<RowImpl>,
 });
+typed_from!(ColumnParallelLinear);
+typed_from!(RowParallelLinear);
 owner!(ftnColumnParallelLinear, ColumnImpl);
 owner!(ftnRowParallelLinear, RowImpl);
 
 // ---- column-parallel ----
 
 unsafe fn column_new<T: TpElement>(
+    op: &'static str,
     comm: &ferrotron::comm::Communicator,
     d: &ftnColumnParallelLinearDesc_t,
     weight: *const c_void,
     bias: *const c_void,
 ) -> Result<ColumnParallelLinear<T>> {
-    const OP: &str = "ftn_column_parallel_linear_create";
     if d.reserved != 0 {
-        return Err(invalid(OP, "desc.reserved", "0", d.reserved));
+        return Err(invalid(op, "desc.reserved", "0", d.reserved));
     }
-    let inp = dim(OP, "desc.in_features", d.in_features)?;
-    let out = dim(OP, "desc.out_features", d.out_features)?;
+    let inp = dim(op, "desc.in_features", d.in_features)?;
+    let out = dim(op, "desc.out_features", d.out_features)?;
     let options = ColumnOptions {
         bias: flag(d.bias),
         gather_output: flag(d.gather_output),
         skip_bias_add: flag(d.skip_bias_add),
         sequence_parallel: flag(d.sequence_parallel),
-        activation: activation(OP, "desc.activation", d.activation)?,
+        activation: activation(op, "desc.activation", d.activation)?,
         overlap: !flag(d.serialize_comm),
     };
     // SAFETY: host pointer contracts: `out * in` and `out` elements.
-    let (w, b) = unsafe { full_params::<T>(OP, weight, bias, (out, inp))? };
+    let (w, b) = unsafe { full_params::<T>(op, weight, bias, (out, inp))? };
     ColumnParallelLinear::from_full(comm, inp, out, w, b, options)
 }
 
@@ -142,16 +147,15 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_create(
     full_bias: *const c_void,
     layer: *mut ftnColumnParallelLinear_t,
 ) -> ftnResult_t {
-    guard("ftn_column_parallel_linear_create", move || {
-        const OP: &str = "ftn_column_parallel_linear_create";
+    export!(|op| {
         // SAFETY: handle, descriptor and host pointer contracts.
         unsafe {
             create(
-                OP,
+                op,
                 comm,
                 desc,
                 ("layer", layer),
-                |c, d| tp_new!(OP, d.dtype, T => column_new::<T>(c, d, full_weight, full_bias)),
+                |c, d| tp_new!(op, d.dtype, T => column_new::<T>(op, c, d, full_weight, full_bias)),
             )
         }
     })
@@ -162,9 +166,9 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_create(
 pub unsafe extern "C" fn ftn_column_parallel_linear_destroy(
     layer: ftnColumnParallelLinear_t,
 ) -> ftnResult_t {
-    guard("ftn_column_parallel_linear_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        drop(unsafe { take("ftn_column_parallel_linear_destroy", "layer", layer)? });
+        drop(unsafe { take(op, "layer", layer)? });
         Ok(())
     })
 }
@@ -176,15 +180,14 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_get_params(
     layer: ftnColumnParallelLinear_t,
     params: *mut ftnLinearParams_t,
 ) -> ftnResult_t {
-    guard("ftn_column_parallel_linear_get_params", move || {
-        const OP: &str = "ftn_column_parallel_linear_get_params";
+    export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
             with_params(
-                OP,
+                op,
                 "layer",
                 layer,
-                |g| on_typed!(g, l, T => write_params(OP, "params", params, &l.weight, l.bias.as_ref())),
+                |g| on_typed!(g, l, T => write_params(op, "params", params, &l.weight, l.bias.as_ref())),
             )
         }
     })
@@ -214,6 +217,7 @@ fn column_sizes<T: TpElement>(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn column_forward_t<T: TpElement>(
+    op: &'static str,
     l: &mut ColumnParallelLinear<T>,
     c: &crate::comm::Call,
     input: *const c_void,
@@ -221,17 +225,16 @@ unsafe fn column_forward_t<T: TpElement>(
     pre: *mut c_void,
     tokens: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_column_parallel_linear_forward";
-    let (nin, nout, npre) = column_sizes(OP, l, tokens, c.comm.size())?;
+    let (nin, nout, npre) = column_sizes(op, l, tokens, c.comm.size())?;
     let fused = l.options.activation.is_some();
     // SAFETY: pointer contracts, sizes from the layer's shape.
     let (x, mut y, mut p) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, nin)?,
-            view::<T>(&c.dev, OP, "output", output, nout)?,
+            view::<T>(&c.dev, op, "input", input, nin)?,
+            view::<T>(&c.dev, op, "output", output, nout)?,
             view_iff::<T>(
                 &c.dev,
-                OP,
+                op,
                 "pre",
                 pre,
                 npre,
@@ -258,18 +261,17 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_forward(
     pre: *mut c_void,
     tokens: i64,
 ) -> ftnResult_t {
-    guard("ftn_column_parallel_linear_forward", move || {
-        const OP: &str = "ftn_column_parallel_linear_forward";
-        let tokens = dim(OP, "tokens", tokens)?;
+    export!(|op| {
+        let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "layer",
                 layer,
                 comm,
                 stream,
-                |g, c| on_typed!(g, l, T => column_forward_t::<T>(l, c, input, output, pre, tokens)),
+                |g, c| on_typed!(g, l, T => column_forward_t::<T>(op, l, c, input, output, pre, tokens)),
             )
         }
     })
@@ -277,6 +279,7 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_forward(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn column_backward_t<T: TpElement>(
+    op: &'static str,
     l: &mut ColumnParallelLinear<T>,
     c: &crate::comm::Call,
     input: *const c_void,
@@ -286,21 +289,20 @@ unsafe fn column_backward_t<T: TpElement>(
     grads: *const ftnLinearGrads_t,
     tokens: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_column_parallel_linear_backward";
-    let (nin, nout, npre) = column_sizes(OP, l, tokens, c.comm.size())?;
-    let nw = mul(OP, "weight", l.out_per_rank(), l.in_features)?;
+    let (nin, nout, npre) = column_sizes(op, l, tokens, c.comm.size())?;
+    let nw = mul(op, "weight", l.out_per_rank(), l.in_features)?;
     // SAFETY: pointer contracts, sizes from the layer's shape.
     let (x, dy, p, mut dx, mut gv) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, nin)?,
-            view::<T>(&c.dev, OP, "grad_output", grad_output, nout)?,
+            view::<T>(&c.dev, op, "input", input, nin)?,
+            view::<T>(&c.dev, op, "grad_output", grad_output, nout)?,
             if pre.is_null() {
                 None
             } else {
-                Some(view::<T>(&c.dev, OP, "pre", pre, npre)?)
+                Some(view::<T>(&c.dev, op, "pre", pre, npre)?)
             },
-            view::<T>(&c.dev, OP, "grad_input", grad_input, nin)?,
-            GradViews::<T>::read(&c.dev, OP, "grads", grads, nw, l.out_per_rank())?,
+            view::<T>(&c.dev, op, "grad_input", grad_input, nin)?,
+            GradViews::<T>::read(&c.dev, op, "grads", grads, nw, l.out_per_rank())?,
         )
     };
     l.backward(
@@ -336,18 +338,17 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_backward(
     grads: *const ftnLinearGrads_t,
     tokens: i64,
 ) -> ftnResult_t {
-    guard("ftn_column_parallel_linear_backward", move || {
-        const OP: &str = "ftn_column_parallel_linear_backward";
-        let tokens = dim(OP, "tokens", tokens)?;
+    export!(|op| {
+        let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "layer",
                 layer,
                 comm,
                 stream,
-                |g, c| on_typed!(g, l, T => column_backward_t::<T>(l, c, input, grad_output, pre, grad_input, grads, tokens)),
+                |g, c| on_typed!(g, l, T => column_backward_t::<T>(op, l, c, input, grad_output, pre, grad_input, grads, tokens)),
             )
         }
     })
@@ -356,14 +357,14 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_backward(
 // ---- row-parallel ----
 
 unsafe fn row_new<T: TpElement>(
+    op: &'static str,
     comm: &ferrotron::comm::Communicator,
     d: &ftnRowParallelLinearDesc_t,
     weight: *const c_void,
     bias: *const c_void,
 ) -> Result<RowParallelLinear<T>> {
-    const OP: &str = "ftn_row_parallel_linear_create";
-    let inp = dim(OP, "desc.in_features", d.in_features)?;
-    let out = dim(OP, "desc.out_features", d.out_features)?;
+    let inp = dim(op, "desc.in_features", d.in_features)?;
+    let out = dim(op, "desc.out_features", d.out_features)?;
     let options = RowOptions {
         bias: flag(d.bias),
         input_is_parallel: flag(d.input_is_parallel),
@@ -372,7 +373,7 @@ unsafe fn row_new<T: TpElement>(
         overlap: !flag(d.serialize_comm),
     };
     // SAFETY: host pointer contracts: `out * in` and `out` elements.
-    let (w, b) = unsafe { full_params::<T>(OP, weight, bias, (out, inp))? };
+    let (w, b) = unsafe { full_params::<T>(op, weight, bias, (out, inp))? };
     RowParallelLinear::from_full(comm, inp, out, w, b, options)
 }
 
@@ -387,16 +388,15 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_create(
     full_bias: *const c_void,
     layer: *mut ftnRowParallelLinear_t,
 ) -> ftnResult_t {
-    guard("ftn_row_parallel_linear_create", move || {
-        const OP: &str = "ftn_row_parallel_linear_create";
+    export!(|op| {
         // SAFETY: handle, descriptor and host pointer contracts.
         unsafe {
             create(
-                OP,
+                op,
                 comm,
                 desc,
                 ("layer", layer),
-                |c, d| tp_new!(OP, d.dtype, T => row_new::<T>(c, d, full_weight, full_bias)),
+                |c, d| tp_new!(op, d.dtype, T => row_new::<T>(op, c, d, full_weight, full_bias)),
             )
         }
     })
@@ -407,9 +407,9 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_create(
 pub unsafe extern "C" fn ftn_row_parallel_linear_destroy(
     layer: ftnRowParallelLinear_t,
 ) -> ftnResult_t {
-    guard("ftn_row_parallel_linear_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        drop(unsafe { take("ftn_row_parallel_linear_destroy", "layer", layer)? });
+        drop(unsafe { take(op, "layer", layer)? });
         Ok(())
     })
 }
@@ -421,15 +421,14 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_get_params(
     layer: ftnRowParallelLinear_t,
     params: *mut ftnLinearParams_t,
 ) -> ftnResult_t {
-    guard("ftn_row_parallel_linear_get_params", move || {
-        const OP: &str = "ftn_row_parallel_linear_get_params";
+    export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
             with_params(
-                OP,
+                op,
                 "layer",
                 layer,
-                |g| on_typed!(g, l, T => write_params(OP, "params", params, &l.weight, l.bias.as_ref())),
+                |g| on_typed!(g, l, T => write_params(op, "params", params, &l.weight, l.bias.as_ref())),
             )
         }
     })
@@ -456,19 +455,19 @@ fn row_sizes<T: TpElement>(
 }
 
 unsafe fn row_forward_t<T: TpElement>(
+    op: &'static str,
     l: &mut RowParallelLinear<T>,
     c: &crate::comm::Call,
     input: *const c_void,
     output: *mut c_void,
     tokens: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_row_parallel_linear_forward";
-    let (nin, nout) = row_sizes(OP, l, tokens, c.comm.size())?;
+    let (nin, nout) = row_sizes(op, l, tokens, c.comm.size())?;
     // SAFETY: pointer contracts, sizes from the layer's shape.
     let (x, mut y) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, nin)?,
-            view::<T>(&c.dev, OP, "output", output, nout)?,
+            view::<T>(&c.dev, op, "input", input, nin)?,
+            view::<T>(&c.dev, op, "output", output, nout)?,
         )
     };
     l.forward(c.comm, c.stream, &x, &mut y, tokens)
@@ -487,18 +486,17 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_forward(
     output: *mut c_void,
     tokens: i64,
 ) -> ftnResult_t {
-    guard("ftn_row_parallel_linear_forward", move || {
-        const OP: &str = "ftn_row_parallel_linear_forward";
-        let tokens = dim(OP, "tokens", tokens)?;
+    export!(|op| {
+        let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "layer",
                 layer,
                 comm,
                 stream,
-                |g, c| on_typed!(g, l, T => row_forward_t::<T>(l, c, input, output, tokens)),
+                |g, c| on_typed!(g, l, T => row_forward_t::<T>(op, l, c, input, output, tokens)),
             )
         }
     })
@@ -506,6 +504,7 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_forward(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn row_backward_t<T: TpElement>(
+    op: &'static str,
     l: &mut RowParallelLinear<T>,
     c: &crate::comm::Call,
     input: *const c_void,
@@ -516,27 +515,26 @@ unsafe fn row_backward_t<T: TpElement>(
     grads: *const ftnLinearGrads_t,
     tokens: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_row_parallel_linear_backward";
-    let (nin, nout) = row_sizes(OP, l, tokens, c.comm.size())?;
-    let act = activation(OP, "dgelu", dgelu)?;
-    let npre = mul(OP, "tokens", tokens, l.in_per_rank())?;
-    let nw = mul(OP, "weight", l.out_features, l.in_per_rank())?;
+    let (nin, nout) = row_sizes(op, l, tokens, c.comm.size())?;
+    let act = activation(op, "dgelu", dgelu)?;
+    let npre = mul(op, "tokens", tokens, l.in_per_rank())?;
+    let nw = mul(op, "weight", l.out_features, l.in_per_rank())?;
     // SAFETY: pointer contracts, sizes from the layer's shape.
     let (x, dy, pre, mut dx, mut gv) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, nin)?,
-            view::<T>(&c.dev, OP, "grad_output", grad_output, nout)?,
+            view::<T>(&c.dev, op, "input", input, nin)?,
+            view::<T>(&c.dev, op, "grad_output", grad_output, nout)?,
             view_iff::<T>(
                 &c.dev,
-                OP,
+                op,
                 "dgelu_pre",
                 dgelu_pre,
                 npre,
                 act.is_some(),
                 "given iff dgelu is not ftnActivationNone",
             )?,
-            view::<T>(&c.dev, OP, "grad_input", grad_input, nin)?,
-            GradViews::<T>::read(&c.dev, OP, "grads", grads, nw, l.out_features)?,
+            view::<T>(&c.dev, op, "grad_input", grad_input, nin)?,
+            GradViews::<T>::read(&c.dev, op, "grads", grads, nw, l.out_features)?,
         )
     };
     let fused = act.zip(pre.as_ref());
@@ -572,18 +570,17 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_backward(
     grads: *const ftnLinearGrads_t,
     tokens: i64,
 ) -> ftnResult_t {
-    guard("ftn_row_parallel_linear_backward", move || {
-        const OP: &str = "ftn_row_parallel_linear_backward";
-        let tokens = dim(OP, "tokens", tokens)?;
+    export!(|op| {
+        let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "layer",
                 layer,
                 comm,
                 stream,
-                |g, c| on_typed!(g, l, T => row_backward_t::<T>(l, c, input, grad_output, dgelu, dgelu_pre, grad_input, grads, tokens)),
+                |g, c| on_typed!(g, l, T => row_backward_t::<T>(op, l, c, input, grad_output, dgelu, dgelu_pre, grad_input, grads, tokens)),
             )
         }
     })

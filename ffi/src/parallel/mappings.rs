@@ -5,15 +5,18 @@
 use std::ffi::{c_int, c_void};
 
 use ferrotron::comm::CommElement;
-use ferrotron::ops::copy::{copy_2d, Block2d};
 use ferrotron::parallel::mappings::Mapping;
-use ferrotron::{Element, Result};
-use half::{bf16, f16};
+use ferrotron::Result;
 
-use crate::boundary::{ftnResult_t, guard, invalid};
-use crate::comm::{call, comm_dispatch, ftnComm_t, Call};
-use crate::handles::{dim, ftnStream, ftnStream_t, get, mul, view, write_out};
-use crate::tp_common::{to_i64, tp_size};
+use crate::abi::args::{dim, mul, to_i64};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::dtype::dispatch_dtype;
+use crate::abi::enums::{c_enum, parse_enum};
+use crate::abi::handles::write_out;
+use crate::abi::views::view;
+use crate::comm::{call, ftnComm_t, Call};
+use crate::parallel::common::tp_size;
+use crate::runtime::ftnStream_t;
 
 /// A mapping primitive: forward and backward are each other's duals.
 /// Tensors are row-major `[rows, cols]`; "last dim" is `cols`, the
@@ -37,17 +40,26 @@ pub enum ftnMapping_t {
     /// Forward reduce-scatter first dim, backward all-gather first dim.
     ftnReduceScatterToSp = 6,
 }
+c_enum!(
+    ftnMapping_t: ftnCopyToTp,
+    ftnReduceFromTp,
+    ftnScatterToTp,
+    ftnGatherFromTp,
+    ftnScatterToSp,
+    ftnGatherFromSp,
+    ftnReduceScatterToSp,
+);
 
 fn mapping_of(op: &'static str, v: c_int) -> Result<Mapping> {
-    Ok(match v {
-        0 => Mapping::CopyToTp,
-        1 => Mapping::ReduceFromTp,
-        2 => Mapping::ScatterToTp,
-        3 => Mapping::GatherFromTp,
-        4 => Mapping::ScatterToSp,
-        5 => Mapping::GatherFromSp,
-        6 => Mapping::ReduceScatterToSp,
-        other => return Err(invalid(op, "mapping", "an ftnMapping_t (0..=6)", other)),
+    use ftnMapping_t::*;
+    Ok(match parse_enum(op, "mapping", v)? {
+        ftnCopyToTp => Mapping::CopyToTp,
+        ftnReduceFromTp => Mapping::ReduceFromTp,
+        ftnScatterToTp => Mapping::ScatterToTp,
+        ftnGatherFromTp => Mapping::GatherFromTp,
+        ftnScatterToSp => Mapping::ScatterToSp,
+        ftnGatherFromSp => Mapping::GatherFromSp,
+        ftnReduceScatterToSp => Mapping::ReduceScatterToSp,
     })
 }
 
@@ -79,28 +91,27 @@ pub unsafe extern "C" fn ftn_tp_mapping_shape(
     out_rows: *mut i64,
     out_cols: *mut i64,
 ) -> ftnResult_t {
-    guard("ftn_tp_mapping_shape", move || {
-        const OP: &str = "ftn_tp_mapping_shape";
-        let m = mapping_of(OP, mapping)?;
-        let (r, c) = (dim(OP, "rows", rows)?, dim(OP, "cols", cols)?);
-        let tp = tp_size(OP, tp)?;
+    export!(|op| {
+        let m = mapping_of(op, mapping)?;
+        let (r, c) = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
+        let tp = tp_size(op, tp)?;
         let dir = if backward != 0 {
             Direction::Backward
         } else {
             Direction::Forward
         };
         // Growing directions must not overflow.
-        mul(OP, "rows * tp", r, tp)?;
-        mul(OP, "cols * tp", c, tp)?;
+        mul(op, "rows * tp", r, tp)?;
+        mul(op, "cols * tp", c, tp)?;
         let (orows, ocols) = dir.shape(m, r, c, tp);
-        let (orows, ocols) = (to_i64(OP, "rows", orows)?, to_i64(OP, "cols", ocols)?);
+        let (orows, ocols) = (to_i64(op, "rows", orows)?, to_i64(op, "cols", ocols)?);
         // SAFETY: out-pointer contracts.
         unsafe {
             if out_cols.is_null() {
-                return Err(invalid(OP, "out_cols", "a non-NULL pointer", "NULL"));
+                return Err(invalid(op, "out_cols", "a non-NULL pointer", "NULL"));
             }
-            write_out(OP, "out_rows", out_rows, orows)?;
-            write_out(OP, "out_cols", out_cols, ocols)
+            write_out(op, "out_rows", out_rows, orows)?;
+            write_out(op, "out_cols", out_cols, ocols)
         }
     })
 }
@@ -149,7 +160,7 @@ unsafe fn run_mapping(
     let c = call(op, comm, stream)?;
     let shape = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
     // SAFETY: pointer contracts.
-    comm_dispatch!(op, datatype, T => unsafe { mapping_t::<T>(op, &c, (m, dir), input, output, shape) })
+    dispatch_dtype!(op, "datatype", datatype, T => unsafe { mapping_t::<T>(op, &c, (m, dir), input, output, shape) })
 }
 
 /// Forward of `mapping` on `stream`: `output = f(input)`, `input` `[rows,
@@ -166,11 +177,11 @@ pub unsafe extern "C" fn ftn_tp_mapping_forward(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_mapping_forward", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             run_mapping(
-                "ftn_tp_mapping_forward",
+                op,
                 Direction::Forward,
                 mapping,
                 input,
@@ -199,11 +210,11 @@ pub unsafe extern "C" fn ftn_tp_mapping_backward(
     comm: ftnComm_t,
     stream: ftnStream_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_mapping_backward", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             run_mapping(
-                "ftn_tp_mapping_backward",
+                op,
                 Direction::Backward,
                 mapping,
                 grad_output,
@@ -215,90 +226,5 @@ pub unsafe extern "C" fn ftn_tp_mapping_backward(
                 stream,
             )
         }
-    })
-}
-
-/// Where a `[rows, cols]` block lives in a row-major matrix.
-#[allow(non_camel_case_types)]
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ftnBlock2d_t {
-    /// Index of the block's first element.
-    pub offset: i64,
-    /// Elements between the starts of consecutive rows (`>= cols`).
-    pub pitch: i64,
-}
-
-/// Elements from the buffer's start to the block's end.
-fn extent(
-    op: &'static str,
-    arg: &'static str,
-    b: Block2d,
-    rows: usize,
-    cols: usize,
-) -> Result<usize> {
-    b.extent(rows, cols).ok_or_else(|| {
-        invalid(
-            op,
-            arg,
-            "a block whose extent fits in size_t",
-            "an overflow",
-        )
-    })
-}
-
-unsafe fn copy_t<T: Element>(
-    s: &ftnStream,
-    (src, src_at): (*const c_void, Block2d),
-    (dst, dst_at): (*mut c_void, Block2d),
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    const OP: &str = "ftn_copy_2d";
-    let dev = s.stream.device().clone();
-    let ns = extent(OP, "src_block", src_at, rows, cols)?;
-    let nd = extent(OP, "dst_block", dst_at, rows, cols)?;
-    // SAFETY: pointer contracts: each buffer holds its block.
-    let (x, mut y) = unsafe {
-        (
-            view::<T>(&dev, OP, "src", src, ns)?,
-            view::<T>(&dev, OP, "dst", dst, nd)?,
-        )
-    };
-    copy_2d(&s.stream, &x, src_at, &mut y, dst_at, rows, cols)
-}
-
-fn block(op: &'static str, arg: &'static str, b: ftnBlock2d_t) -> Result<Block2d> {
-    let offset =
-        usize::try_from(b.offset).map_err(|_| invalid(op, arg, "offset >= 0", b.offset))?;
-    let pitch = usize::try_from(b.pitch).map_err(|_| invalid(op, arg, "pitch >= 0", b.pitch))?;
-    Ok(Block2d { offset, pitch })
-}
-
-/// Copies the `[rows, cols]` block `src_block` of `src` to `dst_block` of
-/// `dst` on `stream` (`datatype` any ftnDataType_t; the blocks must not
-/// overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
-/// cols` elements.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn ftn_copy_2d(
-    stream: ftnStream_t,
-    datatype: c_int,
-    src: *const c_void,
-    src_block: ftnBlock2d_t,
-    dst: *mut c_void,
-    dst_block: ftnBlock2d_t,
-    rows: i64,
-    cols: i64,
-) -> ftnResult_t {
-    guard("ftn_copy_2d", move || {
-        const OP: &str = "ftn_copy_2d";
-        // SAFETY: handle contract.
-        let s = unsafe { get::<ftnStream>(OP, "stream", stream)? };
-        let (r, c) = (dim(OP, "rows", rows)?, dim(OP, "cols", cols)?);
-        let sa = block(OP, "src_block", src_block)?;
-        let da = block(OP, "dst_block", dst_block)?;
-        // SAFETY: pointer contracts.
-        comm_dispatch!(OP, datatype, T => unsafe { copy_t::<T>(s, (src, sa), (dst, da), r, c) })
     })
 }

@@ -10,10 +10,14 @@ use ferrotron::ops::Gelu;
 use ferrotron::parallel::linear::{LinearGrads, TpElement, WeightGrad};
 use ferrotron::{Device, DeviceBuffer, Result};
 
-use crate::boundary::invalid;
+use crate::abi::args::mul;
+use crate::abi::boundary::invalid;
+use crate::abi::descriptors::{check_out_desc, read_desc, Desc};
+use crate::abi::enums::{c_enum, parse_enum};
+use crate::abi::handles::{check_out, get, Handle};
+use crate::abi::views::{host_slice, view};
 use crate::comm::{call, ftnComm, ftnComm_t, Call};
-use crate::handles::{check_out, ftnStream_t, get, host_slice, mul, view, Handle};
-use crate::ops::{check_out_desc, read_desc, Desc};
+use crate::runtime::ftnStream_t;
 
 /// A fused activation (`ftnColumnParallelLinearDesc_t.activation`, the
 /// `dgelu` of `ftn_row_parallel_linear_backward`).
@@ -27,6 +31,7 @@ pub enum ftnActivation_t {
     /// GeLU, exact (erf).
     ftnActivationGeluErf = 2,
 }
+c_enum!(ftnActivation_t: ftnActivationNone, ftnActivationGeluTanh, ftnActivationGeluErf);
 
 /// Where a weight gradient goes (`ftnLinearGrads_t.weight_mode`).
 #[allow(non_camel_case_types)]
@@ -38,6 +43,7 @@ pub enum ftnWeightGradMode_t {
     /// `weight += dW` into an fp32 main_grad, fused into the GEMM.
     ftnWeightGradAccumulate = 1,
 }
+c_enum!(ftnWeightGradMode_t: ftnWeightGradStore, ftnWeightGradAccumulate);
 
 /// Where one linear layer's backward writes its gradients.
 #[allow(non_camel_case_types)]
@@ -99,12 +105,12 @@ pub(crate) enum Typed<A, B> {
 macro_rules! on_typed {
     ($v:expr, $b:ident, $T:ident => $body:expr) => {
         match $v {
-            $crate::tp_common::Typed::F16($b) => {
+            $crate::parallel::common::Typed::F16($b) => {
                 #[allow(dead_code)]
                 type $T = half::f16;
                 $body
             }
-            $crate::tp_common::Typed::Bf16($b) => {
+            $crate::parallel::common::Typed::Bf16($b) => {
                 #[allow(dead_code)]
                 type $T = half::bf16;
                 $body
@@ -114,28 +120,45 @@ macro_rules! on_typed {
 }
 pub(crate) use on_typed;
 
-/// `tp_new!(op, dtype, T => body)`: `body` (a `Result` of a layer) with `T`
-/// the element type named by a descriptor's `dtype` (fp16 or bf16 only),
-/// its value wrapped in the matching [`Typed`] variant.
-macro_rules! tp_new {
-    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            1 => {
-                type $T = half::f16;
-                ($body).map($crate::tp_common::Typed::F16)
+/// `typed_from!(Layer)`: `Layer<f16>` and `Layer<bf16>` convert into
+/// their [`Typed`] variant (what [`tp_new!`] builds).
+macro_rules! typed_from {
+    ($l:ident) => {
+        impl From<$l<half::f16>>
+            for $crate::parallel::common::Typed<$l<half::f16>, $l<half::bf16>>
+        {
+            fn from(v: $l<half::f16>) -> Self {
+                $crate::parallel::common::Typed::F16(v)
             }
-            2 => {
-                type $T = half::bf16;
-                ($body).map($crate::tp_common::Typed::Bf16)
+        }
+        impl From<$l<half::bf16>>
+            for $crate::parallel::common::Typed<$l<half::f16>, $l<half::bf16>>
+        {
+            fn from(v: $l<half::bf16>) -> Self {
+                $crate::parallel::common::Typed::Bf16(v)
             }
-            other => Err($crate::boundary::invalid(
-                $op,
-                "desc.dtype",
-                "ftnFloat16 (1) or ftnBfloat16 (2) (the tensor-core GEMM's inputs)",
-                other,
-            )),
         }
     };
+}
+pub(crate) use typed_from;
+
+/// `tp_new!(op, dtype, T => body)`: `body` (a `Result` of a layer) with `T`
+/// the element type named by a descriptor's `dtype` (fp16 or bf16 only,
+/// through `with_dtype!`), its value converted into its [`Typed`] variant.
+macro_rules! tp_new {
+    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {{
+        use $crate::abi::dtype::{dtype_in, dtype_names, HALVES};
+        match dtype_in($dtype, &HALVES) {
+            None => Err($crate::abi::boundary::invalid(
+                $op,
+                "desc.dtype",
+                format!("{} (the tensor-core GEMM's inputs)", dtype_names(&HALVES)),
+                $dtype,
+            )),
+            Some(d) => ::ferrotron::with_dtype!(d, [F16, BF16], $T => ($body).map(Into::into),
+                else other => unreachable!("dtype_in admitted the unlisted {other}")),
+        }
+    }};
 }
 pub(crate) use tp_new;
 
@@ -151,17 +174,11 @@ pub(crate) fn flag(v: i32) -> bool {
 
 /// The GeLU of an `ftnActivation_t` (`None` for `ftnActivationNone`).
 pub(crate) fn activation(op: &'static str, arg: &'static str, v: i32) -> Result<Option<Gelu>> {
-    match v {
-        0 => Ok(None),
-        1 => Ok(Some(Gelu::Tanh)),
-        2 => Ok(Some(Gelu::Erf)),
-        other => Err(invalid(
-            op,
-            arg,
-            "ftnActivationNone (0), ftnActivationGeluTanh (1) or ftnActivationGeluErf (2)",
-            other,
-        )),
-    }
+    Ok(match parse_enum(op, arg, v)? {
+        ftnActivation_t::ftnActivationNone => None,
+        ftnActivation_t::ftnActivationGeluTanh => Some(Gelu::Tanh),
+        ftnActivation_t::ftnActivationGeluErf => Some(Gelu::Erf),
+    })
 }
 
 /// A tensor-parallel size argument (`int`, at least 1) as `usize`.
@@ -170,11 +187,6 @@ pub(crate) fn tp_size(op: &'static str, tp: std::ffi::c_int) -> Result<usize> {
         .ok()
         .filter(|&t| t >= 1)
         .ok_or_else(|| invalid(op, "tp", "at least 1", tp))
-}
-
-/// A size as `int64_t` for an out-parameter.
-pub(crate) fn to_i64(op: &'static str, arg: &'static str, v: usize) -> Result<i64> {
-    i64::try_from(v).map_err(|_| invalid(op, arg, "a result that fits in int64_t", v))
 }
 
 /// `rows` of a sequence-parallel tensor on `tp` ranks (`tokens / tp`; the
@@ -218,22 +230,14 @@ impl<T: TpElement> GradViews<T> {
         if g.reserved != 0 {
             return Err(invalid(op, "grads.reserved", "0", g.reserved));
         }
-        let weight = match g.weight_mode {
+        let weight = match parse_enum(op, "grads.weight_mode", g.weight_mode)? {
             // SAFETY (both arms): pointer contract, `weight_len` elements.
-            0 => WeightView::Store(unsafe {
+            ftnWeightGradMode_t::ftnWeightGradStore => WeightView::Store(unsafe {
                 view::<T>(dev, op, "grads.weight", g.weight, weight_len)?
             }),
-            1 => WeightView::Accumulate(unsafe {
+            ftnWeightGradMode_t::ftnWeightGradAccumulate => WeightView::Accumulate(unsafe {
                 view::<f32>(dev, op, "grads.weight", g.weight, weight_len)?
             }),
-            other => {
-                return Err(invalid(
-                    op,
-                    "grads.weight_mode",
-                    "ftnWeightGradStore (0) or ftnWeightGradAccumulate (1)",
-                    other,
-                ))
-            }
         };
         let bias = if g.bias.is_null() {
             None
@@ -319,7 +323,7 @@ pub(crate) trait Owner: Handle + Sized {
 /// field is `inner: Mutex<Inner>`.
 macro_rules! owner {
     ($h:ty, $inner:ty) => {
-        impl $crate::tp_common::Owner for $h {
+        impl $crate::parallel::common::Owner for $h {
             type Inner = $inner;
             fn inner(&self) -> &std::sync::Mutex<$inner> {
                 &self.inner

@@ -8,12 +8,12 @@ use std::ffi::{c_int, c_void};
 use ferrotron::parallel::linear::{shard_cols, shard_rows};
 use ferrotron::parallel::vocab::{shard_vocab_rows, vocab_range};
 use ferrotron::{Element, Result};
-use half::{bf16, f16};
 
-use crate::boundary::{ftnResult_t, guard, invalid};
-use crate::comm::comm_dispatch;
-use crate::handles::{check_ptr, dim, host_slice, mul};
-use crate::tp_common::tp_size;
+use crate::abi::args::{dim, mul};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::dtype::dispatch_dtype;
+use crate::abi::views::{check_ptr, host_slice};
+use crate::parallel::common::tp_size;
 
 /// Which sharding a call does.
 #[derive(Clone, Copy)]
@@ -92,7 +92,7 @@ unsafe fn shard(
     let shape = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
     let ranks = rank_of(op, tp, rank)?;
     // SAFETY: forwarded contracts.
-    comm_dispatch!(op, datatype, T => unsafe { shard_t::<T>(op, split, full, shape, ranks, out, out_count) })
+    dispatch_dtype!(op, "datatype", datatype, T => unsafe { shard_t::<T>(op, split, full, shape, ranks, out, out_count) })
 }
 
 /// Rows `[rank*rows/tp, (rank+1)*rows/tp)` of the row-major `[rows, cols]`
@@ -111,11 +111,11 @@ pub unsafe extern "C" fn ftn_shard_rows(
     out: *mut c_void,
     out_count: usize,
 ) -> ftnResult_t {
-    guard("ftn_shard_rows", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             shard(
-                "ftn_shard_rows",
+                op,
                 Split::Rows,
                 datatype,
                 full,
@@ -143,11 +143,11 @@ pub unsafe extern "C" fn ftn_shard_cols(
     out: *mut c_void,
     out_count: usize,
 ) -> ftnResult_t {
-    guard("ftn_shard_cols", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             shard(
-                "ftn_shard_cols",
+                op,
                 Split::Cols,
                 datatype,
                 full,
@@ -176,11 +176,11 @@ pub unsafe extern "C" fn ftn_vocab_shard_rows(
     out: *mut c_void,
     out_count: usize,
 ) -> ftnResult_t {
-    guard("ftn_vocab_shard_rows", move || {
+    export!(|op| {
         // SAFETY: forwarded contracts.
         unsafe {
             shard(
-                "ftn_vocab_shard_rows",
+                op,
                 Split::VocabRows,
                 datatype,
                 full,

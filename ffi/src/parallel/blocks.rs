@@ -11,14 +11,18 @@ use ferrotron::parallel::linear::TpElement;
 use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
 use ferrotron::Result;
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::args::{dim, mul};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::descriptors::Desc;
+use crate::abi::handles::{handle, take, Handle};
+use crate::abi::views::{host_slice, view};
 use crate::comm::{ftnComm_t, Call};
-use crate::handles::{dim, ftnStream_t, handle, host_slice, mul, take, view, Handle};
-use crate::ops::{gelu_of, Desc};
-use crate::tp_common::{
+use crate::ops::gelu_of;
+use crate::parallel::common::{
     create, flag, ftnLinearGrads_t, ftnLinearParams_t, local_rows, on_typed, owner, tp_new,
-    with_layer, with_params, write_params, GradViews, Typed,
+    typed_from, with_layer, with_params, write_params, GradViews, Typed,
 };
+use crate::runtime::ftnStream_t;
 
 /// Shape and options of the tensor-parallel MLP block `Y = gelu(X W1^T +
 /// b1) W2^T + b2` (fc1 column-parallel `[ffn, hidden]`, fc2 row-parallel
@@ -85,6 +89,8 @@ handle!(ftnTpMlp, ftnTpMlp_t, 0x4654_4e4d_4c50_0008, "ftnTpMlp_t", {
 handle!(ftnTpAttention, ftnTpAttention_t, 0x4654_4e41_544e_0009, "ftnTpAttention_t", {
     inner: Mutex<AttentionImpl>,
 });
+typed_from!(TpMlp);
+typed_from!(TpAttention);
 owner!(ftnTpMlp, MlpImpl);
 owner!(ftnTpAttention, AttentionImpl);
 
@@ -121,23 +127,22 @@ pub unsafe extern "C" fn ftn_tp_mlp_create(
     fc2_bias: *const c_void,
     mlp: *mut ftnTpMlp_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_mlp_create", move || {
-        const OP: &str = "ftn_tp_mlp_create";
+    export!(|op| {
         // SAFETY: handle, descriptor and host pointer contracts.
         unsafe {
-            create(OP, comm, desc, ("mlp", mlp), |c, d| {
-                let hidden = dim(OP, "desc.hidden", d.hidden)?;
-                let ffn = dim(OP, "desc.ffn", d.ffn)?;
+            create(op, comm, desc, ("mlp", mlp), |c, d| {
+                let hidden = dim(op, "desc.hidden", d.hidden)?;
+                let ffn = dim(op, "desc.ffn", d.ffn)?;
                 let options = MlpOptions {
-                    gelu: gelu_of(OP, d.gelu)?,
+                    gelu: gelu_of(op, d.gelu)?,
                     sequence_parallel: flag(d.sequence_parallel),
                     overlap: !flag(d.serialize_comm),
                 };
-                let w = mul(OP, "desc.hidden * ffn", hidden, ffn)?;
+                let w = mul(op, "desc.hidden * ffn", hidden, ffn)?;
                 let names = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"];
                 let ptrs = [fc1_weight, fc1_bias, fc2_weight, fc2_bias];
-                tp_new!(OP, d.dtype, T => {
-                    let [w1, b1, w2, b2] = host_params::<T>(OP, names, ptrs, [w, ffn, w, hidden])?;
+                tp_new!(op, d.dtype, T => {
+                    let [w1, b1, w2, b2] = host_params::<T>(op, names, ptrs, [w, ffn, w, hidden])?;
                     TpMlp::from_full(c, hidden, ffn, w1, b1, w2, b2, options)
                 })
             })
@@ -148,9 +153,9 @@ pub unsafe extern "C" fn ftn_tp_mlp_create(
 /// Destroys an MLP block (waits for the device's work first).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_destroy(mlp: ftnTpMlp_t) -> ftnResult_t {
-    guard("ftn_tp_mlp_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        drop(unsafe { take("ftn_tp_mlp_destroy", "mlp", mlp)? });
+        drop(unsafe { take(op, "mlp", mlp)? });
         Ok(())
     })
 }
@@ -164,14 +169,13 @@ pub unsafe extern "C" fn ftn_tp_mlp_get_params(
     fc1: *mut ftnLinearParams_t,
     fc2: *mut ftnLinearParams_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_mlp_get_params", move || {
-        const OP: &str = "ftn_tp_mlp_get_params";
+    export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
-            with_params(OP, "mlp", mlp, |g| {
+            with_params(op, "mlp", mlp, |g| {
                 on_typed!(g, m, T => {
-                    write_params(OP, "fc1", fc1, &m.fc1.weight, m.fc1.bias.as_ref())?;
-                    write_params(OP, "fc2", fc2, &m.fc2.weight, m.fc2.bias.as_ref())
+                    write_params(op, "fc1", fc1, &m.fc1.weight, m.fc1.bias.as_ref())?;
+                    write_params(op, "fc2", fc2, &m.fc2.weight, m.fc2.bias.as_ref())
                 })
             })
         }
@@ -179,19 +183,19 @@ pub unsafe extern "C" fn ftn_tp_mlp_get_params(
 }
 
 unsafe fn mlp_forward_t<T: TpElement>(
+    op: &'static str,
     m: &mut TpMlp<T>,
     c: &Call,
     input: *const c_void,
     output: *mut c_void,
     tokens: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_tp_mlp_forward";
-    let n = mul(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    let n = mul(op, "tokens", m.rows(c.comm, tokens), m.hidden)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, mut y) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, n)?,
-            view::<T>(&c.dev, OP, "output", output, n)?,
+            view::<T>(&c.dev, op, "input", input, n)?,
+            view::<T>(&c.dev, op, "output", output, n)?,
         )
     };
     m.forward(c.comm, c.stream, &x, &mut y, tokens)
@@ -209,18 +213,17 @@ pub unsafe extern "C" fn ftn_tp_mlp_forward(
     output: *mut c_void,
     tokens: i64,
 ) -> ftnResult_t {
-    guard("ftn_tp_mlp_forward", move || {
-        const OP: &str = "ftn_tp_mlp_forward";
-        let tokens = dim(OP, "tokens", tokens)?;
+    export!(|op| {
+        let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "mlp",
                 mlp,
                 comm,
                 stream,
-                |g, c| on_typed!(g, m, T => mlp_forward_t::<T>(m, c, input, output, tokens)),
+                |g, c| on_typed!(g, m, T => mlp_forward_t::<T>(op, m, c, input, output, tokens)),
             )
         }
     })
@@ -228,6 +231,7 @@ pub unsafe extern "C" fn ftn_tp_mlp_forward(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn mlp_backward_t<T: TpElement>(
+    op: &'static str,
     m: &mut TpMlp<T>,
     c: &Call,
     input: *const c_void,
@@ -237,26 +241,25 @@ unsafe fn mlp_backward_t<T: TpElement>(
     fc2: *const ftnLinearGrads_t,
     tokens: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_tp_mlp_backward";
     if let Some(t) = m.saved_tokens().filter(|&t| t != tokens) {
         return Err(invalid(
-            OP,
+            op,
             "tokens",
             format!("the last forward's {t}"),
             tokens,
         ));
     }
-    let n = mul(OP, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    let n = mul(op, "tokens", m.rows(c.comm, tokens), m.hidden)?;
     let fp = m.fc1.out_per_rank();
-    let nw = mul(OP, "weight", fp, m.hidden)?;
+    let nw = mul(op, "weight", fp, m.hidden)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, dy, mut dx, mut g1, mut g2) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, n)?,
-            view::<T>(&c.dev, OP, "grad_output", grad_output, n)?,
-            view::<T>(&c.dev, OP, "grad_input", grad_input, n)?,
-            GradViews::<T>::read(&c.dev, OP, "fc1", fc1, nw, fp)?,
-            GradViews::<T>::read(&c.dev, OP, "fc2", fc2, nw, m.hidden)?,
+            view::<T>(&c.dev, op, "input", input, n)?,
+            view::<T>(&c.dev, op, "grad_output", grad_output, n)?,
+            view::<T>(&c.dev, op, "grad_input", grad_input, n)?,
+            GradViews::<T>::read(&c.dev, op, "fc1", fc1, nw, fp)?,
+            GradViews::<T>::read(&c.dev, op, "fc2", fc2, nw, m.hidden)?,
         )
     };
     let grads = MlpGrads {
@@ -282,18 +285,17 @@ pub unsafe extern "C" fn ftn_tp_mlp_backward(
     fc2: *const ftnLinearGrads_t,
     tokens: i64,
 ) -> ftnResult_t {
-    guard("ftn_tp_mlp_backward", move || {
-        const OP: &str = "ftn_tp_mlp_backward";
-        let tokens = dim(OP, "tokens", tokens)?;
+    export!(|op| {
+        let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "mlp",
                 mlp,
                 comm,
                 stream,
-                |g, c| on_typed!(g, m, T => mlp_backward_t::<T>(m, c, input, grad_output, grad_input, fc1, fc2, tokens)),
+                |g, c| on_typed!(g, m, T => mlp_backward_t::<T>(op, m, c, input, grad_output, grad_input, fc1, fc2, tokens)),
             )
         }
     })
@@ -315,30 +317,29 @@ pub unsafe extern "C" fn ftn_tp_attention_create(
     proj_bias: *const c_void,
     attention: *mut ftnTpAttention_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_attention_create", move || {
-        const OP: &str = "ftn_tp_attention_create";
+    export!(|op| {
         // SAFETY: handle, descriptor and host pointer contracts.
         unsafe {
-            create(OP, comm, desc, ("attention", attention), |c, d| {
+            create(op, comm, desc, ("attention", attention), |c, d| {
                 if d.reserved != 0 {
-                    return Err(invalid(OP, "desc.reserved", "0", d.reserved));
+                    return Err(invalid(op, "desc.reserved", "0", d.reserved));
                 }
-                let hidden = dim(OP, "desc.hidden", d.hidden)?;
-                let heads = dim(OP, "desc.heads", d.heads)?;
-                let head_dim = dim(OP, "desc.head_dim", d.head_dim)?;
+                let hidden = dim(op, "desc.hidden", d.hidden)?;
+                let heads = dim(op, "desc.heads", d.heads)?;
+                let head_dim = dim(op, "desc.head_dim", d.head_dim)?;
                 let options = AttentionOptions {
                     sequence_parallel: flag(d.sequence_parallel),
                     overlap: !flag(d.serialize_comm),
                 };
-                let proj_in = mul(OP, "desc.heads * head_dim", heads, head_dim)?;
-                let qkv_out = mul(OP, "desc.heads * head_dim", 3, proj_in)?;
-                let nqkv = mul(OP, "desc.hidden", qkv_out, hidden)?;
-                let nproj = mul(OP, "desc.hidden", hidden, proj_in)?;
+                let proj_in = mul(op, "desc.heads * head_dim", heads, head_dim)?;
+                let qkv_out = mul(op, "desc.heads * head_dim", 3, proj_in)?;
+                let nqkv = mul(op, "desc.hidden", qkv_out, hidden)?;
+                let nproj = mul(op, "desc.hidden", hidden, proj_in)?;
                 let names = ["qkv_weight", "qkv_bias", "proj_weight", "proj_bias"];
                 let ptrs = [qkv_weight, qkv_bias, proj_weight, proj_bias];
                 let lens = [nqkv, qkv_out, nproj, hidden];
-                tp_new!(OP, d.dtype, T => {
-                    let [wq, bq, wo, bo] = host_params::<T>(OP, names, ptrs, lens)?;
+                tp_new!(op, d.dtype, T => {
+                    let [wq, bq, wo, bo] = host_params::<T>(op, names, ptrs, lens)?;
                     TpAttention::from_full(c, hidden, heads, head_dim, wq, bq, wo, bo, options)
                 })
             })
@@ -349,9 +350,9 @@ pub unsafe extern "C" fn ftn_tp_attention_create(
 /// Destroys an attention block (waits for the device's work first).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_destroy(attention: ftnTpAttention_t) -> ftnResult_t {
-    guard("ftn_tp_attention_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        drop(unsafe { take("ftn_tp_attention_destroy", "attention", attention)? });
+        drop(unsafe { take(op, "attention", attention)? });
         Ok(())
     })
 }
@@ -365,14 +366,13 @@ pub unsafe extern "C" fn ftn_tp_attention_get_params(
     qkv: *mut ftnLinearParams_t,
     proj: *mut ftnLinearParams_t,
 ) -> ftnResult_t {
-    guard("ftn_tp_attention_get_params", move || {
-        const OP: &str = "ftn_tp_attention_get_params";
+    export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
-            with_params(OP, "attention", attention, |g| {
+            with_params(op, "attention", attention, |g| {
                 on_typed!(g, a, T => {
-                    write_params(OP, "qkv", qkv, &a.qkv.weight, a.qkv.bias.as_ref())?;
-                    write_params(OP, "proj", proj, &a.proj.weight, a.proj.bias.as_ref())
+                    write_params(op, "qkv", qkv, &a.qkv.weight, a.qkv.bias.as_ref())?;
+                    write_params(op, "proj", proj, &a.proj.weight, a.proj.bias.as_ref())
                 })
             })
         }
@@ -395,19 +395,19 @@ fn attention_rows<T: TpElement>(
 }
 
 unsafe fn attention_forward_t<T: TpElement>(
+    op: &'static str,
     a: &mut TpAttention<T>,
     c: &Call,
     input: *const c_void,
     output: *mut c_void,
     (seq, batch): (i64, i64),
 ) -> Result<()> {
-    const OP: &str = "ftn_tp_attention_forward";
-    let (seq, batch, n) = attention_rows(OP, a, c.comm.size(), seq, batch)?;
+    let (seq, batch, n) = attention_rows(op, a, c.comm.size(), seq, batch)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, mut y) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, n)?,
-            view::<T>(&c.dev, OP, "output", output, n)?,
+            view::<T>(&c.dev, op, "input", input, n)?,
+            view::<T>(&c.dev, op, "output", output, n)?,
         )
     };
     a.forward(c.comm, c.stream, &x, &mut y, seq, batch)
@@ -426,17 +426,16 @@ pub unsafe extern "C" fn ftn_tp_attention_forward(
     seq: i64,
     batch: i64,
 ) -> ftnResult_t {
-    guard("ftn_tp_attention_forward", move || {
-        const OP: &str = "ftn_tp_attention_forward";
+    export!(|op| {
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "attention",
                 attention,
                 comm,
                 stream,
-                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(a, c, input, output, (seq, batch))),
+                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(op, a, c, input, output, (seq, batch))),
             )
         }
     })
@@ -444,6 +443,7 @@ pub unsafe extern "C" fn ftn_tp_attention_forward(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn attention_backward_t<T: TpElement>(
+    op: &'static str,
     a: &mut TpAttention<T>,
     c: &Call,
     input: *const c_void,
@@ -453,11 +453,10 @@ unsafe fn attention_backward_t<T: TpElement>(
     proj: *const ftnLinearGrads_t,
     (seq, batch): (i64, i64),
 ) -> Result<()> {
-    const OP: &str = "ftn_tp_attention_backward";
-    let (sq, bt, n) = attention_rows(OP, a, c.comm.size(), seq, batch)?;
+    let (sq, bt, n) = attention_rows(op, a, c.comm.size(), seq, batch)?;
     if let Some((s0, b0)) = a.saved_shape().filter(|&s| s != (sq, bt)) {
         return Err(invalid(
-            OP,
+            op,
             "seq/batch",
             format!("the last forward's {s0}/{b0}"),
             format!("{sq}/{bt}"),
@@ -467,16 +466,16 @@ unsafe fn attention_backward_t<T: TpElement>(
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, dy, mut dx, mut gq, mut gp) = unsafe {
         (
-            view::<T>(&c.dev, OP, "input", input, n)?,
-            view::<T>(&c.dev, OP, "grad_output", grad_output, n)?,
-            view::<T>(&c.dev, OP, "grad_input", grad_input, n)?,
-            GradViews::<T>::read(&c.dev, OP, "qkv", qkv, mul(OP, "weight", qo, a.hidden)?, qo)?,
+            view::<T>(&c.dev, op, "input", input, n)?,
+            view::<T>(&c.dev, op, "grad_output", grad_output, n)?,
+            view::<T>(&c.dev, op, "grad_input", grad_input, n)?,
+            GradViews::<T>::read(&c.dev, op, "qkv", qkv, mul(op, "weight", qo, a.hidden)?, qo)?,
             GradViews::<T>::read(
                 &c.dev,
-                OP,
+                op,
                 "proj",
                 proj,
-                mul(OP, "weight", a.hidden, pi)?,
+                mul(op, "weight", a.hidden, pi)?,
                 a.hidden,
             )?,
         )
@@ -505,17 +504,16 @@ pub unsafe extern "C" fn ftn_tp_attention_backward(
     seq: i64,
     batch: i64,
 ) -> ftnResult_t {
-    guard("ftn_tp_attention_backward", move || {
-        const OP: &str = "ftn_tp_attention_backward";
+    export!(|op| {
         // SAFETY: handle and pointer contracts.
         unsafe {
             with_layer(
-                OP,
+                op,
                 "attention",
                 attention,
                 comm,
                 stream,
-                |g, c| on_typed!(g, a, T => attention_backward_t::<T>(a, c, input, grad_output, grad_input, qkv, proj, (seq, batch))),
+                |g, c| on_typed!(g, a, T => attention_backward_t::<T>(op, a, c, input, grad_output, grad_input, qkv, proj, (seq, batch))),
             )
         }
     })

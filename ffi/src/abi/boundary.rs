@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::abi::enums::c_enum;
 use ferrotron::Error;
 
 /// Status of every `ftn_*` call. The values are part of the ABI and never
@@ -34,22 +35,22 @@ pub enum ftnResult_t {
     /// A bug in ferrotron (a caught panic). Please report it.
     ftnInternalError = 7,
 }
+c_enum!(
+    ftnResult_t: ftnSuccess,
+    ftnInvalidArgument,
+    ftnBackendUnavailable,
+    ftnKernelFailed,
+    ftnInvalidLaunch,
+    ftnDeviceMismatch,
+    ftnBackendError,
+    ftnInternalError,
+);
 
 use ftnResult_t::*;
 
 impl ftnResult_t {
     pub(crate) fn from_code(code: i32) -> Option<ftnResult_t> {
-        Some(match code {
-            0 => ftnSuccess,
-            1 => ftnInvalidArgument,
-            2 => ftnBackendUnavailable,
-            3 => ftnKernelFailed,
-            4 => ftnInvalidLaunch,
-            5 => ftnDeviceMismatch,
-            6 => ftnBackendError,
-            7 => ftnInternalError,
-            _ => return None,
-        })
+        crate::abi::enums::from_value(code)
     }
 
     pub(crate) fn text(self) -> &'static std::ffi::CStr {
@@ -119,6 +120,43 @@ pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> ferrotron::Result<()
             ftnInternalError
         }
     }
+}
+
+/// The body of every exported function, which names itself once (in its
+/// `fn` item):
+///
+/// ```ignore
+/// #[no_mangle]
+/// pub unsafe extern "C" fn ftn_x(stream: ftnStream_t) -> ftnResult_t {
+///     export!(|op| { /* a ferrotron::Result<()>, errors naming `op` */ })
+/// }
+/// ```
+///
+/// runs the body inside the panic boundary ([`guard`]) with `op` bound to
+/// the exported function's own name, `"ftn_x"`. The name comes from the
+/// path of an item the macro declares inside the function (see
+/// [`export_name`]), so it cannot drift from the symbol. A macro around the
+/// body rather than the whole `fn` item: cbindgen does not look inside
+/// macro invocations (only `bitflags!`), so the signature, `#[no_mangle]` and
+/// the doc comment stay written out for the header.
+macro_rules! export {
+    (|$op:ident| $body:expr) => {{
+        fn __export() {}
+        let name = $crate::abi::boundary::export_name(::std::any::type_name_of_val(&__export));
+        $crate::abi::boundary::guard(name, move || {
+            let $op: &'static str = name;
+            $body
+        })
+    }};
+}
+pub(crate) use export;
+
+/// The exported function's name from the type name of the item [`export!`]
+/// declares in it (`ferrotron::ops::gemm::ftn_gemm::__export` gives
+/// `ftn_gemm`). The tests check it on exports of several modules.
+pub(crate) fn export_name(path: &'static str) -> &'static str {
+    let f = path.strip_suffix("::__export").unwrap_or(path);
+    f.rsplit("::").next().unwrap_or(f)
 }
 
 /// `Error::InvalidArgument` for `op`'s argument `arg`.

@@ -11,33 +11,16 @@ use ferrotron::parallel::vocab::{
     VocabParallelEmbedding,
 };
 use ferrotron::Result;
-use half::{bf16, f16};
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::args::{dim, mul, to_i64};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::descriptors::{read_desc, Desc};
+use crate::abi::dtype::dispatch_dtype;
+use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::views::view;
 use crate::comm::{call, ftnComm_t, Call};
-use crate::handles::{
-    check_out, dim, ftnStream_t, get, handle, mul, take, view, write_out, Handle,
-};
-use crate::ops::{float_dispatch, read_desc, Desc};
-use crate::tp_common::{to_i64, tp_size};
-
-/// `id_dispatch!(op, arg, id_dtype, I => body)`: `body` with `I` the token
-/// id type (ftnInt32 or ftnInt64).
-macro_rules! id_dispatch {
-    ($op:expr, $arg:expr, $dtype:expr, $I:ident => $body:expr) => {
-        match $dtype {
-            4 => {
-                type $I = i32;
-                $body
-            }
-            5 => {
-                type $I = i64;
-                $body
-            }
-            other => Err(invalid($op, $arg, "ftnInt32 (4) or ftnInt64 (5)", other)),
-        }
-    };
-}
+use crate::parallel::common::tp_size;
+use crate::runtime::ftnStream_t;
 
 /// The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
 /// `make_vocab_size_divisible_by = 128`).
@@ -47,13 +30,12 @@ pub unsafe extern "C" fn ftn_vocab_padded_size(
     tp: c_int,
     padded: *mut i64,
 ) -> ftnResult_t {
-    guard("ftn_vocab_padded_size", move || {
-        const OP: &str = "ftn_vocab_padded_size";
-        let v = dim(OP, "vocab", vocab)?;
-        let p = padded_vocab_size(v, tp_size(OP, tp)?)
-            .ok_or_else(|| invalid(OP, "vocab", "a size whose padding fits in size_t", vocab))?;
+    export!(|op| {
+        let v = dim(op, "vocab", vocab)?;
+        let p = padded_vocab_size(v, tp_size(op, tp)?)
+            .ok_or_else(|| invalid(op, "vocab", "a size whose padding fits in size_t", vocab))?;
         // SAFETY: out-pointer contract.
-        unsafe { write_out(OP, "padded", padded, to_i64(OP, "vocab", p)?) }
+        unsafe { write_out(op, "padded", padded, to_i64(op, "vocab", p)?) }
     })
 }
 
@@ -67,21 +49,20 @@ pub unsafe extern "C" fn ftn_vocab_range(
     start: *mut i64,
     rows: *mut i64,
 ) -> ftnResult_t {
-    guard("ftn_vocab_range", move || {
-        const OP: &str = "ftn_vocab_range";
-        let v = dim(OP, "vocab", vocab)?;
-        let tp = tp_size(OP, tp)?;
+    export!(|op| {
+        let v = dim(op, "vocab", vocab)?;
+        let tp = tp_size(op, tp)?;
         let r = usize::try_from(rank)
             .ok()
             .filter(|&r| r < tp)
-            .ok_or_else(|| invalid(OP, "rank", format!("a rank in 0..{tp}"), rank))?;
+            .ok_or_else(|| invalid(op, "rank", format!("a rank in 0..{tp}"), rank))?;
         let (s, n) = vocab_range(v, tp, r)
-            .ok_or_else(|| invalid(OP, "vocab", "a size whose padding fits in size_t", vocab))?;
-        check_out(OP, "rows", rows)?;
+            .ok_or_else(|| invalid(op, "vocab", "a size whose padding fits in size_t", vocab))?;
+        check_out(op, "rows", rows)?;
         // SAFETY: out-pointer contracts.
         unsafe {
-            write_out(OP, "start", start, to_i64(OP, "vocab", s)?)?;
-            write_out(OP, "rows", rows, to_i64(OP, "vocab", n)?)
+            write_out(op, "start", start, to_i64(op, "vocab", s)?)?;
+            write_out(op, "rows", rows, to_i64(op, "vocab", n)?)
         }
     })
 }
@@ -129,6 +110,7 @@ fn embedding(
 }
 
 unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
+    op: &'static str,
     c: &Call,
     d: &ftnVocabEmbeddingDesc_t,
     ids: *const c_void,
@@ -136,15 +118,14 @@ unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
     out: *mut c_void,
     tokens: usize,
 ) -> Result<()> {
-    const OP: &str = "ftn_vocab_parallel_embedding_forward";
-    let (e, nw) = embedding(OP, d, c)?;
-    let nout = mul(OP, "tokens", tokens, e.hidden)?;
+    let (e, nw) = embedding(op, d, c)?;
+    let nout = mul(op, "tokens", tokens, e.hidden)?;
     // SAFETY: pointer contracts.
     let (i, w, mut y) = unsafe {
         (
-            view::<I>(&c.dev, OP, "ids", ids, tokens)?,
-            view::<T>(&c.dev, OP, "weight_shard", weight, nw)?,
-            view::<T>(&c.dev, OP, "out", out, nout)?,
+            view::<I>(&c.dev, op, "ids", ids, tokens)?,
+            view::<T>(&c.dev, op, "weight_shard", weight, nw)?,
+            view::<T>(&c.dev, op, "out", out, nout)?,
         )
     };
     e.forward(c.comm, c.stream, &i, &w, &mut y)
@@ -167,21 +148,21 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
     out: *mut c_void,
     tokens: i64,
 ) -> ftnResult_t {
-    guard("ftn_vocab_parallel_embedding_forward", move || {
-        const OP: &str = "ftn_vocab_parallel_embedding_forward";
+    export!(|op| {
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let c = call(OP, comm, stream)?;
-        let tokens = dim(OP, "tokens", tokens)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let c = call(op, comm, stream)?;
+        let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: pointer contracts.
-        float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.id_dtype", d.id_dtype, I => unsafe {
-            embed_fwd_t::<T, I>(&c, &d, ids, weight_shard, out, tokens)
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
+            embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out, tokens)
         }))
     })
 }
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn embed_bwd_t<T: FloatElement + CommElement, I: TokenId>(
+    op: &'static str,
     c: &Call,
     d: &ftnVocabEmbeddingDesc_t,
     ids: *const c_void,
@@ -190,15 +171,14 @@ unsafe fn embed_bwd_t<T: FloatElement + CommElement, I: TokenId>(
     tokens: usize,
     accumulate: bool,
 ) -> Result<()> {
-    const OP: &str = "ftn_vocab_parallel_embedding_backward";
-    let (e, nw) = embedding(OP, d, c)?;
-    let ndy = mul(OP, "tokens", tokens, e.hidden)?;
+    let (e, nw) = embedding(op, d, c)?;
+    let ndy = mul(op, "tokens", tokens, e.hidden)?;
     // SAFETY: pointer contracts.
     let (i, g, mut dw) = unsafe {
         (
-            view::<I>(&c.dev, OP, "ids", ids, tokens)?,
-            view::<T>(&c.dev, OP, "dy", dy, ndy)?,
-            view::<f32>(&c.dev, OP, "dweight", dweight, nw)?,
+            view::<I>(&c.dev, op, "ids", ids, tokens)?,
+            view::<T>(&c.dev, op, "dy", dy, ndy)?,
+            view::<f32>(&c.dev, op, "dweight", dweight, nw)?,
         )
     };
     e.backward(c.comm, c.stream, &i, &g, &mut dw, accumulate)
@@ -220,16 +200,15 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_backward(
     tokens: i64,
     accumulate: c_int,
 ) -> ftnResult_t {
-    guard("ftn_vocab_parallel_embedding_backward", move || {
-        const OP: &str = "ftn_vocab_parallel_embedding_backward";
+    export!(|op| {
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let c = call(OP, comm, stream)?;
-        let tokens = dim(OP, "tokens", tokens)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let c = call(op, comm, stream)?;
+        let tokens = dim(op, "tokens", tokens)?;
         let dw = dweight as *mut c_void;
         // SAFETY: pointer contracts.
-        float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.id_dtype", d.id_dtype, I => unsafe {
-            embed_bwd_t::<T, I>(&c, &d, ids, dy, dw, tokens, accumulate != 0)
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
+            embed_bwd_t::<T, I>(op, &c, &d, ids, dy, dw, tokens, accumulate != 0)
         }))
     })
 }
@@ -281,20 +260,20 @@ fn cross_entropy(
 }
 
 unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
+    op: &'static str,
     c: &Call,
     d: &ftnCrossEntropyDesc_t,
     logits: *const c_void,
     labels: *const c_void,
     loss: *mut c_void,
 ) -> Result<CrossEntropySaved> {
-    const OP: &str = "ftn_vocab_parallel_cross_entropy_forward";
-    let (ce, n) = cross_entropy(OP, d)?;
+    let (ce, n) = cross_entropy(op, d)?;
     // SAFETY: pointer contracts.
     let (x, l, mut y) = unsafe {
         (
-            view::<T>(&c.dev, OP, "logits", logits, n)?,
-            view::<I>(&c.dev, OP, "labels", labels, ce.tokens)?,
-            view::<f32>(&c.dev, OP, "loss", loss, ce.tokens)?,
+            view::<T>(&c.dev, op, "logits", logits, n)?,
+            view::<I>(&c.dev, op, "labels", labels, ce.tokens)?,
+            view::<f32>(&c.dev, op, "loss", loss, ce.tokens)?,
         )
     };
     ce.forward(c.comm, c.stream, &x, &l, &mut y)
@@ -316,16 +295,15 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_forward(
     loss: *mut f32,
     saved: *mut ftnCrossEntropySaved_t,
 ) -> ftnResult_t {
-    guard("ftn_vocab_parallel_cross_entropy_forward", move || {
-        const OP: &str = "ftn_vocab_parallel_cross_entropy_forward";
+    export!(|op| {
         // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(OP, "desc", desc)? };
-        let c = call(OP, comm, stream)?;
-        check_out(OP, "saved", saved)?;
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let c = call(op, comm, stream)?;
+        check_out(op, "saved", saved)?;
         let loss = loss as *mut c_void;
         // SAFETY: pointer contracts.
-        let s = float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.label_dtype", d.label_dtype, I => unsafe {
-            ce_fwd_t::<T, I>(&c, &d, logits, labels, loss)
+        let s = dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.label_dtype", d.label_dtype, [I32, I64], I => unsafe {
+            ce_fwd_t::<T, I>(op, &c, &d, logits, labels, loss)
         }))?;
         // SAFETY: checked non-NULL.
         unsafe { saved.write(ftnCrossEntropySaved::into_raw(s)) };
@@ -335,6 +313,7 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_forward(
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn ce_bwd_t<T: FloatElement, I: TokenId>(
+    op: &'static str,
     c: &Call,
     d: &ftnCrossEntropyDesc_t,
     logits: *const c_void,
@@ -343,21 +322,20 @@ unsafe fn ce_bwd_t<T: FloatElement, I: TokenId>(
     dloss: *const c_void,
     grad: *mut c_void,
 ) -> Result<()> {
-    const OP: &str = "ftn_vocab_parallel_cross_entropy_backward";
-    let (ce, n) = cross_entropy(OP, d)?;
+    let (ce, n) = cross_entropy(op, d)?;
     // SAFETY: pointer contracts.
     let (mut x, l, dl) = unsafe {
         (
-            view::<T>(&c.dev, OP, "logits", logits, n)?,
-            view::<I>(&c.dev, OP, "labels", labels, ce.tokens)?,
-            view::<f32>(&c.dev, OP, "dloss", dloss, ce.tokens)?,
+            view::<T>(&c.dev, op, "logits", logits, n)?,
+            view::<I>(&c.dev, op, "labels", labels, ce.tokens)?,
+            view::<f32>(&c.dev, op, "dloss", dloss, ce.tokens)?,
         )
     };
     if std::ptr::eq(grad, logits) {
         return ce.backward_in_place(c.comm, c.stream, &mut x, &l, saved, &dl);
     }
     // SAFETY: pointer contract.
-    let mut g = unsafe { view::<T>(&c.dev, OP, "grad", grad, n)? };
+    let mut g = unsafe { view::<T>(&c.dev, op, "grad", grad, n)? };
     ce.backward(c.comm, c.stream, &x, &l, saved, &dl, &mut g)
 }
 
@@ -377,20 +355,19 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(
     dloss: *const f32,
     grad: *mut c_void,
 ) -> ftnResult_t {
-    guard("ftn_vocab_parallel_cross_entropy_backward", move || {
-        const OP: &str = "ftn_vocab_parallel_cross_entropy_backward";
+    export!(|op| {
         // SAFETY: descriptor and handle contracts.
         let (d, s) = unsafe {
             (
-                read_desc(OP, "desc", desc)?,
-                get::<ftnCrossEntropySaved>(OP, "saved", saved)?,
+                read_desc(op, "desc", desc)?,
+                get::<ftnCrossEntropySaved>(op, "saved", saved)?,
             )
         };
-        let c = call(OP, comm, stream)?;
+        let c = call(op, comm, stream)?;
         let dloss = dloss as *const c_void;
         // SAFETY: pointer contracts.
-        float_dispatch!(OP, d.dtype, T => id_dispatch!(OP, "desc.label_dtype", d.label_dtype, I => unsafe {
-            ce_bwd_t::<T, I>(&c, &d, logits, labels, &s.saved, dloss, grad)
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.label_dtype", d.label_dtype, [I32, I64], I => unsafe {
+            ce_bwd_t::<T, I>(op, &c, &d, logits, labels, &s.saved, dloss, grad)
         }))
     })
 }
@@ -401,9 +378,9 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(
 pub unsafe extern "C" fn ftn_cross_entropy_saved_destroy(
     saved: ftnCrossEntropySaved_t,
 ) -> ftnResult_t {
-    guard("ftn_cross_entropy_saved_destroy", move || {
+    export!(|op| {
         // SAFETY: handle contract.
-        drop(unsafe { take("ftn_cross_entropy_saved_destroy", "saved", saved)? });
+        drop(unsafe { take(op, "saved", saved)? });
         Ok(())
     })
 }

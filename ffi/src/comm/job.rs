@@ -10,10 +10,11 @@ use ferrotron::comm::rendezvous::{share_id, JobEnv};
 use ferrotron::core::rank_grid::{Axis, Coords, RankGrid, RankOrder};
 use ferrotron::Result;
 
-use crate::boundary::{ftnResult_t, guard, invalid};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::descriptors::{check_out_desc, read_desc, Desc};
+use crate::abi::enums::{c_enum, parse_enum, CEnum};
+use crate::abi::handles::{check_out, get, write_out};
 use crate::comm::{ftnComm, ftnComm_t, ftnUniqueId_t};
-use crate::handles::{check_out, get, write_out};
-use crate::ops::{check_out_desc, read_desc, Desc};
 
 /// Bits of an axis set (`axes` arguments): OR them together.
 #[allow(non_camel_case_types)]
@@ -29,6 +30,7 @@ pub enum ftnAxis_t {
     /// Pipeline parallelism.
     ftnAxisPp = 8,
 }
+c_enum!(ftnAxis_t: ftnAxisTp, ftnAxisCp, ftnAxisDp, ftnAxisPp);
 
 /// Rank layout orders (`ftnRankGridDesc_t.order`).
 #[allow(non_camel_case_types)]
@@ -40,6 +42,7 @@ pub enum ftnRankOrder_t {
     /// `tp-cp-ep-pp-dp`.
     ftnOrderTpCpEpPpDp = 1,
 }
+c_enum!(ftnRankOrder_t: ftnOrderTpCpEpDpPp, ftnOrderTpCpEpPpDp);
 
 /// A job of `world` ranks as TP x CP x DP x PP (DP is what remains:
 /// `world / (tp*cp*pp)`).
@@ -94,17 +97,9 @@ unsafe fn grid(op: &'static str, desc: *const ftnRankGridDesc_t) -> Result<RankG
     if d.reserved != 0 {
         return Err(invalid(op, "desc.reserved", "0", d.reserved));
     }
-    let order = match d.order {
-        0 => RankOrder::TpCpEpDpPp,
-        1 => RankOrder::TpCpEpPpDp,
-        other => {
-            return Err(invalid(
-                op,
-                "desc.order",
-                "ftnOrderTpCpEpDpPp (0) or ftnOrderTpCpEpPpDp (1)",
-                other,
-            ))
-        }
+    let order = match parse_enum(op, "desc.order", d.order)? {
+        ftnRankOrder_t::ftnOrderTpCpEpDpPp => RankOrder::TpCpEpDpPp,
+        ftnRankOrder_t::ftnOrderTpCpEpPpDp => RankOrder::TpCpEpPpDp,
     };
     RankGrid::new(
         nonneg(op, "desc.world", d.world)?,
@@ -116,18 +111,31 @@ unsafe fn grid(op: &'static str, desc: *const ftnRankGridDesc_t) -> Result<RankG
 }
 
 fn axes_of(op: &'static str, mask: c_int) -> Result<Vec<Axis>> {
-    if mask <= 0 || mask > 15 {
+    let all = ftnAxis_t::ALL.iter().fold(0, |m, a| m | a.value());
+    if mask <= 0 || mask & !all != 0 {
         return Err(invalid(
             op,
             "axes",
-            "a non-empty OR of ftnAxisTp, ftnAxisCp, ftnAxisDp, ftnAxisPp (1..=15)",
+            format!(
+                "a non-empty OR of {} (1..={all})",
+                ftnAxis_t::ALL
+                    .iter()
+                    .map(|a| format!("{a:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             mask,
         ));
     }
-    Ok([(1, Axis::Tp), (2, Axis::Cp), (4, Axis::Dp), (8, Axis::Pp)]
-        .into_iter()
-        .filter(|(bit, _)| mask & bit != 0)
-        .map(|(_, a)| a)
+    Ok(ftnAxis_t::ALL
+        .iter()
+        .filter(|a| mask & a.value() != 0)
+        .map(|a| match a {
+            ftnAxis_t::ftnAxisTp => Axis::Tp,
+            ftnAxis_t::ftnAxisCp => Axis::Cp,
+            ftnAxis_t::ftnAxisDp => Axis::Dp,
+            ftnAxis_t::ftnAxisPp => Axis::Pp,
+        })
         .collect())
 }
 
@@ -141,12 +149,11 @@ pub unsafe extern "C" fn ftn_rank_grid_dp(
     desc: *const ftnRankGridDesc_t,
     dp: *mut c_int,
 ) -> ftnResult_t {
-    guard("ftn_rank_grid_dp", move || {
-        const OP: &str = "ftn_rank_grid_dp";
+    export!(|op| {
         // SAFETY: descriptor contract.
-        let g = unsafe { grid(OP, desc)? };
+        let g = unsafe { grid(op, desc)? };
         // SAFETY: out-pointer contract.
-        unsafe { write_out(OP, "dp", dp, g.dp as c_int) }
+        unsafe { write_out(op, "dp", dp, g.dp as c_int) }
     })
 }
 
@@ -157,12 +164,11 @@ pub unsafe extern "C" fn ftn_rank_grid_coords(
     rank: c_int,
     coords: *mut ftnRankCoords_t,
 ) -> ftnResult_t {
-    guard("ftn_rank_grid_coords", move || {
-        const OP: &str = "ftn_rank_grid_coords";
+    export!(|op| {
         // SAFETY: descriptor contracts.
-        let g = unsafe { grid(OP, desc)? };
-        unsafe { check_out_desc(OP, "coords", coords)? };
-        let c = g.coords(rank_of(OP, rank)?)?;
+        let g = unsafe { grid(op, desc)? };
+        unsafe { check_out_desc(op, "coords", coords)? };
+        let c = g.coords(rank_of(op, rank)?)?;
         // SAFETY: checked non-NULL, aligned and at least V1_SIZE bytes;
         // every coordinate is < world, which came from an i32.
         unsafe {
@@ -182,18 +188,17 @@ pub unsafe extern "C" fn ftn_rank_grid_rank(
     coords: *const ftnRankCoords_t,
     rank: *mut c_int,
 ) -> ftnResult_t {
-    guard("ftn_rank_grid_rank", move || {
-        const OP: &str = "ftn_rank_grid_rank";
+    export!(|op| {
         // SAFETY: descriptor contracts.
-        let (g, c) = unsafe { (grid(OP, desc)?, read_desc(OP, "coords", coords)?) };
+        let (g, c) = unsafe { (grid(op, desc)?, read_desc(op, "coords", coords)?) };
         let r = g.rank(Coords {
-            tp: nonneg(OP, "coords.tp", c.tp)?,
-            cp: nonneg(OP, "coords.cp", c.cp)?,
-            dp: nonneg(OP, "coords.dp", c.dp)?,
-            pp: nonneg(OP, "coords.pp", c.pp)?,
+            tp: nonneg(op, "coords.tp", c.tp)?,
+            cp: nonneg(op, "coords.cp", c.cp)?,
+            dp: nonneg(op, "coords.dp", c.dp)?,
+            pp: nonneg(op, "coords.pp", c.pp)?,
         })?;
         // SAFETY: out-pointer contract.
-        unsafe { write_out(OP, "rank", rank, r as c_int) }
+        unsafe { write_out(op, "rank", rank, r as c_int) }
     })
 }
 
@@ -210,27 +215,26 @@ pub unsafe extern "C" fn ftn_rank_grid_group(
     capacity: c_int,
     count: *mut c_int,
 ) -> ftnResult_t {
-    guard("ftn_rank_grid_group", move || {
-        const OP: &str = "ftn_rank_grid_group";
+    export!(|op| {
         // SAFETY: descriptor contract.
-        let g = unsafe { grid(OP, desc)? };
-        let members = g.group(rank_of(OP, rank)?, &axes_of(OP, axes)?)?;
+        let g = unsafe { grid(op, desc)? };
+        let members = g.group(rank_of(op, rank)?, &axes_of(op, axes)?)?;
         // SAFETY: out-pointer contract.
-        unsafe { write_out(OP, "count", count, members.len() as c_int)? };
+        unsafe { write_out(op, "count", count, members.len() as c_int)? };
         let cap =
-            usize::try_from(capacity).map_err(|_| invalid(OP, "capacity", ">= 0", capacity))?;
+            usize::try_from(capacity).map_err(|_| invalid(op, "capacity", ">= 0", capacity))?;
         if ranks.is_null() && cap == 0 {
             return Ok(());
         }
         if cap < members.len() {
             return Err(invalid(
-                OP,
+                op,
                 "capacity",
                 format!("room for the group's {} ranks", members.len()),
                 capacity,
             ));
         }
-        check_out(OP, "ranks", ranks)?;
+        check_out(op, "ranks", ranks)?;
         for (i, m) in members.iter().enumerate() {
             // SAFETY: `ranks` has room for `capacity >= members.len()` ints.
             unsafe { ranks.add(i).write(*m as c_int) };
@@ -250,12 +254,11 @@ pub unsafe extern "C" fn ftn_comm_split_for_grid(
     axes: c_int,
     newcomm: *mut ftnComm_t,
 ) -> ftnResult_t {
-    guard("ftn_comm_split_for_grid", move || {
-        const OP: &str = "ftn_comm_split_for_grid";
+    export!(|op| {
         // SAFETY: handle and descriptor contracts.
-        let (c, g) = unsafe { (get::<ftnComm>(OP, "comm", comm)?, grid(OP, desc)?) };
-        check_out(OP, "newcomm", newcomm)?;
-        let sub = c.comm.split_for_grid(&g, &axes_of(OP, axes)?)?;
+        let (c, g) = unsafe { (get::<ftnComm>(op, "comm", comm)?, grid(op, desc)?) };
+        check_out(op, "newcomm", newcomm)?;
+        let sub = c.comm.split_for_grid(&g, &axes_of(op, axes)?)?;
         // SAFETY: checked non-NULL.
         unsafe { newcomm.write(crate::comm::wrap(sub)) };
         Ok(())
@@ -289,13 +292,12 @@ fn small(op: &'static str, arg: &'static str, v: usize) -> Result<i32> {
 /// MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_job_env_from_environment(env: *mut ftnJobEnv_t) -> ftnResult_t {
-    guard("ftn_job_env_from_environment", move || {
-        const OP: &str = "ftn_job_env_from_environment";
+    export!(|op| {
         // SAFETY: out-struct contract.
-        unsafe { check_out_desc(OP, "env", env)? };
+        unsafe { check_out_desc(op, "env", env)? };
         let e = JobEnv::from_env()?;
         // SAFETY: out-struct contract.
-        unsafe { write_env(OP, env, &e) }
+        unsafe { write_env(op, env, &e) }
     })
 }
 
@@ -330,17 +332,16 @@ pub unsafe extern "C" fn ftn_rendezvous_share_unique_id(
     timeout_ms: i64,
     env: *mut ftnJobEnv_t,
 ) -> ftnResult_t {
-    guard("ftn_rendezvous_share_unique_id", move || {
-        const OP: &str = "ftn_rendezvous_share_unique_id";
-        check_out(OP, "id", id)?;
+    export!(|op| {
+        check_out(op, "id", id)?;
         if !env.is_null() {
             // SAFETY: out-struct contract.
-            unsafe { check_out_desc(OP, "env", env)? };
+            unsafe { check_out_desc(op, "env", env)? };
         }
         let ms = u64::try_from(timeout_ms)
             .ok()
             .filter(|&m| m >= 1)
-            .ok_or_else(|| invalid(OP, "timeout_ms", "at least 1", timeout_ms))?;
+            .ok_or_else(|| invalid(op, "timeout_ms", "at least 1", timeout_ms))?;
         let e = JobEnv::from_env()?;
         // SAFETY: checked non-NULL; rank 0's id is its input.
         let mine = (e.rank == 0).then(|| unsafe { id.read() }.internal);
@@ -349,7 +350,7 @@ pub unsafe extern "C" fn ftn_rendezvous_share_unique_id(
         unsafe { id.write(ftnUniqueId_t { internal: shared }) };
         if !env.is_null() {
             // SAFETY: checked above.
-            unsafe { write_env(OP, env, &e)? };
+            unsafe { write_env(op, env, &e)? };
         }
         Ok(())
     })

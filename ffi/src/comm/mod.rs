@@ -1,0 +1,357 @@
+//! Communicators and collectives (NCCL's argument order).
+
+use std::ffi::c_int;
+
+use ferrotron::comm::Communicator;
+use ferrotron::{Device, Result};
+
+pub(crate) mod collectives;
+pub(crate) mod job;
+
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::enums::c_enum;
+use crate::abi::handles::{check_out, get, take, Handle};
+use crate::runtime::{ftnContext, ftnContext_t, ftnStream, ftnStream_t};
+
+/// Reductions.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnRedOp_t {
+    ftnSum = 0,
+    ftnMax = 1,
+    ftnMin = 2,
+    /// Sum divided by the number of ranks (integer division for integers).
+    ftnAvg = 3,
+}
+c_enum!(ftnRedOp_t: ftnSum, ftnMax, ftnMin, ftnAvg);
+
+/// Bytes of an NCCL unique id.
+pub const FTN_UNIQUE_ID_BYTES: usize = 128;
+
+/// `ftn_comm_split` color of ranks that take part but get no communicator.
+pub const FTN_SPLIT_NOCOLOR: c_int = -1;
+
+/// An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
+/// the bytes to the other ranks (any way it likes).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ftnUniqueId_t {
+    pub internal: [u8; FTN_UNIQUE_ID_BYTES],
+}
+
+/// One rank of a communicator.
+#[repr(C)]
+pub struct ftnComm {
+    magic: u64,
+    pub(crate) comm: Communicator,
+}
+#[allow(non_camel_case_types)]
+pub type ftnComm_t = *mut ftnComm;
+impl Handle for ftnComm {
+    const MAGIC: u64 = 0x4654_4e43_4f4d_0005;
+    const KIND: &'static str = "ftnComm_t";
+    fn magic(&self) -> u64 {
+        self.magic
+    }
+    fn clear_magic(&mut self) {
+        self.magic = 0;
+    }
+}
+
+pub(crate) fn wrap(comm: Communicator) -> ftnComm_t {
+    Box::into_raw(Box::new(ftnComm {
+        magic: ftnComm::MAGIC,
+        comm,
+    }))
+}
+
+/// Creates `nranks` ranks of one in-process communicator (emulator
+/// contexts): rank `i` on `ctxs[i]` (the same context may be repeated),
+/// written to `comms[i]`. A single thread may enqueue every rank's
+/// collectives (they run on the streams' worker threads); the parallel
+/// layers and blocks need one thread per rank (they may block the host).
+/// A collective whose peers do not all arrive within 300 s fails with
+/// ftnBackendError (`ftn_comm_init_all_with_timeout` sets another limit).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_init_all(
+    comms: *mut ftnComm_t,
+    nranks: c_int,
+    ctxs: *const ftnContext_t,
+) -> ftnResult_t {
+    export!(|op| {
+        let t = ferrotron::comm::DEFAULT_TIMEOUT;
+        // SAFETY: forwarded contracts.
+        unsafe { init_all(op, comms, nranks, ctxs, t) }
+    })
+}
+
+/// As `ftn_comm_init_all`, with the time (at least 1 ms) a collective waits
+/// for its peers before it fails with ftnBackendError: a dead or missing
+/// rank becomes an error instead of a hang.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_init_all_with_timeout(
+    comms: *mut ftnComm_t,
+    nranks: c_int,
+    ctxs: *const ftnContext_t,
+    timeout_ms: i64,
+) -> ftnResult_t {
+    export!(|op| {
+        let ms = u64::try_from(timeout_ms)
+            .ok()
+            .filter(|&m| m >= 1)
+            .ok_or_else(|| invalid(op, "timeout_ms", "at least 1", timeout_ms))?;
+        // SAFETY: forwarded contracts.
+        unsafe {
+            init_all(
+                op,
+                comms,
+                nranks,
+                ctxs,
+                std::time::Duration::from_millis(ms),
+            )
+        }
+    })
+}
+
+/// # Safety
+/// `comms` has room for `nranks` handles; `ctxs` holds `nranks` handles.
+unsafe fn init_all(
+    op: &'static str,
+    comms: *mut ftnComm_t,
+    nranks: c_int,
+    ctxs: *const ftnContext_t,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    check_out(op, "comms", comms)?;
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| invalid(op, "nranks", "at least 1", nranks))?;
+    if ctxs.is_null() {
+        return Err(invalid(
+            op,
+            "ctxs",
+            format!("a non-NULL array of {n} contexts"),
+            "NULL",
+        ));
+    }
+    // SAFETY: ctxs holds nranks handles by the contract.
+    let handles = unsafe { std::slice::from_raw_parts(ctxs, n) };
+    let mut devs: Vec<Device> = Vec::with_capacity(n);
+    for &h in handles {
+        // SAFETY: handle contract.
+        devs.push(unsafe { get::<ftnContext>(op, "ctxs[i]", h)? }.dev.clone());
+    }
+    let made = Communicator::in_process_with_timeout(&devs, timeout)?;
+    for (i, c) in made.into_iter().enumerate() {
+        // SAFETY: comms holds nranks slots by the contract.
+        unsafe { comms.add(i).write(wrap(c)) };
+    }
+    Ok(())
+}
+
+/// A new NCCL unique id (CUDA builds; `ftnBackendUnavailable` otherwise).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_get_unique_id(id: *mut ftnUniqueId_t) -> ftnResult_t {
+    export!(|op| {
+        check_out(op, "id", id)?;
+        #[cfg(feature = "cuda")]
+        {
+            let bytes = Communicator::nccl_unique_id()?;
+            // SAFETY: checked non-NULL.
+            unsafe { id.write(ftnUniqueId_t { internal: bytes }) };
+            Ok(())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(ferrotron::Error::BackendUnavailable {
+                backend: "nccl",
+                reason: "libferrotron was built without feature `cuda`".into(),
+            })
+        }
+    })
+}
+
+/// Rank `rank` of an `nranks`-rank NCCL communicator on a CUDA context,
+/// from the unique id rank 0 created. Blocks until every rank has joined.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_init_rank(
+    comm: *mut ftnComm_t,
+    ctx: ftnContext_t,
+    nranks: c_int,
+    id: *const ftnUniqueId_t,
+    rank: c_int,
+) -> ftnResult_t {
+    export!(|op| {
+        check_out(op, "comm", comm)?;
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "ctx", ctx)? };
+        if id.is_null() {
+            return Err(invalid(op, "id", "a non-NULL ftnUniqueId_t", "NULL"));
+        }
+        let n = usize::try_from(nranks)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| invalid(op, "nranks", "at least 1", nranks))?;
+        let r = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < n)
+            .ok_or_else(|| invalid(op, "rank", format!("a rank in 0..{n}"), rank))?;
+        #[cfg(feature = "cuda")]
+        {
+            // SAFETY: checked non-NULL; a ftnUniqueId_t by the contract.
+            let bytes = unsafe { (*id).internal };
+            let made = Communicator::nccl(&c.dev, r, n, &bytes)?;
+            // SAFETY: checked non-NULL.
+            unsafe { comm.write(wrap(made)) };
+            Ok(())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (c, r);
+            Err(ferrotron::Error::BackendUnavailable {
+                backend: "nccl",
+                reason: "libferrotron was built without feature `cuda` (use ftn_comm_init_all on the emulator)".into(),
+            })
+        }
+    })
+}
+
+/// Destroys one rank (waits for its pending operations first).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { take(op, "comm", comm)? };
+        let r = c.comm.device().synchronize();
+        drop(c);
+        r
+    })
+}
+
+/// Number of ranks.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_count(comm: ftnComm_t, count: *mut c_int) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle and out-pointer contracts.
+        unsafe {
+            let c = get(op, "comm", comm)?;
+            crate::abi::handles::write_out(op, "count", count, c.comm.size() as c_int)
+        }
+    })
+}
+
+/// This rank's index.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_user_rank(comm: ftnComm_t, rank: *mut c_int) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle and out-pointer contracts.
+        unsafe {
+            let c = get(op, "comm", comm)?;
+            crate::abi::handles::write_out(op, "rank", rank, c.comm.rank() as c_int)
+        }
+    })
+}
+
+/// Splits into sub-communicators: ranks with the same `color` form one,
+/// ordered by `(key, rank)`; `color = FTN_SPLIT_NOCOLOR` takes part but
+/// gets NULL. Every rank must call it, from its own thread (it blocks
+/// until all have).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_split(
+    comm: ftnComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ftnComm_t,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "comm", comm)? };
+        check_out(op, "newcomm", newcomm)?;
+        let color = match color {
+            FTN_SPLIT_NOCOLOR => None,
+            c if c >= 0 => Some(c as usize),
+            other => {
+                return Err(invalid(
+                    op,
+                    "color",
+                    "a color >= 0 or FTN_SPLIT_NOCOLOR",
+                    other,
+                ))
+            }
+        };
+        let key = usize::try_from(key).map_err(|_| invalid(op, "key", "a key >= 0", key))?;
+        let sub = c.comm.split(color, key)?;
+        // SAFETY: checked non-NULL.
+        unsafe { newcomm.write(sub.map_or(std::ptr::null_mut(), wrap)) };
+        Ok(())
+    })
+}
+
+/// Waits from the host, up to `timeout_ms`, for everything enqueued on
+/// `stream` so far (this communicator's collectives, and those a layer
+/// enqueued on the communicator's own stream and made `stream` wait for).
+/// On timeout it fails with ftnBackendError and, on NCCL, aborts the
+/// communicator (a dead peer becomes an error instead of a hang); the
+/// communicator must then be destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_wait(
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    timeout_ms: i64,
+) -> ftnResult_t {
+    export!(|op| {
+        let c = call(op, comm, stream)?;
+        let ms =
+            u64::try_from(timeout_ms).map_err(|_| invalid(op, "timeout_ms", ">= 0", timeout_ms))?;
+        c.comm
+            .wait_stream(c.stream, std::time::Duration::from_millis(ms))
+    })
+}
+
+/// A new handle to the communicator's own stream: the one the parallel
+/// layers overlap their backward communication on. Make other streams
+/// wait for it with events; destroy the handle with `ftn_stream_destroy`
+/// (the stream itself lives as long as the communicator).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_comm_get_stream(
+    comm: ftnComm_t,
+    stream: *mut ftnStream_t,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get::<ftnComm>(op, "comm", comm)? };
+        check_out(op, "stream", stream)?;
+        let s = ftnStream::into_raw(
+            c.comm.stream().clone(),
+            std::sync::Mutex::new(ferrotron::ops::multi_tensor::MultiTensor::new()),
+        );
+        // SAFETY: checked non-NULL.
+        unsafe { stream.write(s) };
+        Ok(())
+    })
+}
+
+pub(crate) struct Call<'a> {
+    pub(crate) comm: &'a Communicator,
+    pub(crate) stream: &'a ferrotron::Stream,
+    pub(crate) dev: Device,
+}
+
+/// The communicator and stream of a call, checked.
+pub(crate) fn call<'a>(op: &'static str, comm: ftnComm_t, stream: ftnStream_t) -> Result<Call<'a>> {
+    // SAFETY: handle contracts of every exported function.
+    let (c, s) = unsafe {
+        (
+            get::<ftnComm>(op, "comm", comm)?,
+            get::<ftnStream>(op, "stream", stream)?,
+        )
+    };
+    Ok(Call {
+        comm: &c.comm,
+        stream: &s.stream,
+        dev: s.stream.device().clone(),
+    })
+}

@@ -1,0 +1,438 @@
+//! The runtime: contexts (devices), streams, events and raw memory.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Mutex;
+
+use ferrotron::ops::multi_tensor::MultiTensor;
+use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
+
+use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::enums::{c_enum, parse_enum};
+use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::views::view;
+
+/// Which backend a context runs on.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ftnBackend_t {
+    /// The CUDA-on-CPU emulator: "device" memory is host memory.
+    ftnBackendEmu = 0,
+    /// An NVIDIA GPU (library built with feature `cuda`).
+    ftnBackendCuda = 1,
+    /// The GPU when one can be used, else the emulator.
+    ftnBackendAuto = 2,
+}
+c_enum!(ftnBackend_t: ftnBackendEmu, ftnBackendCuda, ftnBackendAuto);
+
+handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
+    dev: Device,
+    allocs: Mutex<HashMap<u64, DeviceBuffer<u8>>>,
+});
+handle!(ftnStream, ftnStream_t, 0x4654_4e53_544d_0002, "ftnStream_t", {
+    stream: Stream,
+    mt: Mutex<MultiTensor>,
+});
+handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
+    event: Event,
+});
+
+/// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
+/// ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
+/// emulator). With `ftnBackendAuto` the emulator is used when no GPU can
+/// be; query which with `ftn_context_get_backend`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_create(
+    backend: c_int,
+    device: c_int,
+    ctx: *mut ftnContext_t,
+) -> ftnResult_t {
+    export!(|op| {
+        check_out(op, "ctx", ctx)?;
+        let ordinal = || {
+            usize::try_from(device).map_err(|_| invalid(op, "device", "a GPU ordinal >= 0", device))
+        };
+        let dev = match parse_enum(op, "backend", backend)? {
+            ftnBackend_t::ftnBackendEmu => Device::emu(),
+            ftnBackend_t::ftnBackendCuda => Device::cuda(ordinal()?)?,
+            ftnBackend_t::ftnBackendAuto => {
+                Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu())
+            }
+        };
+        let h = ftnContext::into_raw(dev, Mutex::new(HashMap::new()));
+        // SAFETY: checked non-NULL above; valid by the contract.
+        unsafe { ctx.write(h) };
+        Ok(())
+    })
+}
+
+/// Destroys a context: waits for its work, frees the memory it allocated
+/// with `ftn_malloc`. Streams and events of it must be destroyed first.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { take(op, "ctx", ctx)? };
+        let r = c.dev.synchronize();
+        drop(c);
+        r
+    })
+}
+
+/// The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_get_backend(
+    ctx: ftnContext_t,
+    backend: *mut c_int,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "ctx", ctx)? };
+        let b = match c.dev.kind() {
+            BackendKind::Emu => ftnBackend_t::ftnBackendEmu,
+            BackendKind::Cuda => ftnBackend_t::ftnBackendCuda,
+        };
+        // SAFETY: out-pointer contract.
+        unsafe { write_out(op, "backend", backend, b as c_int) }
+    })
+}
+
+/// Writes the device's name, NUL-terminated and truncated to `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_get_name(
+    ctx: ftnContext_t,
+    name: *mut c_char,
+    len: usize,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "name", name)?;
+        if len == 0 {
+            return Err(invalid(op, "len", "at least 1 (room for the NUL)", 0));
+        }
+        let s = c.dev.name();
+        let n = s.len().min(len - 1);
+        // SAFETY: `name` is valid for `len` bytes by the contract; n < len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr(), name as *mut u8, n);
+            name.add(n).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// Waits for all work on every stream of the context; reports the first
+/// failure.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        unsafe { get(op, "ctx", ctx)? }.dev.synchronize()
+    })
+}
+
+/// Allocates `bytes` zeroed bytes of device memory (host memory on the
+/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_malloc(
+    ctx: ftnContext_t,
+    ptr: *mut *mut c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "ptr", ptr)?;
+        if bytes == 0 {
+            // SAFETY: checked non-NULL.
+            unsafe { ptr.write(std::ptr::null_mut()) };
+            return Ok(());
+        }
+        let buf = c.dev.alloc_zeros::<u8>(bytes)?;
+        let addr = buf.addr();
+        c.allocs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, buf);
+        // SAFETY: checked non-NULL.
+        unsafe { ptr.write(addr as *mut c_void) };
+        Ok(())
+    })
+}
+
+/// Frees memory from `ftn_malloc` on the same context (waits for the
+/// context's work first, like `cudaFree`). NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "ctx", ctx)? };
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let buf = c
+            .allocs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(ptr as u64));
+        match buf {
+            Some(b) => {
+                drop(b);
+                Ok(())
+            }
+            None => Err(invalid(
+                op,
+                "ptr",
+                "a pointer returned by ftn_malloc on this context",
+                format!("{ptr:p}"),
+            )),
+        }
+    })
+}
+
+/// Creates a stream (an in-order queue of work) on a context.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_create(
+    ctx: ftnContext_t,
+    stream: *mut ftnStream_t,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "stream", stream)?;
+        let s = c.dev.new_stream()?;
+        // SAFETY: checked non-NULL.
+        unsafe { stream.write(ftnStream::into_raw(s, Mutex::new(MultiTensor::new()))) };
+        Ok(())
+    })
+}
+
+/// Waits for the stream's work, then destroys it. Returns the stream's
+/// pending failure, if any (the stream is destroyed either way).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let s = unsafe { take(op, "stream", stream)? };
+        let r = s.stream.synchronize();
+        drop(s);
+        r
+    })
+}
+
+/// Blocks until all work enqueued on the stream has finished; reports the
+/// first failure since the last synchronize.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_synchronize(stream: ftnStream_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        unsafe { get(op, "stream", stream)? }.stream.synchronize()
+    })
+}
+
+/// Makes later work on `stream` wait for the event's latest record.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_stream_wait_event(
+    stream: ftnStream_t,
+    event: ftnEvent_t,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contracts.
+        let (s, e) = unsafe { (get(op, "stream", stream)?, get(op, "event", event)?) };
+        s.stream.wait_event(&e.event)
+    })
+}
+
+/// Creates an event on a context (not yet recorded: waiting on it
+/// returns at once).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_create(
+    ctx: ftnContext_t,
+    event: *mut ftnEvent_t,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let c = unsafe { get(op, "ctx", ctx)? };
+        check_out(op, "event", event)?;
+        let e = Event::new(&c.dev)?;
+        // SAFETY: checked non-NULL.
+        unsafe { event.write(ftnEvent::into_raw(e)) };
+        Ok(())
+    })
+}
+
+/// Destroys an event.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        drop(unsafe { take(op, "event", event)? });
+        Ok(())
+    })
+}
+
+/// Records the event at the current end of `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_record(event: ftnEvent_t, stream: ftnStream_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contracts.
+        let (e, s) = unsafe { (get(op, "event", event)?, get(op, "stream", stream)?) };
+        s.stream.record(&e.event)
+    })
+}
+
+/// Blocks until the event's latest record has been reached.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        unsafe { get(op, "event", event)? }.event.synchronize()
+    })
+}
+
+/// `*complete` = 1 when the event's latest record has been reached, else 0.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let e = unsafe { get(op, "event", event)? };
+        check_out(op, "complete", complete)?;
+        let done = e.event.is_complete()?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(op, "complete", complete, done as c_int) }
+    })
+}
+
+/// Milliseconds between two completed records (`start` before `end`).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_event_elapsed_ms(
+    start: ftnEvent_t,
+    end: ftnEvent_t,
+    ms: *mut f32,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contracts.
+        let (a, b) = unsafe { (get(op, "start", start)?, get(op, "end", end)?) };
+        check_out(op, "ms", ms)?;
+        let v = a.event.elapsed_ms(&b.event)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(op, "ms", ms, v) }
+    })
+}
+
+fn stream_dev(s: &ftnStream) -> Device {
+    s.stream.device().clone()
+}
+
+/// Enqueues a copy of `bytes` bytes from host memory `src` to device
+/// memory `dst`. `src` is staged before the call returns.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memcpy_htod(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let s = unsafe { get(op, "stream", stream)? };
+        if src.is_null() && bytes > 0 {
+            return Err(invalid(
+                op,
+                "src",
+                format!("a non-NULL host pointer to {bytes} bytes"),
+                "NULL",
+            ));
+        }
+        // SAFETY: pointer contracts (valid for `bytes` bytes).
+        let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: src is non-NULL and valid for `bytes` bytes by the contract.
+        let host = unsafe { std::slice::from_raw_parts(src as *const u8, bytes) };
+        s.stream.copy_from_host(host, &mut d)
+    })
+}
+
+/// Copies `bytes` bytes from device memory `src` to host memory `dst`
+/// after the stream's earlier work (blocks the caller).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memcpy_dtoh(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let s = unsafe { get(op, "stream", stream)? };
+        if dst.is_null() && bytes > 0 {
+            return Err(invalid(
+                op,
+                "dst",
+                format!("a non-NULL host pointer to {bytes} bytes"),
+                "NULL",
+            ));
+        }
+        // SAFETY: pointer contracts.
+        let v = unsafe { view::<u8>(&stream_dev(s), op, "src", src, bytes)? };
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: dst is non-NULL and valid for `bytes` bytes by the contract.
+        let host = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, bytes) };
+        s.stream.copy_to_host(&v, host)
+    })
+}
+
+/// Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memcpy_dtod(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let s = unsafe { get(op, "stream", stream)? };
+        let dev = stream_dev(s);
+        // SAFETY: pointer contracts.
+        let (v, mut d) = unsafe {
+            (
+                view::<u8>(&dev, op, "src", src, bytes)?,
+                view::<u8>(&dev, op, "dst", dst, bytes)?,
+            )
+        };
+        if bytes == 0 {
+            return Ok(());
+        }
+        s.stream.copy_device(&v, &mut d)
+    })
+}
+
+/// Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
+/// 0xFF makes float buffers NaN).
+#[no_mangle]
+pub unsafe extern "C" fn ftn_memset(
+    stream: ftnStream_t,
+    dst: *mut c_void,
+    value: c_int,
+    bytes: usize,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contract.
+        let s = unsafe { get(op, "stream", stream)? };
+        let byte = u8::try_from(value)
+            .map_err(|_| invalid(op, "value", "a byte value in 0..=255", value))?;
+        // SAFETY: pointer contract.
+        let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
+        if bytes == 0 {
+            return Ok(());
+        }
+        s.stream.fill_bytes(&mut d, byte)
+    })
+}
