@@ -595,6 +595,38 @@ typedef struct {
 } ftnGradScalerState_t;
 
 /*
+ Shape and options of LayerNorm / RMSNorm over a row-major `[rows, hidden]`
+ matrix.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnNormDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t dtype;
+  /*
+   Non-zero: scale by `gamma + 1` (gamma stored centred on zero).
+   */
+  int32_t zero_centered_gamma;
+  int64_t rows;
+  /*
+   `>= 1`.
+   */
+  int64_t hidden;
+  /*
+   Finite and `> 0` (1e-5 is Megatron's and PyTorch's default).
+   */
+  float eps;
+  /*
+   Must be 0.
+   */
+  uint32_t reserved;
+} ftnNormDesc_t;
+
+/*
  A list of tensors and the options of the multi-tensor ops.
  */
 typedef struct {
@@ -641,38 +673,6 @@ typedef struct {
    */
   int32_t reserved;
 } ftnTensor_t;
-
-/*
- Shape and options of LayerNorm / RMSNorm over a row-major `[rows, hidden]`
- matrix.
- */
-typedef struct {
-  /*
-   `sizeof(ftnNormDesc_t)` as the caller compiled it.
-   */
-  size_t size;
-  /*
-   `ftnDataType_t`: ftnFloat32, ftnFloat16 or ftnBfloat16.
-   */
-  int32_t dtype;
-  /*
-   Non-zero: scale by `gamma + 1` (gamma stored centred on zero).
-   */
-  int32_t zero_centered_gamma;
-  int64_t rows;
-  /*
-   `>= 1`.
-   */
-  int64_t hidden;
-  /*
-   Finite and `> 0` (1e-5 is Megatron's and PyTorch's default).
-   */
-  float eps;
-  /*
-   Must be 0.
-   */
-  uint32_t reserved;
-} ftnNormDesc_t;
 
 /*
  Shape and options of the fused scale + mask + softmax over logits
@@ -1336,46 +1336,6 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
 
 /*
- Multiplies every gradient by `1/scale` in place (one launch for the
- whole mixed-dtype list) and sets `*found_inf` (one fp32 in device
- memory) to 1 if any value was non-finite (it is never cleared here).
- With a `scaler` its current scale is used, read on the device, and
- `desc.scale` is ignored; `scaler` may be NULL.
- */
-ftnResult_t ftn_multi_tensor_unscale(ftnStream_t stream,
-                                     const ftnMultiTensorDesc_t *desc,
-                                     const ftnTensor_t *tensors,
-                                     ftnGradScaler_t scaler,
-                                     float *found_inf);
-
-/*
- `*norm` (one fp32 in device memory) = the L2 norm over all tensors of
- the list (fp32 accumulation, deterministic).
- */
-ftnResult_t ftn_multi_tensor_l2_norm(ftnStream_t stream,
-                                     const ftnMultiTensorDesc_t *desc,
-                                     const ftnTensor_t *tensors,
-                                     float *norm);
-
-/*
- Scales every tensor by `min(1, max_norm / (*norm + 1e-6))` in place,
- with `*norm` read on the device (e.g. from `ftn_multi_tensor_l2_norm`).
- */
-ftnResult_t ftn_multi_tensor_clip_by_norm(ftnStream_t stream,
-                                          const ftnMultiTensorDesc_t *desc,
-                                          const ftnTensor_t *tensors,
-                                          const float *norm);
-
-/*
- `ftn_multi_tensor_l2_norm` then `ftn_multi_tensor_clip_by_norm`:
- PyTorch's `clip_grad_norm_`; `*norm` receives the norm before clipping.
- */
-ftnResult_t ftn_multi_tensor_clip_grad_norm(ftnStream_t stream,
-                                            const ftnMultiTensorDesc_t *desc,
-                                            const ftnTensor_t *tensors,
-                                            float *norm);
-
-/*
  LayerNorm forward: `y = (x - mean) * rstd * g + beta`; writes fp32
  `mean[rows]` and `rstd[rows]` for the backward. `gamma`, `beta`
  (`hidden` elements) may be NULL. `y` must not overlap `x`.
@@ -1426,6 +1386,46 @@ ftnResult_t ftn_rms_norm_backward(ftnStream_t stream,
                                   const void *gamma,
                                   void *dx,
                                   void *dgamma);
+
+/*
+ Multiplies every gradient by `1/scale` in place (one launch for the
+ whole mixed-dtype list) and sets `*found_inf` (one fp32 in device
+ memory) to 1 if any value was non-finite (it is never cleared here).
+ With a `scaler` its current scale is used, read on the device, and
+ `desc.scale` is ignored; `scaler` may be NULL.
+ */
+ftnResult_t ftn_multi_tensor_unscale(ftnStream_t stream,
+                                     const ftnMultiTensorDesc_t *desc,
+                                     const ftnTensor_t *tensors,
+                                     ftnGradScaler_t scaler,
+                                     float *found_inf);
+
+/*
+ `*norm` (one fp32 in device memory) = the L2 norm over all tensors of
+ the list (fp32 accumulation, deterministic).
+ */
+ftnResult_t ftn_multi_tensor_l2_norm(ftnStream_t stream,
+                                     const ftnMultiTensorDesc_t *desc,
+                                     const ftnTensor_t *tensors,
+                                     float *norm);
+
+/*
+ Scales every tensor by `min(1, max_norm / (*norm + 1e-6))` in place,
+ with `*norm` read on the device (e.g. from `ftn_multi_tensor_l2_norm`).
+ */
+ftnResult_t ftn_multi_tensor_clip_by_norm(ftnStream_t stream,
+                                          const ftnMultiTensorDesc_t *desc,
+                                          const ftnTensor_t *tensors,
+                                          const float *norm);
+
+/*
+ `ftn_multi_tensor_l2_norm` then `ftn_multi_tensor_clip_by_norm`:
+ PyTorch's `clip_grad_norm_`; `*norm` receives the norm before clipping.
+ */
+ftnResult_t ftn_multi_tensor_clip_grad_norm(ftnStream_t stream,
+                                            const ftnMultiTensorDesc_t *desc,
+                                            const ftnTensor_t *tensors,
+                                            float *norm);
 
 /*
  `y = softmax(mask(scale * x))` over the last dimension (`y` may be `x`).

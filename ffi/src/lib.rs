@@ -29,8 +29,8 @@ pub use ops::copy::*;
 pub use ops::ftnGelu_t;
 pub use ops::gemm::*;
 pub use ops::grad_scaler::*;
+pub use ops::layernorm::*;
 pub use ops::multi_tensor::*;
-pub use ops::norm::*;
 pub use ops::softmax::*;
 pub use parallel::blocks::*;
 pub use parallel::common::{

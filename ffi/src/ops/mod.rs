@@ -5,8 +5,8 @@ pub(crate) mod bias_gelu;
 pub(crate) mod copy;
 pub(crate) mod gemm;
 pub(crate) mod grad_scaler;
+pub(crate) mod layernorm;
 pub(crate) mod multi_tensor;
-pub(crate) mod norm;
 pub(crate) mod softmax;
 
 use ferrotron::ops::Gelu;
