@@ -24,7 +24,7 @@ pub fn scan(files: &[PathBuf]) -> Vec<KernelDecl> {
         let output = compiler
             .to_command()
             .args(["-E", "-P", "-x", "c++", "-std=c++20", "-DFTN_KERNEL_SCAN"])
-            .args(["-I", "cuda", "-I", "include"])
+            .args(["-I", "cuda"])
             .arg(f)
             .output()
             .unwrap_or_else(|e| panic!("running the C++ preprocessor on {f:?}: {e}"));
