@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=buildscript");
+    // Recursive: the kernels, their headers and the kernel ABI (cuda/params).
     println!("cargo:rerun-if-changed=cuda");
-    println!("cargo:rerun-if-changed=include");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     if std::env::var_os("CARGO_FEATURE_STD").is_none() {
         return; // the no_std core needs no kernels
@@ -51,7 +51,6 @@ fn emulator_build() -> cc::Build {
     b.cpp(true)
         .std("c++20")
         .include("cuda")
-        .include("include")
         .flag("-x")
         .flag("c++")
         .flag("-pthread")

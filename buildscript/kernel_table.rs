@@ -27,7 +27,7 @@ pub fn scan(files: &[PathBuf]) -> Vec<KernelDecl> {
         let output = compiler
             .to_command()
             .args(["-E", "-P", "-x", "c++", "-std=c++20", "-DFTN_KERNEL_SCAN"])
-            .args(["-I", "cuda", "-I", "include"])
+            .args(["-I", "cuda"])
             .arg(f)
             .output()
             .unwrap_or_else(|e| panic!("running the C++ preprocessor on {f:?}: {e}"));
@@ -141,7 +141,7 @@ pub fn write(kernels: &[KernelDecl], path: &Path) {
     for p in params {
         let _ = writeln!(
             s,
-            "// SAFETY: a repr(C) struct from include/ (bindgen): addresses, sizes, flags.\nunsafe impl KernelParams for crate::kernel_params::{p} {{}}"
+            "// SAFETY: a repr(C) struct from cuda/params/ (bindgen): addresses, sizes, flags.\nunsafe impl KernelParams for crate::kernel_params::{p} {{}}"
         );
     }
     s.push_str("/// Every kernel, by name.\npub static ALL_KERNEL_NAMES: &[&str] = &[\n");

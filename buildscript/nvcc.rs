@@ -102,7 +102,7 @@ fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
     h
 }
 
-/// Digest of every header a kernel can include (cuda/**/*.cuh, include/**).
+/// Digest of every header a kernel can include (cuda/**/*.cuh, cuda/params/*.h).
 fn header_digest() -> u64 {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         if let Ok(rd) = std::fs::read_dir(dir) {
@@ -118,7 +118,6 @@ fn header_digest() -> u64 {
     }
     let mut files = Vec::new();
     walk(Path::new("cuda"), &mut files);
-    walk(Path::new("include"), &mut files);
     files.sort();
     files.iter().fold(0xcbf2_9ce4_8422_2325, |h, f| {
         let h = fnv(h, f.to_string_lossy().as_bytes());
@@ -188,7 +187,7 @@ fn compile_one(nvcc: &Path, src: &Path, out: &Path, archs: &str) -> (String, Vec
         "--threads",
         "0",
     ])
-    .args(["-I", "cuda", "-I", "include"]);
+    .args(["-I", "cuda"]);
     if let Some(cccl) = nvcc
         .parent()
         .and_then(|b| b.parent())

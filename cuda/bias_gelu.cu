@@ -12,7 +12,7 @@
 //   dx and one partial sum per column. ftn_column_sum_partials_* then sums the
 //   chunks in order: dbias is deterministic, no float atomics.
 //   Floor: reads 2n*sizeof(T), writes n*sizeof(T) + chunks*cols*4 bytes.
-#include "ftn_dtype.cuh"
+#include "vec.cuh"
 #include "gelu.cuh"
 
 template <typename T, unsigned KIND>
@@ -91,32 +91,21 @@ FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0,
   if (bias == nullptr) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) b[k] = 0.0f;
-  } else if constexpr (VEC > 1) {
-    ftn_load_vec<T>(bias + c0, b);
   } else {
-    b[0] = ftn_to_float(bias[c0]);
+    ftn_load<T, VEC>(bias + c0, b);
   }
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t off = r * p.cols + c0;
     float g[VEC];
     float v[VEC];
-    if constexpr (VEC > 1) {
-      ftn_load_vec<T>(dy + off, g);
-      ftn_load_vec<T>(x + off, v);
-    } else {
-      g[0] = ftn_to_float(dy[off]);
-      v[0] = ftn_to_float(x[off]);
-    }
+    ftn_load<T, VEC>(dy + off, g);
+    ftn_load<T, VEC>(x + off, v);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       g[k] *= ftn_gelu_grad<KIND>(v[k] + b[k]);
       acc[k] += g[k];
     }
-    if constexpr (VEC > 1) {
-      ftn_store_vec<T>(dx + off, g);
-    } else {
-      dx[off] = ftn_from_float<T>(g[0]);
-    }
+    ftn_store<T, VEC>(dx + off, g);
   }
   if (p.dbias_partial != nullptr) {
     float *partial = p.dbias_partial + (int64_t)blockIdx.y * p.cols + c0;

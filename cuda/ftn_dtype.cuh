@@ -1,5 +1,6 @@
 // Storage-type helpers shared by the kernels: fp32 <-> storage conversion and
-// 128-bit vector access. Arithmetic is always fp32 (REFERENCE.md).
+// the fp32 constants kernels share. Arithmetic is always fp32 (docs/semantics.md).
+// Vector (128-bit) access: vec.cuh; warp/block reductions: reduce.cuh.
 #ifndef FTN_DTYPE_CUH
 #define FTN_DTYPE_CUH
 
@@ -16,34 +17,8 @@ template <> FTN_DEVICE __nv_bfloat16 ftn_from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// Elements of T in one 16-byte access.
-template <typename T> struct FtnVec {
-  static constexpr int N = 16 / sizeof(T);
-};
-
-// Loads N = FtnVec<T>::N elements at p (16-byte aligned) with one 128-bit
-// load and widens them to fp32.
-template <typename T>
-FTN_DEVICE void ftn_load_vec(const T *__restrict__ p, float (&out)[FtnVec<T>::N]) {
-  union {
-    uint4 raw;
-    T v[FtnVec<T>::N];
-  } u;
-  u.raw = *reinterpret_cast<const uint4 *>(p);
-#pragma unroll
-  for (int k = 0; k < FtnVec<T>::N; ++k) out[k] = ftn_to_float(u.v[k]);
-}
-
-// Narrows N fp32 values to T and stores them with one 128-bit store.
-template <typename T>
-FTN_DEVICE void ftn_store_vec(T *__restrict__ p, const float (&in)[FtnVec<T>::N]) {
-  union {
-    uint4 raw;
-    T v[FtnVec<T>::N];
-  } u;
-#pragma unroll
-  for (int k = 0; k < FtnVec<T>::N; ++k) u.v[k] = ftn_from_float<T>(in[k]);
-  *reinterpret_cast<uint4 *>(p) = u.raw;
-}
+// fp32 -infinity (bit pattern 0xff800000): the max identity, causal-masked
+// logits. Bit-cast, so it holds under fast-math.
+#define FTN_NEG_INF (__int_as_float((int)0xff800000u))
 
 #endif  // FTN_DTYPE_CUH

@@ -6,7 +6,7 @@
 // Kernels use only what this prelude and cuda_emu.h agree on:
 //
 //   FTN_KERNEL(name, Params, p) { ... }            one-argument kernel; the
-//       argument is `const Params p` (a struct from include/ferrotron_kernels.h)
+//       argument is `const Params p` (a struct from cuda/params/ferrotron_kernels.h)
 //   FTN_KERNEL_BOUNDED(name, Params, p, MAX) { }   same, with __launch_bounds__
 //       (MAX); the emulator fails a launch with more threads than MAX
 //   FTN_SHARED(T, name, [N][M]...)                 static shared array
@@ -17,7 +17,7 @@
 #ifndef FTN_KERNEL_CUH
 #define FTN_KERNEL_CUH
 
-#include "ferrotron_kernels.h"
+#include "params/ferrotron_kernels.h"
 
 #if defined(FTN_KERNEL_SCAN)
 // build.rs preprocesses each .cu with FTN_KERNEL_SCAN to list its kernels:

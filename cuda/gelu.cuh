@@ -1,5 +1,5 @@
 // GeLU and its derivative in fp32: Megatron's tanh approximation (with its
-// constants) and the exact erf form (REFERENCE.md, "Bias + GeLU").
+// constants) and the exact erf form (docs/semantics.md, "Bias + GeLU").
 //
 // Evaluated without cancellation: with u = 0.79788456*x*(1 + 0.044715*x^2),
 //   0.5*(1 + tanh(u)) = sigmoid(2u)  and  1 - tanh(u)^2 = 4*sigmoid(2u)*sigmoid(-2u),

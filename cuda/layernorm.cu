@@ -40,7 +40,8 @@
 //   of 3*rows*cols*sizeof(T): accumulating dgamma/dbeta in registers inside
 //   the row kernels would need two more register copies of the row and
 //   spills on the block path; a fused variant is future work.
-#include "ftn_dtype.cuh"
+#include "reduce.cuh"
+#include "vec.cuh"
 
 namespace {
 
@@ -49,77 +50,34 @@ constexpr int kWarpRows = 4;     // rows (warps) per block in the warp path
 constexpr int kBlockItems = 24;  // fp32 values per thread in the block path
 constexpr int kBlockThreads = 512;  // most threads of a block-path block
 
-FTN_DEVICE float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-// Sum of `a` and of `b` over the block; every thread gets both totals, all
-// summed in the same order (deterministic). red: 64 floats of shared memory.
-FTN_DEVICE void block_sum2(float &a, float &b, float *red) {
-  a = warp_sum(a);
-  b = warp_sum(b);
-  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  const unsigned warps = blockDim.x >> 5;
-  __syncthreads();  // red may still be read by the previous call
-  if (lane == 0) {
-    red[warp] = a;
-    red[32 + warp] = b;
-  }
-  __syncthreads();
-  a = lane < warps ? red[lane] : 0.0f;
-  b = lane < warps ? red[32 + lane] : 0.0f;
-  a = warp_sum(a);
-  b = warp_sum(b);
-}
-
 // The row of a block-per-row launch: grid (x, y) covers x*y >= rows rows,
 // one per block. (No grid-stride loop: the compiler would hoist every
 // gamma/beta load out of it and spill.) A block past the end exits whole.
 FTN_DEVICE int64_t block_row() { return (int64_t)blockIdx.y * gridDim.x + blockIdx.x; }
 
-// Sum over the row group: a warp (WARP) or the whole block.
+// Sums over the row group: a warp (WARP) or the whole block (reduce.cuh; a
+// fixed order, so deterministic). red: 64 floats of shared memory (block).
 template <bool WARP>
 FTN_DEVICE void group_sum2(float &a, float &b, float *red) {
   if constexpr (WARP) {
     (void)red;
-    a = warp_sum(a);
-    b = warp_sum(b);
+    a = ftn_warp_allreduce<FtnSumOp>(a);
+    b = ftn_warp_allreduce<FtnSumOp>(b);
   } else {
-    block_sum2(a, b, red);
+    float v[2] = {a, b};
+    ftn_block_allreduce_n<FtnSumOp, 2>(v, red);
+    a = v[0];
+    b = v[1];
   }
 }
 
 template <bool WARP>
 FTN_DEVICE float group_sum(float a, float *red) {
-  float b = 0.0f;
-  group_sum2<WARP>(a, b, red);
-  return a;
-}
-
-// V consecutive elements at p as fp32 (one 128-bit load when V > 1).
-template <typename T, int V>
-FTN_DEVICE void load(const T *p, float *out) {
-  if constexpr (V == 1) {
-    out[0] = ftn_to_float(p[0]);
+  if constexpr (WARP) {
+    (void)red;
+    return ftn_warp_allreduce<FtnSumOp>(a);
   } else {
-    float tmp[V];
-    ftn_load_vec<T>(p, tmp);
-#pragma unroll
-    for (int k = 0; k < V; ++k) out[k] = tmp[k];
-  }
-}
-
-template <typename T, int V>
-FTN_DEVICE void store(T *p, const float *in) {
-  if constexpr (V == 1) {
-    p[0] = ftn_from_float<T>(in[0]);
-  } else {
-    float tmp[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) tmp[k] = in[k];
-    ftn_store_vec<T>(p, tmp);
+    return ftn_block_allreduce<FtnSumOp>(a, red);
   }
 }
 
@@ -132,7 +90,7 @@ FTN_DEVICE void load_gamma(const T *gamma, int64_t col, uint32_t zc, float *g) {
     for (int k = 0; k < V; ++k) g[k] = 1.0f;
     return;
   }
-  load<T, V>(gamma + col, g);
+  ftn_load<T, V>(gamma + col, g);
   if (zc != 0) {
 #pragma unroll
     for (int k = 0; k < V; ++k) g[k] += 1.0f;
@@ -157,7 +115,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
-      load<T, V>(x + col, v + c * V);
+      ftn_load<T, V>(x + col, v + c * V);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         v[c * V + k] -= pivot;
@@ -192,7 +150,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
       float g[V], b[V];
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
       if (beta != nullptr) {
-        load<T, V>(beta + col, b);
+        ftn_load<T, V>(beta + col, b);
       } else {
 #pragma unroll
         for (int k = 0; k < V; ++k) b[k] = 0.0f;
@@ -200,7 +158,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
       float o[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) o[k] = v[c * V + k] * rstd * g[k] + b[k];
-      store<T, V>(y + col, o);
+      ftn_store<T, V>(y + col, o);
     }
   }
 }
@@ -243,7 +201,7 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
       float s = 0.0f;
       for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
         float v[V];
-        load<T, V>(x + col, v);
+        ftn_load<T, V>(x + col, v);
 #pragma unroll
         for (int k = 0; k < V; ++k) s += v[k] - pivot;
       }
@@ -252,7 +210,7 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
     float q = 0.0f;
     for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
       float v[V];
-      load<T, V>(x + col, v);
+      ftn_load<T, V>(x + col, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float d = (v[k] - pivot) - shift;
@@ -267,17 +225,17 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
     }
     for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
       float v[V], g[V], o[V];
-      load<T, V>(x + col, v);
+      ftn_load<T, V>(x + col, v);
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) o[k] = ((v[k] - pivot) - shift) * rstd * g[k];
       if (beta != nullptr) {
         float b[V];
-        load<T, V>(beta + col, b);
+        ftn_load<T, V>(beta + col, b);
 #pragma unroll
         for (int k = 0; k < V; ++k) o[k] += b[k];
       }
-      store<T, V>(y + col, o);
+      ftn_store<T, V>(y + col, o);
     }
   }
 }
@@ -303,8 +261,8 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, int64_t row, int 
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
       float g[V];
-      load<T, V>(x + col, xh + c * V);
-      load<T, V>(dy + col, gh + c * V);
+      ftn_load<T, V>(x + col, xh + c * V);
+      ftn_load<T, V>(dy + col, gh + c * V);
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -325,7 +283,7 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, int64_t row, int 
       float o[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) o[k] = rstd * (gh[c * V + k] - m1 - xh[c * V + k] * m2);
-      store<T, V>(dx + col, o);
+      ftn_store<T, V>(dx + col, o);
     }
   }
 }
@@ -366,8 +324,8 @@ FTN_DEVICE void bwd_global(const FtnLayerNormBwdParams &p, float *red) {
     float s1 = 0.0f, s2 = 0.0f;
     for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
       float v[V], d[V], g[V];
-      load<T, V>(x + col, v);
-      load<T, V>(dy + col, d);
+      ftn_load<T, V>(x + col, v);
+      ftn_load<T, V>(dy + col, d);
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -383,12 +341,12 @@ FTN_DEVICE void bwd_global(const FtnLayerNormBwdParams &p, float *red) {
     // may alias dy: each thread rewrites only the columns it read.
     for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
       float v[V], d[V], g[V], o[V];
-      load<T, V>(x + col, v);
-      load<T, V>(dy + col, d);
+      ftn_load<T, V>(x + col, v);
+      ftn_load<T, V>(dy + col, d);
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) o[k] = rstd * (d[k] * g[k] - m1 - (v[k] - mean) * rstd * m2);
-      store<T, V>(dx + col, o);
+      ftn_store<T, V>(dx + col, o);
     }
   }
 }
@@ -408,8 +366,8 @@ FTN_DEVICE void param_grad_columns(const FtnLayerNormParamGradParams &p, int64_t
     const float mean = rms ? 0.0f : p.mean[r];
     const float rstd = p.rstd[r];
     float v[V], d[V];
-    load<T, V>(x + r * p.cols + c0, v);
-    load<T, V>(dy + r * p.cols + c0, d);
+    ftn_load<T, V>(x + r * p.cols + c0, v);
+    ftn_load<T, V>(dy + r * p.cols + c0, d);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       ag[k] += d[k] * ((v[k] - mean) * rstd);

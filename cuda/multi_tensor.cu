@@ -29,7 +29,8 @@
 // ftn_grad_scaler_update   one thread: Megatron's DynamicGradScaler.update on
 //   a device-resident state, driven by the device found_inf flag.
 //   HBM floor: 16 B state read + written, 4 B flag read (+ written if reset).
-#include "ftn_dtype.cuh"
+#include "reduce.cuh"
+#include "vec.cuh"
 
 // True unless x is +-inf or NaN (exponent bits all ones). Bit test: immune
 // to fast-math assumptions.
@@ -111,33 +112,14 @@ FTN_KERNEL_BOUNDED(ftn_multi_tensor_unscale, FtnMultiTensorUnscaleParams, p, FTN
   if (__syncthreads_or(op.bad) && threadIdx.x == 0) *p.found_inf = 1.0f;
 }
 
-// Sum of v over the block (FTN_MT_THREADS threads) in a fixed order; the
-// result is valid in thread 0. Every thread must call it.
-FTN_DEVICE float mt_block_sum(float v) {
-  FTN_SHARED(float, warp_sums, [FTN_MT_THREADS / 32]);
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  if (warp == 0) {
-    total = lane < FTN_MT_THREADS / 32 ? warp_sums[lane] : 0.0f;
-    for (int off = FTN_MT_THREADS / 64; off > 0; off >>= 1) {
-      total += __shfl_xor_sync(0xffffffffu, total, off);
-    }
-  }
-  __syncthreads();  // warp_sums is reused by the next call
-  return total;
-}
-
 FTN_KERNEL_BOUNDED(ftn_multi_tensor_l2norm_partial, FtnMultiTensorL2NormParams, p,
                    FTN_MT_THREADS) {
   FTN_ASSERT(blockDim.x == FTN_MT_THREADS);
+  FTN_SHARED(float, red, [FTN_MT_THREADS / 32]);
   for (int64_t c = blockIdx.x; c < p.num_chunks; c += gridDim.x) {
     MtSumSqOp op{0.0f};
     mt_chunk<false>(p.tensors, p.chunks, c, p.chunk_size, op);
-    const float s = mt_block_sum(op.acc);
+    const float s = ftn_block_allreduce<FtnSumOp>(op.acc, red);
     if (threadIdx.x == 0) p.partial[c] = s;
   }
 }

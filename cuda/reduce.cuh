@@ -1,12 +1,12 @@
 // Warp and block all-reductions in fp32, in a fixed order (xor butterfly over
 // lanes, then over warps), so every thread gets bitwise the same result on
-// every run. Shared by the softmax and vocab-parallel kernels.
+// every run. The one copy used by every kernel (softmax, layernorm,
+// multi-tensor, vocab-parallel). FTN_DEVICE (forceinline) and templated on
+// the operation and the count, so the values stay in registers.
 #ifndef FTN_REDUCE_CUH
 #define FTN_REDUCE_CUH
 
-#include "ftn_kernel.cuh"
-
-#define FTN_NEG_INF (__int_as_float((int)0xff800000u))
+#include "ftn_dtype.cuh"
 
 struct FtnMaxOp {
   static FTN_DEVICE float apply(float a, float b) { return a > b ? a : b; }
@@ -23,19 +23,33 @@ template <class Op> FTN_DEVICE float ftn_warp_allreduce(float v) {
   return v;
 }
 
-// Every thread of the block gets the reduction of `v`; `red` holds >= 32
-// floats. Needs blockDim.x % 32 == 0 and all threads of the block.
-template <class Op> FTN_DEVICE float ftn_block_allreduce(float v, float *red) {
-  v = ftn_warp_allreduce<Op>(v);
+// Every thread of the block gets the reduction of each of the N values v[i],
+// through one pair of barriers for all N. `red` holds 32 floats per value
+// (value i uses red[32*i, 32*i + blockDim.x/32)). Needs blockDim.x % 32 == 0
+// and all threads of the block; `red` may be reused as soon as it returns.
+template <class Op, int N> FTN_DEVICE void ftn_block_allreduce_n(float (&v)[N], float *red) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
-  if (lane == 0) red[warp] = v;
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = ftn_warp_allreduce<Op>(v[i]);
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) red[32 * i + warp] = v[i];
+  }
   __syncthreads();
-  v = lane < warps ? red[lane] : Op::identity();
-  v = ftn_warp_allreduce<Op>(v);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = lane < warps ? red[32 * i + lane] : Op::identity();
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = ftn_warp_allreduce<Op>(v[i]);
   __syncthreads();  // `red` may be reused by the next call
-  return v;
+}
+
+// One value: `red` holds >= blockDim.x / 32 floats (32 serve any block).
+template <class Op> FTN_DEVICE float ftn_block_allreduce(float v, float *red) {
+  float a[1] = {v};
+  ftn_block_allreduce_n<Op, 1>(a, red);
+  return a[0];
 }
 
 #endif  // FTN_REDUCE_CUH

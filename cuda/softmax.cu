@@ -31,56 +31,12 @@
 //   The long path reads the row twice: 3n|T| forward / 5n|T| backward from
 //   HBM in the worst case (L2 misses), 2n|T| / 3n|T| when the re-read hits L2.
 // FLOPs: ~5 per element plus one expf -> far below the FP32 rate: HBM-bound.
-#include "ftn_dtype.cuh"
 #include "reduce.cuh"
+#include "vec.cuh"
 
-#define SM_NEG_INF (__int_as_float((int)0xff800000u))
 #define SM_MASKED_VALUE (-10000.0f)
 #define SM_WARPS_PER_BLOCK 4
 #define SM_BLOCK_ITEMS 32
-
-
-// Loads V elements of T at p (16-byte aligned when V > 1) as fp32.
-template <typename T, int V> FTN_DEVICE void sm_load(const T *p, float (&out)[V]) {
-  if constexpr (V > 1) {
-    static_assert(V == FtnVec<T>::N, "vector width");
-    ftn_load_vec<T>(p, out);
-  } else {
-    out[0] = ftn_to_float(p[0]);
-  }
-}
-
-template <typename T, int V> FTN_DEVICE void sm_store(T *p, const float (&in)[V]) {
-  if constexpr (V > 1) {
-    ftn_store_vec<T>(p, in);
-  } else {
-    p[0] = ftn_from_float<T>(in[0]);
-  }
-}
-
-// Loads V mask bytes at m (V-byte aligned) with one access.
-template <int V> FTN_DEVICE void sm_load_mask(const uint8_t *m, uint8_t (&out)[V]) {
-  if constexpr (V == 8) {
-    union {
-      uint2 raw;
-      uint8_t b[8];
-    } u;
-    u.raw = *reinterpret_cast<const uint2 *>(m);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) out[k] = u.b[k];
-  } else if constexpr (V == 4) {
-    union {
-      uint32_t raw;
-      uint8_t b[4];
-    } u;
-    u.raw = *reinterpret_cast<const uint32_t *>(m);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = u.b[k];
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) out[k] = m[k];
-  }
-}
 
 // The mask of one row: `pad` = its padding-mask row (or null); columns
 // >= `limit` are causal-masked.
@@ -109,15 +65,15 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
                           int64_t col0, float (&v)[V], bool &any) {
   if (col0 >= m.limit) {
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = SM_NEG_INF;
+    for (int k = 0; k < V; ++k) v[k] = FTN_NEG_INF;
     return;
   }
-  sm_load<T, V>(xr + col0, v);
+  ftn_load<T, V>(xr + col0, v);
 #pragma unroll
   for (int k = 0; k < V; ++k) v[k] *= p.scale;
   if (m.pad != nullptr) {
     uint8_t mk[V];
-    sm_load_mask<V>(m.pad + col0, mk);
+    ftn_load_bytes<V>(m.pad + col0, mk);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       if (mk[k] != 0) {
@@ -129,7 +85,7 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    if (col0 + k >= m.limit) v[k] = SM_NEG_INF;
+    if (col0 + k >= m.limit) v[k] = FTN_NEG_INF;
   }
 }
 
@@ -154,15 +110,15 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
     const uint8_t *pad = m.pad == nullptr ? nullptr : m.pad + first;
     float v[CHUNKS][V];
     bool any = pad == nullptr;
-    float mx = SM_NEG_INF;
+    float mx = FTN_NEG_INF;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int col0 = first + c * 32 * V;
       if (col0 < limit) {
-        sm_load<T, V>(xr + c * 32 * V, v[c]);
+        ftn_load<T, V>(xr + c * 32 * V, v[c]);
         uint8_t mk[V];
         if (pad != nullptr) {
-          sm_load_mask<V>(pad + c * 32 * V, mk);
+          ftn_load_bytes<V>(pad + c * 32 * V, mk);
         } else {
 #pragma unroll
           for (int k = 0; k < V; ++k) mk[k] = 0;
@@ -172,11 +128,11 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
           v[c][k] *= p.scale;
           if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
           any |= mk[k] == 0;
-          if (col0 + k >= limit) v[c][k] = SM_NEG_INF;
+          if (col0 + k >= limit) v[c][k] = FTN_NEG_INF;
         }
       } else {
 #pragma unroll
-        for (int k = 0; k < V; ++k) v[c][k] = SM_NEG_INF;
+        for (int k = 0; k < V; ++k) v[c][k] = FTN_NEG_INF;
       }
 #pragma unroll
       for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
@@ -199,7 +155,7 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
       if (first + c * 32 * V < sk) {
 #pragma unroll
         for (int k = 0; k < V; ++k) v[c][k] *= inv;
-        sm_store<T, V>(yr + c * 32 * V, v[c]);
+        ftn_store<T, V>(yr + c * 32 * V, v[c]);
       }
     }
   }
@@ -223,15 +179,15 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
     T *yr = y + r * p.sk;
     float v[CHUNKS][V];
     bool any = m.pad == nullptr;
-    float mx = SM_NEG_INF;
+    float mx = FTN_NEG_INF;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int col0 = first + c * stride;
       if (col0 < limit) {
-        sm_load<T, V>(xr + col0, v[c]);
+        ftn_load<T, V>(xr + col0, v[c]);
         uint8_t mk[V];
         if (m.pad != nullptr) {
-          sm_load_mask<V>(m.pad + col0, mk);
+          ftn_load_bytes<V>(m.pad + col0, mk);
         } else {
 #pragma unroll
           for (int k = 0; k < V; ++k) mk[k] = 0;
@@ -241,11 +197,11 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
           v[c][k] *= p.scale;
           if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
           any |= mk[k] == 0;
-          if (col0 + k >= limit) v[c][k] = SM_NEG_INF;
+          if (col0 + k >= limit) v[c][k] = FTN_NEG_INF;
         }
       } else {
 #pragma unroll
-        for (int k = 0; k < V; ++k) v[c][k] = SM_NEG_INF;
+        for (int k = 0; k < V; ++k) v[c][k] = FTN_NEG_INF;
       }
 #pragma unroll
       for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
@@ -269,7 +225,7 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
       if (col0 < sk) {
 #pragma unroll
         for (int k = 0; k < V; ++k) v[c][k] *= inv;
-        sm_store<T, V>(yr + col0, v[c]);
+        ftn_store<T, V>(yr + col0, v[c]);
       }
     }
   }
@@ -287,7 +243,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
     const T *xr = x + r * p.sk;
     T *yr = y + r * p.sk;
     bool any = m.pad == nullptr;
-    float tm = SM_NEG_INF;  // running max of this thread
+    float tm = FTN_NEG_INF;  // running max of this thread
     float ts = 0.0f;        // running sum of exp(v - tm)
     for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < m.limit; col0 += step) {
       float v[V];
@@ -295,7 +251,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
       float cm = v[0];
 #pragma unroll
       for (int k = 1; k < V; ++k) cm = cm > v[k] ? cm : v[k];
-      if (cm == SM_NEG_INF) continue;  // every column causal-masked
+      if (cm == FTN_NEG_INF) continue;  // every column causal-masked
       if (cm > tm) {
         ts *= expf(tm - cm);  // tm = -inf: ts is 0 and stays 0
         tm = cm;
@@ -304,7 +260,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
       for (int k = 0; k < V; ++k) ts += expf(v[k] - tm);
     }
     const float mx = ftn_block_allreduce<FtnMaxOp>(tm, red);
-    ts = tm == SM_NEG_INF ? 0.0f : ts * expf(tm - mx);
+    ts = tm == FTN_NEG_INF ? 0.0f : ts * expf(tm - mx);
     const float sum = ftn_block_allreduce<FtnSumOp>(ts, red);
     const bool any_row = __syncthreads_or(any ? 1 : 0) != 0;
     const float inv = any_row ? 1.0f / sum : 0.0f;
@@ -314,7 +270,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
       sm_logits<T, V>(p, xr, m, col0, v, unused);
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = expf(v[k] - mx) * inv;
-      sm_store<T, V>(yr + col0, v);
+      ftn_store<T, V>(yr + col0, v);
     }
   }
 }
@@ -344,8 +300,8 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       if (first + c * stride < sk) {
-        sm_load<T, V>(y + off + c * stride, yv[c]);
-        sm_load<T, V>(dy + off + c * stride, gv[c]);
+        ftn_load<T, V>(y + off + c * stride, yv[c]);
+        ftn_load<T, V>(dy + off + c * stride, gv[c]);
       } else {
 #pragma unroll
         for (int k = 0; k < V; ++k) yv[c][k] = gv[c][k] = 0.0f;
@@ -363,7 +319,7 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
       if (first + c * stride < sk) {
 #pragma unroll
         for (int k = 0; k < V; ++k) gv[c][k] = p.scale * (gv[c][k] * yv[c][k] - yv[c][k] * dot);
-        sm_store<T, V>(dx + off + c * stride, gv[c]);
+        ftn_store<T, V>(dx + off + c * stride, gv[c]);
       }
     }
   }
@@ -394,19 +350,19 @@ template <typename T, int V> FTN_DEVICE void sm_bwd_long_impl(const FtnSoftmaxBw
     float dot = 0.0f;
     for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
       float yv[V], gv[V];
-      sm_load<T, V>(y + off + col0, yv);
-      sm_load<T, V>(dy + off + col0, gv);
+      ftn_load<T, V>(y + off + col0, yv);
+      ftn_load<T, V>(dy + off + col0, gv);
 #pragma unroll
       for (int k = 0; k < V; ++k) dot += yv[k] * gv[k];
     }
     dot = ftn_block_allreduce<FtnSumOp>(dot, red);
     for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
       float yv[V], gv[V];
-      sm_load<T, V>(y + off + col0, yv);
-      sm_load<T, V>(dy + off + col0, gv);
+      ftn_load<T, V>(y + off + col0, yv);
+      ftn_load<T, V>(dy + off + col0, gv);
 #pragma unroll
       for (int k = 0; k < V; ++k) gv[k] = p.scale * (gv[k] * yv[k] - yv[k] * dot);
-      sm_store<T, V>(dx + off + col0, gv);
+      ftn_store<T, V>(dx + off + col0, gv);
     }
   }
 }

@@ -21,8 +21,6 @@
 #include "ftn_dtype.cuh"
 #include "reduce.cuh"
 
-#define VP_NEG_INF (-__int_as_float(0x7f800000))
-
 FTN_DEVICE int64_t vp_load_id(const void *ids, uint32_t i64, int64_t t) {
   return i64 ? static_cast<const int64_t *>(ids)[t] : (int64_t) static_cast<const int32_t *>(ids)[t];
 }
@@ -92,7 +90,7 @@ FTN_DEVICE void vocab_ce_max(const FtnVocabCeMaxParams &p) {
   FTN_ASSERT(blockDim.x % 32 == 0);
   FTN_SHARED(float, red, [32]);
   const T *x = static_cast<const T *>(p.logits) + (int64_t)blockIdx.x * p.cols;
-  float m = VP_NEG_INF;
+  float m = FTN_NEG_INF;
   for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) m = fmaxf(m, ftn_to_float(x[c]));
   m = ftn_block_allreduce<FtnMaxOp>(m, red);
   if (threadIdx.x == 0) p.row_max[blockIdx.x] = m;

@@ -120,7 +120,7 @@ impl<P> Family<P> {
 /// A kernel parameter struct: plain old data with raw device addresses.
 ///
 /// # Safety
-/// Implementors must be `#[repr(C)]` structs from `include/` whose layout the
+/// Implementors must be `#[repr(C)]` structs from `cuda/params/` whose layout the
 /// kernels share; the typed op that fills one keeps every address it holds
 /// valid until the launch completes (buffers synchronise before they free).
 pub unsafe trait KernelParams: Copy + 'static {}

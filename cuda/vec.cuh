@@ -1,0 +1,102 @@
+// Vector access to typed kernel data: the one place kernels reinterpret
+// elements as uint4 / uint2 / uint32_t (copy.cu moves untyped bytes in uint4
+// units itself). Values widen to fp32 on load and narrow to the storage type
+// on store (ftn_dtype.cuh); arithmetic stays fp32.
+//
+//   FtnVec<T>::N             elements of T in one 16-byte (128-bit) access
+//   ftn_load_vec / _store_vec  exactly N elements, one 128-bit access
+//   ftn_load<T, V> / ftn_store<T, V>
+//                            V elements: the 128-bit access when V == N, a
+//                            scalar one when V == 1 (a kernel's `vec` path)
+//   ftn_load_bytes<V>        V bytes (a mask): one 4- or 8-byte access, else bytewise
+// Every helper is FTN_DEVICE (forceinline) and templated on the width, so the
+// element arrays stay in registers.
+#ifndef FTN_VEC_CUH
+#define FTN_VEC_CUH
+
+#include "ftn_dtype.cuh"
+
+// Elements of T in one 16-byte access.
+template <typename T> struct FtnVec {
+  static constexpr int N = 16 / sizeof(T);
+};
+
+// Loads N = FtnVec<T>::N elements at p (16-byte aligned) with one 128-bit
+// load and widens them to fp32.
+template <typename T>
+FTN_DEVICE void ftn_load_vec(const T *__restrict__ p, float (&out)[FtnVec<T>::N]) {
+  union {
+    uint4 raw;
+    T v[FtnVec<T>::N];
+  } u;
+  u.raw = *reinterpret_cast<const uint4 *>(p);
+#pragma unroll
+  for (int k = 0; k < FtnVec<T>::N; ++k) out[k] = ftn_to_float(u.v[k]);
+}
+
+// Narrows N fp32 values to T and stores them with one 128-bit store.
+template <typename T>
+FTN_DEVICE void ftn_store_vec(T *__restrict__ p, const float (&in)[FtnVec<T>::N]) {
+  union {
+    uint4 raw;
+    T v[FtnVec<T>::N];
+  } u;
+#pragma unroll
+  for (int k = 0; k < FtnVec<T>::N; ++k) u.v[k] = ftn_from_float<T>(in[k]);
+  *reinterpret_cast<uint4 *>(p) = u.raw;
+}
+
+// V consecutive elements at p as fp32: one 128-bit load when V == N (p
+// 16-byte aligned), one scalar load when V == 1.
+template <typename T, int V> FTN_DEVICE void ftn_load(const T *p, float *out) {
+  static_assert(V == 1 || V == FtnVec<T>::N, "vector width");
+  if constexpr (V == 1) {
+    out[0] = ftn_to_float(p[0]);
+  } else {
+    float tmp[V];
+    ftn_load_vec<T>(p, tmp);
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = tmp[k];
+  }
+}
+
+// Stores V fp32 values as T at p: one 128-bit store when V == N, one scalar
+// store when V == 1.
+template <typename T, int V> FTN_DEVICE void ftn_store(T *p, const float *in) {
+  static_assert(V == 1 || V == FtnVec<T>::N, "vector width");
+  if constexpr (V == 1) {
+    p[0] = ftn_from_float<T>(in[0]);
+  } else {
+    float tmp[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) tmp[k] = in[k];
+    ftn_store_vec<T>(p, tmp);
+  }
+}
+
+// Loads V = sizeof(Raw) bytes at m (V-byte aligned) with one access.
+template <typename Raw, int V>
+FTN_DEVICE void ftn_load_bytes_as(const uint8_t *m, uint8_t (&out)[V]) {
+  static_assert(sizeof(Raw) == V, "access width");
+  union {
+    Raw raw;
+    uint8_t b[V];
+  } u;
+  u.raw = *reinterpret_cast<const Raw *>(m);
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = u.b[k];
+}
+
+// Loads V bytes at m (V-byte aligned): one access when V is 4 or 8.
+template <int V> FTN_DEVICE void ftn_load_bytes(const uint8_t *m, uint8_t (&out)[V]) {
+  if constexpr (V == 8) {
+    ftn_load_bytes_as<uint2>(m, out);
+  } else if constexpr (V == 4) {
+    ftn_load_bytes_as<uint32_t>(m, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = m[k];
+  }
+}
+
+#endif  // FTN_VEC_CUH
