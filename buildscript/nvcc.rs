@@ -25,6 +25,7 @@ pub fn build_fatbins(sources: &[PathBuf], out_dir: &Path) {
         "CUDA_PATH",
         "FTN_CUDA_ARCHS",
         "FTN_DENY_SPILLS",
+        "FTN_DEVICE_ASSERTS",
         "PATH",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
@@ -32,6 +33,11 @@ pub fn build_fatbins(sources: &[PathBuf], out_dir: &Path) {
     let nvcc = find_nvcc().unwrap_or_else(|| panic!("{HOW_TO_GET_NVCC}"));
     let archs = std::env::var("FTN_CUDA_ARCHS").unwrap_or_else(|_| "sm_80,sm_90a".into());
     let deny_spills = std::env::var("FTN_DENY_SPILLS").is_ok_and(|v| v == "1");
+    let asserts = match std::env::var("FTN_DEVICE_ASSERTS").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => std::env::var("PROFILE").as_deref() == Ok("debug"),
+    };
 
     let cache = fatbin_cache_dir(out_dir);
     let headers = header_digest();
@@ -41,8 +47,15 @@ pub fn build_fatbins(sources: &[PathBuf], out_dir: &Path) {
             let (src, nvcc, archs, cache) =
                 (src.clone(), nvcc.clone(), archs.clone(), cache.clone());
             let out = out_dir.join(format!("{}.fatbin", stem(&src)));
-            let key = cache_key(&nvcc, &src, &archs, headers);
-            std::thread::spawn(move || cached_compile(&nvcc, &src, &out, &archs, &cache, key))
+            let key = cache_key(&nvcc, &src, &archs, headers, asserts);
+            let job = Job {
+                nvcc,
+                src,
+                out,
+                archs,
+                asserts,
+            };
+            std::thread::spawn(move || cached_compile(&job, &cache, key))
         })
         .collect();
     let mut report = String::new();
@@ -125,9 +138,20 @@ fn header_digest() -> u64 {
     })
 }
 
-fn cache_key(nvcc: &Path, src: &Path, archs: &str, headers: u64) -> u64 {
+/// One nvcc invocation: a kernel file into a fatbin.
+struct Job {
+    nvcc: PathBuf,
+    src: PathBuf,
+    out: PathBuf,
+    archs: String,
+    /// Compile `FTN_ASSERT` in (else `-DNDEBUG`).
+    asserts: bool,
+}
+
+fn cache_key(nvcc: &Path, src: &Path, archs: &str, headers: u64, asserts: bool) -> u64 {
     let mut h = fnv(headers, &std::fs::read(src).unwrap_or_default());
     h = fnv(h, archs.as_bytes());
+    h = fnv(h, if asserts { b"asserts" } else { b"NDEBUG!" });
     h = fnv(h, nvcc.to_string_lossy().as_bytes());
     // The compiler's own version, so a new nvcc never reuses old binaries.
     let version = Command::new(nvcc)
@@ -140,14 +164,8 @@ fn cache_key(nvcc: &Path, src: &Path, archs: &str, headers: u64) -> u64 {
 
 /// `compile_one`, reusing a cached fatbin (and its ptxas report) when the
 /// source, headers, targets and nvcc are unchanged.
-fn cached_compile(
-    nvcc: &Path,
-    src: &Path,
-    out: &Path,
-    archs: &str,
-    cache: &Path,
-    key: u64,
-) -> (String, Vec<String>) {
+fn cached_compile(job: &Job, cache: &Path, key: u64) -> (String, Vec<String>) {
+    let out = &job.out;
     let (bin, log) = (
         cache.join(format!("{key:016x}.fatbin")),
         cache.join(format!("{key:016x}.log")),
@@ -158,7 +176,7 @@ fn cached_compile(
             return (l, spills);
         }
     }
-    let (l, spills) = compile_one(nvcc, src, out, archs);
+    let (l, spills) = compile_one(job);
     if std::fs::create_dir_all(cache).is_ok() {
         // Log first, binary last: a reader that finds the binary finds both.
         let _ = std::fs::write(&log, &l);
@@ -175,7 +193,14 @@ fn stem(p: &Path) -> String {
 }
 
 /// Runs nvcc on one file; returns the ptxas report and the spilling kernels.
-fn compile_one(nvcc: &Path, src: &Path, out: &Path, archs: &str) -> (String, Vec<String>) {
+fn compile_one(job: &Job) -> (String, Vec<String>) {
+    let Job {
+        nvcc,
+        src,
+        out,
+        archs,
+        asserts,
+    } = job;
     let mut cmd = Command::new(nvcc);
     cmd.args([
         "-fatbin",
@@ -188,6 +213,9 @@ fn compile_one(nvcc: &Path, src: &Path, out: &Path, archs: &str) -> (String, Vec
         "0",
     ])
     .args(["-I", "cuda"]);
+    if !asserts {
+        cmd.arg("-DNDEBUG");
+    }
     if let Some(cccl) = nvcc
         .parent()
         .and_then(|b| b.parent())

@@ -46,6 +46,8 @@
 #define FTN_DYNAMIC_SHARED(T, name)                             \
   extern __shared__ __align__(16) unsigned char ftn_dyn_smem_raw[]; \
   T *name = reinterpret_cast<T *>(ftn_dyn_smem_raw)
+// Debug fatbins only: release ones are built with -DNDEBUG, since a trapped
+// device assert is sticky and fails every later launch in the process.
 #define FTN_ASSERT(cond) assert(cond)
 
 #else  // the CPU emulator

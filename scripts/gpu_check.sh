@@ -7,7 +7,8 @@
 #   3. gemm_vs_cublaslt (ours vs cuBLASLt, same shapes, same run);
 #   4. every test binary, FTN_CHECK_JOBS at a time (GPU cases run, emulator
 #      cases too);
-#   5. compute-sanitizer memcheck over the small-shape test binaries.
+#   5. compute-sanitizer memcheck, racecheck and synccheck over the
+#      small-shape test binaries.
 # Every step has its own timeout, clipped to what is left of FTN_CHECK_BUDGET
 # (seconds, default 420), and summary.md is appended to as each step ends, so
 # a timeout loses nothing already measured. Writes under $OUT:
@@ -33,19 +34,18 @@ step_limit() {
 }
 export -f step_limit
 
-# NCCL and cuBLASLt from the machine's Python environment. cudarc (cuda-12000)
-# asks for libnccl.so / libnccl.so.12 and libcublasLt.so / .so.12, while the
-# NVIDIA wheels ship libnccl.so.2 and libcublasLt.so.13: link the unversioned
-# names to them in a private folder.
+# ferrotron finds NCCL itself (FTN_NCCL_LIBRARY, LD_LIBRARY_PATH, CUDA_HOME,
+# python site-packages nvidia/nccl/lib): the comm_nccl log names the file.
+# cuBLASLt is only used by the gemm_vs_cublaslt bench, through cudarc, which
+# asks for libcublasLt.so / .so.12 while the wheels ship .so.13: link the
+# unversioned name to it in a private folder.
 SITE="$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)"
 LIBS="$OUT/../ftn-libs"
 mkdir -p "$LIBS"
-NCCL_SO="$(find "$SITE/nvidia" -name 'libnccl.so.*' 2>/dev/null | sort | head -1)"
 LT_SO="$(find "$SITE/nvidia" -name 'libcublasLt.so.*' 2>/dev/null | sort | head -1)"
-[ -n "$NCCL_SO" ] && ln -sf "$NCCL_SO" "$LIBS/libnccl.so"
 [ -n "$LT_SO" ] && ln -sf "$LT_SO" "$LIBS/libcublasLt.so"
 [ -n "$LT_SO" ] && for f in "$(dirname "$LT_SO")"/libcublas.so.*; do ln -sf "$f" "$LIBS/libcublas.so"; done
-export LD_LIBRARY_PATH="$LIBS:$(dirname "${NCCL_SO:-/x/x}"):$(dirname "${LT_SO:-/x/x}"):${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}"
 
 S="$OUT/summary.md"
 {
@@ -55,7 +55,6 @@ S="$OUT/summary.md"
   echo "- commit: $(cat "$BUNDLE/COMMIT" 2>/dev/null || echo unknown)"
   echo "- device: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader 2>/dev/null | head -1 || echo 'no nvidia-smi')"
   echo "- libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so.1' | awk '{print $NF}')"
-  echo "- NCCL: ${NCCL_SO:-not found}"
   echo "- cuBLASLt: ${LT_SO:-not found}"
   echo "- compute-sanitizer: $(command -v compute-sanitizer || echo 'not found')"
   echo
@@ -121,24 +120,32 @@ run_test() {
 }
 export -f run_test
 ls "$BUNDLE"/tests/* | xargs -P "$JOBS" -I{} bash -c 'run_test {}'
+{
+  echo
+  echo "Notes from the test logs:"
+  echo
+  grep -h "comm_nccl: NCCL from\|Device::cuda(0) on\|first launch after creation" "$OUT"/tests/*.log | sed 's/^/- /'
+} >> "$S"
 
 if command -v compute-sanitizer > /dev/null; then
   {
     echo
-    echo "## compute-sanitizer memcheck (GPU cases of small-shape tests)"
+    echo "## compute-sanitizer (GPU cases of small-shape tests)"
     echo
-    echo "| binary | result | errors line |"
+    echo "| tool, binary | result | errors line |"
     echo "| --- | --- | --- |"
   } >> "$S"
-  for name in bias_gelu softmax layernorm multi_tensor copy_2d; do
+  for tool_name in memcheck:bias_gelu memcheck:softmax memcheck:layernorm memcheck:multi_tensor \
+    memcheck:vocab_parallel racecheck:softmax racecheck:layernorm synccheck:softmax synccheck:layernorm; do
+    tool="${tool_name%%:*}" name="${tool_name#*:}"
     t="$BUNDLE/tests/$name"
     [ -x "$t" ] || continue
     lim=$(step_limit)
-    [ "$lim" -le 10 ] && { echo "| $name | not run (budget spent) | |" >> "$S"; continue; }
-    log="$OUT/sanitizer/$name.log"
-    timeout "$lim" compute-sanitizer --tool memcheck --print-limit 20 "$t" > "$log" 2>&1
+    [ "$lim" -le 10 ] && { echo "| $tool $name | not run (budget spent) | |" >> "$S"; continue; }
+    log="$OUT/sanitizer/$tool-$name.log"
+    timeout "$lim" compute-sanitizer --tool "$tool" --print-limit 20 "$t" > "$log" 2>&1
     rc=$?
-    echo "| $name | rc $rc | $(grep -m1 'ERROR SUMMARY' "$log") |" >> "$S"
+    echo "| $tool $name | rc $rc | $(grep -m1 'ERROR SUMMARY' "$log") |" >> "$S"
   done
 fi
 echo >> "$S"

@@ -103,9 +103,28 @@ impl<T: Element> DeviceBuffer<T> {
         })
     }
 
+    /// `len` elements that the caller overwrites before anyone reads them:
+    /// on CUDA, no memset (which would have to be ordered before the
+    /// caller's write on another stream).
+    fn for_overwrite(device: &Device, len: usize) -> Result<Self> {
+        match &device.inner.imp {
+            DeviceImpl::Emu(_) => Self::zeros(device, len),
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => {
+                let bytes = byte_len::<T>("DeviceBuffer::from_host", len)?;
+                Ok(DeviceBuffer {
+                    device: device.clone(),
+                    mem: Some(Memory::Cuda(c.alloc_uninit(bytes)?)),
+                    len,
+                    _t: PhantomData,
+                })
+            }
+        }
+    }
+
     /// A buffer holding a copy of `data`; returns once the copy is done.
     pub fn from_host(device: &Device, data: &[T]) -> Result<Self> {
-        let mut buf = Self::zeros(device, data.len())?;
+        let mut buf = Self::for_overwrite(device, data.len())?;
         let stream = device.new_stream()?;
         stream.copy_from_host(data, &mut buf)?;
         stream.synchronize()?;

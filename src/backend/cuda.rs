@@ -129,6 +129,17 @@ impl CudaDevice {
         ))
     }
 
+    /// Memory that is about to be overwritten (uploads): no memset.
+    pub fn alloc_uninit(&self, bytes: usize) -> Result<CudaMemory> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))?;
+        // SAFETY: plain allocation of at least one byte.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
+            .map_err(|e| driver_err("cuMemAlloc", e))?;
+        Ok(CudaMemory { ptr })
+    }
+
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<CudaMemory> {
         self.ctx
             .bind_to_thread()

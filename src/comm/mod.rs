@@ -17,6 +17,8 @@ mod element;
 mod in_process;
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(feature = "cuda")]
+mod nccl_lib;
 pub mod rendezvous;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -192,6 +194,14 @@ impl Communicator {
     #[cfg(feature = "cuda")]
     pub fn nccl_unique_id() -> Result<[u8; 128]> {
         nccl::unique_id()
+    }
+
+    /// The NCCL library file in use, loading it if needed (see
+    /// `FTN_NCCL_LIBRARY`); an error listing every place searched, and what
+    /// to install, when there is none.
+    #[cfg(feature = "cuda")]
+    pub fn nccl_library() -> Result<String> {
+        nccl_lib::library_path()
     }
 
     pub fn rank(&self) -> usize {

@@ -1,40 +1,26 @@
-//! The NCCL backend (feature `cuda`): cudarc's NCCL bindings, loaded
-//! dynamically (libnccl.so.2 must be on the loader path, e.g. from the
-//! `nvidia-nccl-cu12` wheel's `nvidia/nccl/lib`). Operations go straight to
+//! The NCCL backend (feature `cuda`): NCCL loaded at first use from where
+//! it is installed (`nccl_lib`: `FTN_NCCL_LIBRARY`, `LD_LIBRARY_PATH`,
+//! `CUDA_HOME`, the `nvidia-nccl-cu13`/`-cu12` wheels), with cudarc's type
+//! definitions. Operations go straight to
 //! NCCL on the caller's stream: no extra copies and no host synchronisation.
 //! `Communicator::wait` polls `ncclCommGetAsyncError` and aborts the
 //! communicator on an error or timeout, so a dead peer becomes an error.
 
 use std::time::{Duration, Instant};
 
-use cudarc::nccl::{result, sys};
+use cudarc::nccl::sys;
 
 use super::in_process::P2pPlan;
+use super::nccl_lib::{check, nccl};
 use super::{OpDesc, OpKind, ReduceOp};
 use crate::backend::{Device, DeviceImpl, Stream};
 use crate::core::{DType, Error, Result};
 
-fn nccl_err(what: &str, e: impl std::fmt::Debug) -> Error {
-    Error::Backend {
-        backend: "nccl",
-        message: format!("{what}: {e:?}"),
-    }
-}
-
-fn check_library() -> Result<()> {
-    // SAFETY: only tries to open the library.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(Error::BackendUnavailable {
-            backend: "nccl",
-            reason: "libnccl.so.2 was not found on the loader path (LD_LIBRARY_PATH)".into(),
-        });
-    }
-    Ok(())
-}
-
 pub(crate) fn unique_id() -> Result<[u8; 128]> {
-    check_library()?;
-    let id = result::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
+    let lib = nccl()?;
+    let mut id = sys::ncclUniqueId { internal: [0; 128] };
+    // SAFETY: a valid out-pointer.
+    check("ncclGetUniqueId", unsafe { (lib.get_unique_id)(&mut id) })?;
     Ok(id.internal.map(|c| c as u8))
 }
 
@@ -87,15 +73,15 @@ impl NcclRank {
                 rank,
             ));
         }
-        check_library()?;
+        let lib = nccl()?;
         cuda.bind()?;
         let uid = sys::ncclUniqueId {
             internal: id.map(|b| b as core::ffi::c_char),
         };
         let mut comm = std::ptr::null_mut();
         // SAFETY: comm is a valid out-pointer; the id came from ncclGetUniqueId.
-        unsafe { result::comm_init_rank(&mut comm, size as i32, uid, rank as i32) }
-            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+        let r = unsafe { (lib.comm_init_rank)(&mut comm, size as i32, uid, rank as i32) };
+        check("ncclCommInitRank", r)?;
         Ok(NcclRank {
             comm,
             device: device.clone(),
@@ -118,6 +104,7 @@ impl NcclRank {
     }
 
     pub fn enqueue(&self, stream: &Stream, desc: OpDesc, send: u64, recv: u64) -> Result<()> {
+        let lib = nccl()?;
         let s = self.raw_stream(stream)?;
         let (sp, rp) = (
             send as *const core::ffi::c_void,
@@ -138,19 +125,19 @@ impl NcclRank {
         let r = unsafe {
             match desc.kind {
                 OpKind::AllReduce(op) => {
-                    result::all_reduce(sp, rp, desc.count, dt, red_op(op), self.comm, s)
+                    (lib.all_reduce)(sp, rp, desc.count, dt, red_op(op), self.comm, s)
                 }
-                OpKind::AllGather => result::all_gather(sp, rp, desc.count, dt, self.comm, s),
+                OpKind::AllGather => (lib.all_gather)(sp, rp, desc.count, dt, self.comm, s),
                 OpKind::ReduceScatter(op) => {
-                    result::reduce_scatter(sp, rp, desc.count / n, dt, red_op(op), self.comm, s)
+                    (lib.reduce_scatter)(sp, rp, desc.count / n, dt, red_op(op), self.comm, s)
                 }
                 OpKind::Broadcast { root } => {
-                    result::broadcast(sp, rp, desc.count, dt, root as i32, self.comm, s)
+                    (lib.broadcast)(sp, rp, desc.count, dt, root as i32, self.comm, s)
                 }
                 OpKind::Barrier => {
                     // A one-byte in-place all-reduce on the stream's scratch
                     // memory: NCCL has no barrier of its own.
-                    result::all_reduce(
+                    (lib.all_reduce)(
                         scratch,
                         scratch,
                         1,
@@ -162,37 +149,41 @@ impl NcclRank {
                 }
             }
         };
-        r.map(|_| ())
-            .map_err(|e| nccl_err(&format!("{:?}", desc.kind), e))
+        check(&format!("{:?}", desc.kind), r)
     }
 
     pub fn enqueue_p2p(&self, stream: &Stream, plan: &[P2pPlan]) -> Result<()> {
+        let lib = nccl()?;
         let s = self.raw_stream(stream)?;
-        result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+        // SAFETY: no arguments.
+        check("ncclGroupStart", unsafe { (lib.group_start)() })?;
         let mut first = Ok(());
         for p in plan {
             let dt = dtype(p.dtype)?;
             // SAFETY: addresses and counts validated by Communicator.
             let r = unsafe {
                 if p.send {
-                    result::send(p.addr as *const _, p.count, dt, p.peer as i32, self.comm, s)
+                    (lib.send)(p.addr as *const _, p.count, dt, p.peer as i32, self.comm, s)
                 } else {
-                    result::recv(p.addr as *mut _, p.count, dt, p.peer as i32, self.comm, s)
+                    (lib.recv)(p.addr as *mut _, p.count, dt, p.peer as i32, self.comm, s)
                 }
             };
-            if let (Err(e), true) = (r, first.is_ok()) {
-                first = Err(nccl_err("ncclSend/ncclRecv", e));
+            if first.is_ok() {
+                first = check("ncclSend/ncclRecv", r);
             }
         }
-        result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e))?;
+        // SAFETY: closes the group opened above.
+        check("ncclGroupEnd", unsafe { (lib.group_end)() })?;
         first
     }
 
     fn size(&self) -> Result<usize> {
-        // SAFETY: a live communicator.
-        unsafe { result::comm_count(self.comm) }
-            .map(|n| n as usize)
-            .map_err(|e| nccl_err("ncclCommCount", e))
+        let mut n = 0;
+        // SAFETY: a live communicator and a valid out-pointer.
+        check("ncclCommCount", unsafe {
+            (nccl()?.comm_count)(self.comm, &mut n)
+        })?;
+        Ok(n as usize)
     }
 
     pub fn split(
@@ -200,12 +191,14 @@ impl NcclRank {
         color: Option<usize>,
         key: usize,
     ) -> Result<Option<(usize, usize, NcclRank)>> {
+        let lib = nccl()?;
         let mut new = std::ptr::null_mut();
         let c = color.map_or(-1, |c| c as i32); // NCCL_SPLIT_NOCOLOR
-                                                // SAFETY: a live communicator; `new` is a valid out-pointer.
-        unsafe { sys::ncclCommSplit(self.comm, c, key as i32, &mut new, std::ptr::null_mut()) }
-            .result()
-            .map_err(|e| nccl_err("ncclCommSplit", e))?;
+                                                // SAFETY: a live communicator; `new` is a valid out-pointer; NULL
+                                                // config means the parent's.
+        let r =
+            unsafe { (lib.comm_split)(self.comm, c, key as i32, &mut new, std::ptr::null_mut()) };
+        check("ncclCommSplit", r)?;
         if new.is_null() {
             return Ok(None);
         }
@@ -213,9 +206,11 @@ impl NcclRank {
             comm: new,
             device: self.device.clone(),
         };
-        // SAFETY: a live communicator.
-        let rank = unsafe { result::comm_user_rank(sub.comm) }
-            .map_err(|e| nccl_err("ncclCommUserRank", e))?;
+        let mut rank = 0;
+        // SAFETY: a live communicator and a valid out-pointer.
+        check("ncclCommUserRank", unsafe {
+            (lib.comm_user_rank)(sub.comm, &mut rank)
+        })?;
         let size = sub.size()?;
         Ok(Some((rank as usize, size, sub)))
     }
@@ -223,6 +218,7 @@ impl NcclRank {
     /// Waits for `event`, polling NCCL's asynchronous error; aborts the
     /// communicator on an error or after `timeout`.
     pub fn wait(&self, event: &crate::backend::Event, timeout: Duration) -> Result<()> {
+        let lib = nccl()?;
         let deadline = Instant::now() + timeout;
         loop {
             if event.is_complete()? {
@@ -230,12 +226,12 @@ impl NcclRank {
             }
             let mut state = sys::ncclResult_t::ncclSuccess;
             // SAFETY: a live communicator and a valid out-pointer.
-            let _ = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+            let _ = unsafe { (lib.comm_get_async_error)(self.comm, &mut state) };
             let failed = state != sys::ncclResult_t::ncclSuccess
                 && state != sys::ncclResult_t::ncclInProgress;
             if failed || Instant::now() >= deadline {
                 // SAFETY: aborting a live communicator; later calls fail cleanly.
-                let _ = unsafe { result::comm_abort(self.comm) };
+                let _ = unsafe { (lib.comm_abort)(self.comm) };
                 return Err(Error::Backend {
                     backend: "nccl",
                     message: if failed {
@@ -252,8 +248,10 @@ impl NcclRank {
 
 impl Drop for NcclRank {
     fn drop(&mut self) {
-        // SAFETY: destroying our own communicator once; errors are ignored
-        // (never panic in Drop).
-        let _ = unsafe { result::comm_destroy(self.comm) };
+        // SAFETY: destroying our own communicator once (it exists, so NCCL
+        // loaded); errors are ignored (never panic in Drop).
+        if let Ok(lib) = nccl() {
+            let _ = unsafe { (lib.comm_destroy)(self.comm) };
+        }
     }
 }
