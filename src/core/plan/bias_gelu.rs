@@ -1,6 +1,8 @@
 //! Plans for the bias+GeLU kernels (`cuda/bias_gelu.cu`).
 
-use super::{div_ceil, row_chunks, vector_width, ELEMENTWISE_THREADS, MAX_GRID_STRIDE_BLOCKS};
+#[cfg(test)]
+use super::MAX_GRID_STRIDE_BLOCKS;
+use super::{div_ceil, grid_caps, row_chunks, vector_width, ELEMENTWISE_THREADS};
 use crate::core::launch::LaunchConfig;
 
 /// Forward: a grid-stride loop over the flattened `[rows, cols]` matrix.
@@ -15,7 +17,8 @@ pub struct ForwardPlan {
 pub fn forward(rows: u64, cols: u64, elem_size: usize, aligned16: bool) -> ForwardPlan {
     let vec = vector_width(elem_size, aligned16);
     let units = (rows * cols / vec as u64).max(1);
-    let blocks = div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, MAX_GRID_STRIDE_BLOCKS);
+    let blocks =
+        div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, grid_caps().grid_stride_blocks);
     ForwardPlan {
         cfg: LaunchConfig::linear(blocks as u32, ELEMENTWISE_THREADS),
         vec,

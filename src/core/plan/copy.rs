@@ -2,7 +2,9 @@
 //! over 16-byte units when every address, row length and pitch is 16-byte
 //! aligned, else over single bytes.
 
-use super::{div_ceil, ELEMENTWISE_THREADS, MAX_GRID_STRIDE_BLOCKS};
+#[cfg(test)]
+use super::MAX_GRID_STRIDE_BLOCKS;
+use super::{div_ceil, grid_caps, ELEMENTWISE_THREADS};
 use crate::core::LaunchConfig;
 
 /// Bytes moved per thread per step and the launch for `rows` rows of
@@ -10,7 +12,8 @@ use crate::core::LaunchConfig;
 pub fn plan(rows: u64, row_bytes: u64, aligned16: bool) -> (u32, LaunchConfig) {
     let vec: u32 = if aligned16 { 16 } else { 1 };
     let units = rows * row_bytes / vec as u64;
-    let blocks = div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, MAX_GRID_STRIDE_BLOCKS);
+    let blocks =
+        div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, grid_caps().grid_stride_blocks);
     (
         vec,
         LaunchConfig::linear(blocks as u32, ELEMENTWISE_THREADS),

@@ -86,7 +86,11 @@ pub fn plan(m: u64, n: u64, batch: u64, force: Option<GemmTile>) -> Option<GemmP
     Some(GemmPlan {
         tile,
         cfg: LaunchConfig {
-            grid: [tiles as u32, 1, batch.clamp(1, MAX_GRID_Z) as u32],
+            grid: [
+                tiles as u32,
+                1,
+                batch.clamp(1, super::grid_caps().grid_z) as u32,
+            ],
             block: [tile.threads(), 1, 1],
             dynamic_smem_bytes: tile.smem_bytes(),
         },

@@ -75,7 +75,7 @@ pub fn vec_width(hidden: u64, elem_size: usize, aligned16: bool) -> u32 {
 /// Grid covering `rows` rows one block each (x fastest).
 fn row_grid(rows: u64) -> [u32; 3] {
     let rows = rows.max(1);
-    let x = rows.min(ROW_GRID_X);
+    let x = rows.min(super::grid_caps().row_grid_x);
     let y = div_ceil(rows, x).min(u32::MAX as u64);
     [x as u32, y as u32, 1]
 }
@@ -88,7 +88,8 @@ pub fn rows(rows: u64, hidden: u64, elem_size: usize, aligned16: bool) -> RowPla
     let path = path(hidden);
     let cfg = match path {
         RowPath::Warp => LaunchConfig::linear(
-            div_ceil(rows.max(1), WARP_ROWS as u64).min(MAX_WARP_BLOCKS) as u32,
+            div_ceil(rows.max(1), WARP_ROWS as u64)
+                .min(MAX_WARP_BLOCKS.min(super::grid_caps().grid_stride_blocks)) as u32,
             32 * WARP_ROWS,
         ),
         RowPath::Block => {

@@ -2,6 +2,8 @@
 //! alignment only (never from the device), so both backends run the same plan
 //! and results are reproducible across machines.
 
+use core::sync::atomic::{AtomicU64, Ordering};
+
 pub mod bias_gelu;
 pub mod copy;
 pub mod gemm;
@@ -14,6 +16,57 @@ pub mod vocab_parallel;
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Upper bound on the blocks of a grid-stride launch.
 pub const MAX_GRID_STRIDE_BLOCKS: u64 = 1 << 16;
+
+/// The largest grids the plans ask for. [`GridCaps::REAL`] is what every
+/// launch uses; [`set_grid_caps_for_tests`] lowers the caps so that the
+/// paths only huge shapes reach on a GPU — grid-stride loops wrapping,
+/// LayerNorm rows spilling into grid y, the GEMM's batch loop past grid z —
+/// run with small inputs on the emulator (`tests/large_shape_paths.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GridCaps {
+    /// Blocks of a grid-stride launch (elementwise, softmax, LayerNorm warp
+    /// path, multi-tensor, copy, vocab-parallel).
+    pub grid_stride_blocks: u64,
+    /// Grid x of LayerNorm's block-per-row launches (rows spill into y).
+    pub row_grid_x: u64,
+    /// Grid z of the batched GEMM (blocks loop over the rest of the batch).
+    pub grid_z: u64,
+}
+
+impl GridCaps {
+    pub const REAL: GridCaps = GridCaps {
+        grid_stride_blocks: MAX_GRID_STRIDE_BLOCKS,
+        row_grid_x: 1 << 16,
+        grid_z: 65535,
+    };
+}
+
+static GRID_STRIDE_BLOCKS: AtomicU64 = AtomicU64::new(GridCaps::REAL.grid_stride_blocks);
+static ROW_GRID_X: AtomicU64 = AtomicU64::new(GridCaps::REAL.row_grid_x);
+static GRID_Z: AtomicU64 = AtomicU64::new(GridCaps::REAL.grid_z);
+
+/// The caps in force ([`GridCaps::REAL`] unless a test lowered them).
+pub fn grid_caps() -> GridCaps {
+    GridCaps {
+        grid_stride_blocks: GRID_STRIDE_BLOCKS.load(Ordering::Relaxed),
+        row_grid_x: ROW_GRID_X.load(Ordering::Relaxed),
+        grid_z: GRID_Z.load(Ordering::Relaxed),
+    }
+}
+
+/// Lowers (or restores) the grid caps for the whole process: for tests that
+/// drive the large-shape paths with small inputs. Each cap is clamped to
+/// `1..=` its real value, so no setting can produce an illegal launch.
+#[doc(hidden)]
+pub fn set_grid_caps_for_tests(caps: GridCaps) {
+    let real = GridCaps::REAL;
+    GRID_STRIDE_BLOCKS.store(
+        caps.grid_stride_blocks.clamp(1, real.grid_stride_blocks),
+        Ordering::Relaxed,
+    );
+    ROW_GRID_X.store(caps.row_grid_x.clamp(1, real.row_grid_x), Ordering::Relaxed);
+    GRID_Z.store(caps.grid_z.clamp(1, real.grid_z), Ordering::Relaxed);
+}
 
 /// `ceil(a / b)` for `b > 0`.
 pub const fn div_ceil(a: u64, b: u64) -> u64 {

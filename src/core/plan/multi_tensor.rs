@@ -3,7 +3,9 @@
 
 use alloc::vec::Vec;
 
-use super::{div_ceil, MAX_GRID_STRIDE_BLOCKS};
+use super::div_ceil;
+#[cfg(test)]
+use super::MAX_GRID_STRIDE_BLOCKS;
 use crate::core::error::{Error, Result};
 use crate::core::launch::LaunchConfig;
 
@@ -75,7 +77,7 @@ pub fn plan(op: &'static str, numels: &[u64]) -> Result<Plan> {
     }
     let cfg = (!chunks.is_empty()).then(|| {
         LaunchConfig::linear(
-            (chunks.len() as u64).min(MAX_GRID_STRIDE_BLOCKS) as u32,
+            (chunks.len() as u64).min(super::grid_caps().grid_stride_blocks) as u32,
             THREADS,
         )
     });

@@ -4,7 +4,9 @@
 //! counted in fp32 values, whatever the storage dtype); the dtype and the
 //! alignment of the buffers only decide the vector width.
 
-use super::{div_ceil, vector_width, MAX_GRID_STRIDE_BLOCKS};
+#[cfg(test)]
+use super::MAX_GRID_STRIDE_BLOCKS;
+use super::{div_ceil, vector_width};
 use crate::core::launch::LaunchConfig;
 
 /// Which kernel family runs a row.
@@ -103,7 +105,10 @@ pub fn plan(
         path,
         per_lane,
         vec,
-        cfg: LaunchConfig::linear(blocks.min(MAX_GRID_STRIDE_BLOCKS) as u32, threads),
+        cfg: LaunchConfig::linear(
+            blocks.min(super::grid_caps().grid_stride_blocks) as u32,
+            threads,
+        ),
     })
 }
 

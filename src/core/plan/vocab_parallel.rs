@@ -14,7 +14,8 @@ pub const MAX_GRID_X: usize = (1 << 31) - 1;
 
 /// A grid-stride launch over `n` elements.
 pub fn grid_stride(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
+    let cap = (super::grid_caps().grid_stride_blocks as usize).min(MAX_BLOCKS);
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, cap);
     LaunchConfig::linear(blocks as u32, THREADS)
 }
 
