@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Builds what a GPU session carries to the device machine (which has no Rust):
-# every integration-test binary and every benchmark binary built with
-# `--features cuda` (sm_80 + sm_90a SASS embedded: the device's CUDA 13.0
-# driver needs no JIT), stripped, into gpu-bundle/ (gitignored), plus
-# scripts/gpu_check.sh, packed as gpu-bundle.tar.xz (the binaries share their
-# embedded fatbins, so xz takes 564 MB down to ~46 MB, under the 64 MiB a
-# device run may carry). Then, from the tool library's device `run`:
+# Builds what a GPU session carries to the device machine (which has no
+# Rust): the release program `ferrotron-gpu-check` and, unless
+# FTN_BUNDLE_TESTS=none, every integration-test binary (debug), all built
+# with `--features cuda` (sm_80 + sm_90a SASS embedded: the device's CUDA 13.0
+# driver needs no JIT), stripped, with scripts/gpu_check.sh, into
+# gpu-bundle/ (gitignored), packed as gpu-bundle.tar.xz (the binaries share
+# their embedded fatbins, so xz shrinks them well; it must stay under the
+# 64 MiB a device call carries). Then, from the device tool's `run`:
 #   carry ["gpu-bundle.tar.xz"],
 #   command "python3 -m tarfile -e gpu-bundle.tar.xz . && bash gpu-bundle/gpu_check.sh"
 # Env: NVCC (else found as build.rs finds it), FTN_BUNDLE_TESTS (default
-# all), FTN_BUNDLE_BENCHES (default all).
+# all; `none`, or a space-separated list of test names).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=gpu-bundle
 rm -rf "$OUT"
-mkdir -p "$OUT/tests" "$OUT/benches"
+mkdir -p "$OUT/tests"
 
 # Paths of the executables cargo reports for one build command.
 executables() {
-  cargo "$@" --features cuda --no-run --message-format=json 2>/dev/null |
+  cargo "$@" --features cuda --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -31,25 +32,29 @@ for line in sys.stdin:
 '
 }
 
-echo "== tests (debug, --features cuda)"
-# c_consumers builds libferrotron with cargo (the device has no Rust); the
-# C ABI's tests run in CI.
-executables test --tests | while read -r kind name exe; do
-  [ "$name" = c_consumers ] && continue
-  case " ${FTN_BUNDLE_TESTS:-all} " in *" all "* | *" $name "*) ;; *) continue ;; esac
-  cp "$exe" "$OUT/tests/$name"
+echo "== ferrotron-gpu-check (release, --features cuda)"
+export FTN_COMMIT="$(git rev-parse --short HEAD)"
+executables build --release --bin ferrotron-gpu-check | while read -r kind name exe; do
+  cp "$exe" "$OUT/ferrotron-gpu-check"
 done
-echo "== benches (release, --features cuda)"
-executables bench --benches | while read -r kind name exe; do
-  [ "$kind" = bench ] || continue # the library's own (libtest) harness
-  case " ${FTN_BUNDLE_BENCHES:-all} " in *" all "* | *" $name "*) ;; *) continue ;; esac
-  cp "$exe" "$OUT/benches/$name"
-done
-strip "$OUT"/tests/* "$OUT"/benches/* 2>/dev/null || true
+[ -x "$OUT/ferrotron-gpu-check" ] || { echo "ferrotron-gpu-check did not build"; exit 1; }
+
+if [ "${FTN_BUNDLE_TESTS:-all}" != none ]; then
+  echo "== test binaries (debug, --features cuda)"
+  # c_consumers builds libferrotron with cargo (the device has no Rust); the
+  # C ABI's tests run in CI.
+  executables test --tests --no-run | while read -r kind name exe; do
+    [ "$name" = c_consumers ] && continue
+    case " ${FTN_BUNDLE_TESTS:-all} " in *" all "* | *" $name "*) ;; *) continue ;; esac
+    cp "$exe" "$OUT/tests/$name"
+  done
+fi
+strip "$OUT"/ferrotron-gpu-check "$OUT"/tests/* 2>/dev/null || true
 cp scripts/gpu_check.sh "$OUT/"
 git rev-parse HEAD > "$OUT/COMMIT"
 du -sh "$OUT"
-ls "$OUT/tests" "$OUT/benches"
-echo "== packing gpu-bundle.tar.xz (a few minutes)"
-tar cf - "$OUT" | xz -9e -T2 > gpu-bundle.tar.xz
+echo "== packing gpu-bundle.tar.xz"
+tar cf - "$OUT" | xz -6 -T2 > gpu-bundle.tar.xz
 ls -la gpu-bundle.tar.xz
+size=$(stat -c %s gpu-bundle.tar.xz)
+[ "$size" -lt $((60 * 1024 * 1024)) ] || echo "WARNING: $size bytes: with the repository it may not fit the 64 MiB a device call carries"

@@ -108,8 +108,9 @@ fn site_packages() -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// Every file to try, in order, then the bare names for the system loader.
-fn candidates() -> Vec<String> {
+/// Every file to try, in order, then the bare names for the system loader;
+/// and the folders searched (for the error message).
+fn candidates() -> (Vec<String>, Vec<String>) {
     let mut files = Vec::new();
     if let Some(f) = std::env::var_os("FTN_NCCL_LIBRARY") {
         files.push(PathBuf::from(f));
@@ -132,13 +133,14 @@ fn candidates() -> Vec<String> {
     for d in dirs.iter().filter(|d| d.is_dir()) {
         files.extend(NAMES.iter().map(|n| d.join(n)));
     }
+    let searched = dirs.iter().map(|d| d.display().to_string()).collect();
     let mut out: Vec<String> = files
         .into_iter()
         .filter(|f| f.is_file())
         .map(|f| f.to_string_lossy().into_owned())
         .collect();
     out.extend(NAMES.iter().map(|n| n.to_string()));
-    out
+    (out, searched)
 }
 
 /// `dlsym` of one symbol as a function pointer of type `F`.
@@ -186,15 +188,21 @@ fn load(path: String) -> std::result::Result<Nccl, String> {
 pub(crate) fn nccl() -> Result<&'static Nccl> {
     static NCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
     NCCL.get_or_init(|| {
+        let (files, searched) = candidates();
         let mut tried = Vec::new();
-        for c in candidates() {
+        for c in files {
             match load(c) {
                 Ok(n) => return Ok(n),
                 Err(e) => tried.push(e),
             }
         }
+        let searched = if searched.is_empty() {
+            "none (LD_LIBRARY_PATH, CUDA_HOME and CUDA_PATH unset, no python3 site-packages)".into()
+        } else {
+            searched.join(", ")
+        };
         Err(format!(
-            "NCCL was not found; {HOW_TO_INSTALL}. Tried: {}",
+            "NCCL was not found; {HOW_TO_INSTALL}. Folders searched: {searched}. Loads tried: {}",
             tried.join("; ")
         ))
     })
