@@ -64,7 +64,7 @@ fn main() {
     let mut failed = false;
     for step in &steps {
         let start = std::time::Instant::now();
-        report.section(&format!("{step}"));
+        report.section(step);
         let result = match &device {
             Err(e) if step != "env" => {
                 report.line(&format!("SKIPPED: no usable GPU ({e})"));
