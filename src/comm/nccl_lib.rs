@@ -235,6 +235,17 @@ pub(crate) fn check(what: &str, r: ncclResult_t) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// CI installs the `nvidia-nccl-cu13` wheel where pip puts it and sets
+    /// FTN_EXPECT_NCCL=1: the search must find it there, as on a GPU machine
+    /// (loading and resolving every symbol needs no GPU).
+    #[test]
+    fn finds_the_wheel_when_ci_installed_it() {
+        if std::env::var("FTN_EXPECT_NCCL").is_ok_and(|v| v == "1") {
+            let p = library_path().unwrap();
+            assert!(p.ends_with("nvidia/nccl/lib/libnccl.so.2"), "{p}");
+        }
+    }
+
     #[test]
     fn a_missing_library_names_what_to_install() {
         // Whatever this machine has, the search itself never panics, and
