@@ -7,6 +7,7 @@ pub mod dtype;
 pub mod error;
 pub mod launch;
 pub mod loss_scaler;
+pub mod pipeline;
 pub mod plan;
 pub mod rank_grid;
 pub mod validate;
