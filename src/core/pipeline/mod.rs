@@ -12,6 +12,7 @@
 //! point-to-point messages, matched per (sender, receiver) pair in the
 //! order they were posted, as NCCL matches them.
 
+pub mod render;
 pub mod schedule;
 pub mod simulate;
 
