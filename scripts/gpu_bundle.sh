@@ -54,7 +54,7 @@ cp scripts/gpu_check.sh "$OUT/"
 git rev-parse HEAD > "$OUT/COMMIT"
 du -sh "$OUT"
 echo "== packing gpu-bundle.tar.xz"
-tar cf - "$OUT" | xz -6 -T2 > gpu-bundle.tar.xz
+tar cf - "$OUT" | xz -9e -T2 > gpu-bundle.tar.xz
 ls -la gpu-bundle.tar.xz
 size=$(stat -c %s gpu-bundle.tar.xz)
 [ "$size" -lt $((60 * 1024 * 1024)) ] || echo "WARNING: $size bytes: with the repository it may not fit the 64 MiB a device call carries"
