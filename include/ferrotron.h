@@ -85,6 +85,18 @@ typedef ftnCrossEntropySaved *ftnCrossEntropySaved_t;
 #define FTN_SPLIT_NOCOLOR -1
 
 /*
+ The most pipeline ranks (`ftnPipelineDesc_t.pp`) the schedule and
+ simulator functions accept.
+ */
+#define FTN_PIPELINE_MAX_RANKS 1024
+
+/*
+ The most operations a schedule may have over all its ranks:
+ `pp * vp * microbatches * (3 for ftnPipelineScheduleZBH1, else 2)`.
+ */
+#define FTN_PIPELINE_MAX_OPS (1 << 20)
+
+/*
  Status of every `ftn_*` call. The values are part of the ABI and never
  change; new statuses get new values.
  */
@@ -326,6 +338,75 @@ typedef enum {
    */
   ftnOrderTpCpEpPpDp = 1,
 } ftnRankOrder_t;
+
+/*
+ Pipeline schedules (`ftnPipelineDesc_t.schedule`).
+ */
+typedef enum {
+  /*
+   `pp = 1`: forward and backward of every micro-batch in turn
+   (gradient accumulation), no messages.
+   */
+  ftnPipelineScheduleNone = 0,
+  /*
+   Megatron's non-interleaved 1F1B: rank `r` runs
+   `min(pp - r - 1, microbatches)` warm-up forwards, then
+   forward/backward pairs, then the cool-down backwards.
+   */
+  ftnPipelineSchedule1F1B = 1,
+  /*
+   Megatron's interleaved 1F1B: `vp` chunks (virtual stages) per rank,
+   micro-batches in groups of `group` (0: `pp`). Rules: `vp >= 1`;
+   `vp > 1` needs `pp >= 2`, `microbatches >= pp`,
+   `pp <= group <= microbatches`, `microbatches % group` 0 or `>= pp`,
+   and `group = 2` when `pp = 2`.
+   */
+  ftnPipelineScheduleInterleaved = 2,
+  /*
+   Zero-bubble ZB-H1: the backward split into the input gradient
+   (`ftnPipelineBackwardInput`) and the deferred weight gradient
+   (`ftnPipelineBackwardWeight`), with 1F1B's activation memory.
+   */
+  ftnPipelineScheduleZBH1 = 3,
+} ftnPipelineSchedule_t;
+
+/*
+ The computation of a pipeline operation (`ftnPipelineOp_t.pass`).
+ */
+typedef enum {
+  /*
+   Forward of one micro-batch through one stage.
+   */
+  ftnPipelineForward = 0,
+  /*
+   The whole backward (input and weight gradients together).
+   */
+  ftnPipelineBackward = 1,
+  /*
+   Zero-bubble schedules: the input gradient only, what the previous
+   stage waits for.
+   */
+  ftnPipelineBackwardInput = 2,
+  /*
+   Zero-bubble schedules: the weight gradient only (no messages).
+   */
+  ftnPipelineBackwardWeight = 3,
+} ftnPipelinePass_t;
+
+/*
+ What a pipeline message carries (`ftnPipelineOp_t.recv_payload`,
+ `send_payload`).
+ */
+typedef enum {
+  /*
+   The output activation of stage `from_stage`'s forward, to the next stage.
+   */
+  ftnPipelineActivation = 0,
+  /*
+   The input gradient of stage `from_stage`'s backward, to the previous stage.
+   */
+  ftnPipelineGradient = 1,
+} ftnPipelinePayload_t;
 
 /*
  An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
@@ -924,6 +1005,157 @@ typedef struct {
    */
   int32_t serialize_comm;
 } ftnRowParallelLinearDesc_t;
+
+/*
+ A pipeline: `pp` ranks, `microbatches` micro-batches, one schedule. The
+ network is cut into `pp * vp` consecutive stages; rank `r` holds stages
+ `r, r + pp, r + 2*pp, ...` (its chunks `0..vp`).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnPipelineDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnPipelineSchedule_t`.
+   */
+  int32_t schedule;
+  /*
+   Pipeline ranks, `1..=FTN_PIPELINE_MAX_RANKS` (1 for
+   `ftnPipelineScheduleNone`).
+   */
+  int32_t pp;
+  /*
+   Chunks (virtual stages) per rank: `>= 1` for
+   `ftnPipelineScheduleInterleaved`; 0 or 1 for the other schedules.
+   */
+  int32_t vp;
+  /*
+   `ftnPipelineScheduleInterleaved`: micro-batches per group
+   (Megatron's `microbatch_group_size_per_vp_stage`), 0 = `pp`; 0 for
+   the other schedules.
+   */
+  int32_t group;
+  /*
+   `>= 1`.
+   */
+  int32_t microbatches;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+} ftnPipelineDesc_t;
+
+/*
+ One operation of a rank's schedule, in execution order. The message
+ fields of an absent receive (`has_recv = 0`) or send (`has_send = 0`)
+ are 0. Messages are matched per (sender, receiver) rank pair in the
+ order they are posted, as NCCL matches them: post them in this order.
+ */
+typedef struct {
+  /*
+   `ftnPipelinePass_t`.
+   */
+  int32_t pass;
+  int32_t microbatch;
+  /*
+   The rank's chunk (virtual stage), `0..vp`.
+   */
+  int32_t chunk;
+  /*
+   The global stage, `chunk * pp + rank`.
+   */
+  int32_t stage;
+  /*
+   1: receive (and wait for) a message before the computation.
+   */
+  int32_t has_recv;
+  /*
+   The rank the message comes from.
+   */
+  int32_t recv_peer;
+  /*
+   `ftnPipelinePayload_t`.
+   */
+  int32_t recv_payload;
+  int32_t recv_microbatch;
+  /*
+   The stage that produced the message.
+   */
+  int32_t recv_from_stage;
+  /*
+   1: send a message after the computation.
+   */
+  int32_t has_send;
+  /*
+   The rank the message goes to.
+   */
+  int32_t send_peer;
+  /*
+   `ftnPipelinePayload_t`.
+   */
+  int32_t send_payload;
+  int32_t send_microbatch;
+  /*
+   The stage that produced the message (this operation's `stage`).
+   */
+  int32_t send_from_stage;
+} ftnPipelineOp_t;
+
+/*
+ Per-operation costs of the simulator, in any time unit (finite, `>= 0`).
+ For the interleaved schedule they are per chunk: divide a rank's whole
+ share by `vp`.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnPipelineCosts_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `ftnPipelineForward`.
+   */
+  double forward;
+  /*
+   `ftnPipelineBackward` (the whole backward).
+   */
+  double backward;
+  /*
+   `ftnPipelineBackwardInput`.
+   */
+  double backward_input;
+  /*
+   `ftnPipelineBackwardWeight`.
+   */
+  double backward_weight;
+  /*
+   From a send's end to the matching receive being satisfied.
+   */
+  double p2p_latency;
+} ftnPipelineCosts_t;
+
+/*
+ One simulated operation placed in time.
+ */
+typedef struct {
+  /*
+   The pipeline rank that runs it.
+   */
+  int32_t rank;
+  /*
+   Its position in the rank's schedule (`ftn_pipeline_schedule`'s order).
+   */
+  int32_t index;
+  /*
+   `ftnPipelinePass_t`.
+   */
+  int32_t pass;
+  int32_t microbatch;
+  int32_t chunk;
+  int32_t stage;
+  double start;
+  double end;
+} ftnPipelineSpan_t;
 
 /*
  Shape of a vocab-parallel embedding table `[vocab, hidden]`.
@@ -1716,6 +1948,44 @@ ftnResult_t ftn_tp_mapping_backward(int mapping,
                                     int datatype,
                                     ftnComm_t comm,
                                     ftnStream_t stream);
+
+/*
+ Writes rank `rank`'s operations of the pipeline `desc`, in execution
+ order, to `ops` (room for `capacity` entries) and their number to
+ `*count`. `*count` is set whenever `desc` and `rank` are valid, also
+ when `capacity` is too small (an error): call with `ops = NULL,
+ capacity = 0` to ask for the size. `0 <= rank < desc->pp`.
+ */
+ftnResult_t ftn_pipeline_schedule(const ftnPipelineDesc_t *desc,
+                                  int rank,
+                                  ftnPipelineOp_t *ops,
+                                  size_t capacity,
+                                  size_t *count);
+
+/*
+ Simulates the pipeline `desc` under `costs`: every rank runs its
+ operations in order; an operation with a receive starts no earlier than
+ the matching send's end plus `p2p_latency`; sends never wait. Writes the
+ makespan, the bubble fraction `(makespan - ideal) / ideal` (`ideal`: the
+ busiest rank's compute; e.g. `(pp - 1) / microbatches` for 1F1B with
+ equal costs and no latency), and optionally: `peak_in_flight` (NULL or
+ room for `desc->pp`), the most micro-batch activations each rank holds
+ at once (forward done, backward not); `spans` (room for `capacity`),
+ every operation placed in time, rank 0's in order, then rank 1's, ...,
+ with their number (the sum of the ranks' `ftn_pipeline_schedule`
+ counts) in `*count`. `spans = NULL, capacity = 0` skips the spans (then
+ `count` may be NULL; if not, it receives the number). A `capacity` too
+ small is an error that still sets `*count`; on an error nothing else is
+ written.
+ */
+ftnResult_t ftn_pipeline_simulate(const ftnPipelineDesc_t *desc,
+                                  const ftnPipelineCosts_t *costs,
+                                  double *makespan,
+                                  double *bubble_fraction,
+                                  int32_t *peak_in_flight,
+                                  ftnPipelineSpan_t *spans,
+                                  size_t capacity,
+                                  size_t *count);
 
 /*
  Rows `[rank*rows/tp, (rank+1)*rows/tp)` of the row-major `[rows, cols]`

@@ -38,6 +38,7 @@ pub use parallel::common::{
 };
 pub use parallel::linear::*;
 pub use parallel::mappings::*;
+pub use parallel::pipeline::*;
 pub use parallel::shard::*;
 pub use parallel::vocab::*;
 pub use runtime::*;

@@ -135,6 +135,10 @@ mod tests {
             size_of::<ftnGradScalerState_t>(),
             ftnGradScalerState_t::V1_SIZE
         );
+        assert_eq!(size_of::<ftnPipelineDesc_t>(), ftnPipelineDesc_t::V1_SIZE);
+        assert_eq!(size_of::<ftnPipelineCosts_t>(), ftnPipelineCosts_t::V1_SIZE);
+        assert_eq!(size_of::<ftnPipelineOp_t>(), 56);
+        assert_eq!(size_of::<ftnPipelineSpan_t>(), 40);
         assert_eq!(size_of::<ftnTensor_t>(), 24);
     }
 

@@ -80,6 +80,9 @@ mod tests {
         dense::<ftnWeightGradMode_t>(2);
         dense::<ftnMapping_t>(7);
         dense::<ftnRankOrder_t>(2);
+        dense::<ftnPipelineSchedule_t>(4);
+        dense::<ftnPipelinePass_t>(4);
+        dense::<ftnPipelinePayload_t>(2);
         let bits: Vec<i32> = ftnAxis_t::ALL.iter().map(|e| e.value()).collect();
         assert_eq!(bits, [1, 2, 4, 8]);
         assert_eq!(names(ftnGelu_t::ALL), "ftnGeluTanh (0) or ftnGeluErf (1)");
