@@ -2,7 +2,8 @@
 //! and the library cargo built (the C ones link the static library, the C++
 //! one the shared library), runs them on the emulator with a fresh seed, and
 //! checks that they pass. `consumer_tp.c` covers the tensor-parallel part of
-//! the ABI (one thread per rank, a forked process for the rendezvous). Also
+//! the ABI (one thread per rank, a forked process for the rendezvous);
+//! `consumer_pipeline.c` the pipeline schedules and simulator. Also
 //! compiles the header alone as C99 and C++17 with
 //! `-Wall -Wextra -Werror -pedantic`.
 
@@ -173,6 +174,31 @@ fn c_tp_consumer_passes_on_the_emulator() {
     let out = run(
         Command::new(&exe).arg(seed.to_string()),
         &format!("the C tensor-parallel consumer (seed {seed})"),
+    );
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
+#[test]
+fn c_pipeline_consumer_passes() {
+    let lib = lib_dir().join("libferrotron.a");
+    assert!(lib.exists(), "{} not built", lib.display());
+    let exe = out_dir().join("consumer_pipeline_c");
+    run(
+        Command::new(tool("CC", "cc"))
+            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+            .arg("-I")
+            .arg(repo().join("include"))
+            .arg(repo().join("ffi/tests/c/consumer_pipeline.c"))
+            .arg(&lib)
+            .args(NATIVE)
+            .arg("-o")
+            .arg(&exe),
+        "compiling the C pipeline consumer",
+    );
+    let seed = seed();
+    let out = run(
+        Command::new(&exe).arg(seed.to_string()),
+        &format!("the C pipeline consumer (seed {seed})"),
     );
     assert!(out.contains("all checks passed"), "{out}");
 }
