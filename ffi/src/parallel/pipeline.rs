@@ -388,7 +388,7 @@ fn check_array<T>(
     out: *mut T,
     capacity: usize,
     n: usize,
-    what: &str,
+    (ty, what): (&str, &str),
 ) -> Result<bool> {
     if out.is_null() && capacity == 0 {
         return Ok(false);
@@ -398,7 +398,7 @@ fn check_array<T>(
         return Err(invalid(
             op,
             arg,
-            format!("a pointer aligned for {}", std::any::type_name::<T>()),
+            format!("a pointer aligned for {ty}"),
             format!("{out:p}"),
         ));
     }
@@ -444,7 +444,7 @@ pub unsafe extern "C" fn ftn_pipeline_schedule(
             ops,
             capacity,
             mine.len(),
-            "operations of the rank",
+            ("ftnPipelineOp_t", "operations of the rank"),
         )? {
             for (i, o) in mine.iter().enumerate() {
                 // SAFETY: `ops` is aligned and has room for `capacity >= len` entries.
@@ -520,7 +520,14 @@ pub unsafe extern "C" fn ftn_pipeline_simulate(
             // SAFETY: non-NULL; out-pointer contract.
             unsafe { write_out(op, "count", count, n)? };
         }
-        let write_spans = check_array(op, "spans", spans, capacity, n, "operations of all ranks")?;
+        let write_spans = check_array(
+            op,
+            "spans",
+            spans,
+            capacity,
+            n,
+            ("ftnPipelineSpan_t", "operations of all ranks"),
+        )?;
         // SAFETY (all writes below): checked non-NULL (and aligned);
         // out-pointer contracts: `peak_in_flight` has room for `pp`
         // entries, `spans` for `capacity >= n`.
