@@ -14,16 +14,22 @@
 //!   and the last stage's forward outputs until their backward.
 //! * [`PipelineData`] supplies the first stage's input of a micro-batch and,
 //!   on the last stage, computes the loss and returns `d loss / d output`.
-//! * Messages: after an operation's computation, its send (if any) and the
-//!   next operation's receive (if any) are posted as one
-//!   [`Communicator::group_p2p`] on the communicator's stream (Megatron's
-//!   `send_forward_recv_backward` and friends; with rendezvous sends, as
-//!   NCCL's and the in-process backend's are, separate sends and receives on
-//!   one stream deadlock in the 1F1B steady state). The communicator's stream
-//!   waits for the computation (an event) before sending; the compute stream
-//!   waits for the receive (an event) before consuming it. A sent output is
+//! * Messages: an operation's receive is posted on the communicator's
+//!   stream after the previous computation and waited for by the host (with
+//!   the timeout) before the computation, which the compute stream orders
+//!   after it with an event. Its send goes on a stream of the executor's
+//!   own, one per peer, which waits for the computation (an event): sends
+//!   to a peer complete in posting order and a send waiting for its
+//!   receiver blocks neither receives nor sends to the other peer — the
+//!   buffered sends the schedules' simulator checks for deadlocks (with
+//!   NCCL's and the in-process backend's rendezvous sends on one stream,
+//!   the interleaved schedule at pp = 2 deadlocks). A sent output is
 //!   released as soon as its send completed (Megatron's
-//!   `deallocate_output_tensor`).
+//!   `deallocate_output_tensor`) into a pool of buffers the executor reuses:
+//!   freeing device memory waits for the whole device (as `cudaFree`
+//!   does), sends in flight included. For the same reason stage code must
+//!   not free device memory or synchronize the whole device while a send
+//!   may be in flight (use its stream's `synchronize`/`copy_to_host`).
 //! * Errors: every wait is [`Communicator::wait`] with a timeout
 //!   ([`PipelineExecutor::with_timeout`], default
 //!   [`crate::comm::DEFAULT_TIMEOUT`]; in-process transfers also fail after
@@ -32,8 +38,10 @@
 //!   error are returned as [`Error::Backend`] whose message names the
 //!   pipeline rank, the pass, the micro-batch and the stage.
 //!
-//! Not yet: overlap of communication with computation (the host waits for
-//! each exchange before the next computation), variable activation shapes
+//! Not yet: overlap of receives with computation (the host waits for each
+//! receive before the computation that needs it; sends do overlap), the
+//! check that several streams on one NCCL communicator are safe here (only
+//! the in-process backend is tested), variable activation shapes
 //! (every message has `activation_len` elements), tied embeddings (no
 //! gradient exchange between the first and last stage), and combination
 //! with tensor parallelism (the stages may use their own TP communicator,
@@ -43,7 +51,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::backend::{DeviceBuffer, Stream};
-use crate::comm::{CommElement, Communicator, P2p, DEFAULT_TIMEOUT};
+use crate::comm::{CommElement, CommHandle, Communicator, DEFAULT_TIMEOUT};
 use crate::core::pipeline::{schedule, Message, Op, Pass, PipelineConfig};
 use crate::core::{Error, Result};
 
@@ -92,6 +100,36 @@ pub trait PipelineData<T: CommElement> {
     ) -> Result<DeviceBuffer<T>>;
 }
 
+/// Buffers the executor is done with, reused instead of freed: a free
+/// waits for the whole device (as `cudaFree` does), which would wait for
+/// the sends still in flight. `Some(event)`: the last use was on a stream
+/// up to that event; a reuse on another stream waits for it first.
+struct Pool<T: CommElement> {
+    free: Vec<(DeviceBuffer<T>, Option<crate::backend::Event>)>,
+}
+
+impl<T: CommElement> Pool<T> {
+    fn take(&mut self, comm: &Communicator, len: usize, user: &Stream) -> Result<DeviceBuffer<T>> {
+        match self.free.iter().rposition(|(b, _)| b.len() == len) {
+            Some(i) => {
+                let (b, ev) = self.free.swap_remove(i);
+                if let Some(ev) = ev {
+                    user.wait_event(&ev)?;
+                }
+                Ok(b)
+            }
+            None => comm.device().alloc_zeros(len),
+        }
+    }
+
+    /// Returns `b` after its last use on `stream`.
+    fn put_after(&mut self, b: DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        let ev = stream.record_event()?;
+        self.free.push((b, Some(ev)));
+        Ok(())
+    }
+}
+
 /// One pipeline rank's executor.
 pub struct PipelineExecutor<'c> {
     comm: &'c Communicator,
@@ -119,11 +157,7 @@ const OP: &str = "PipelineExecutor::new";
 impl<'c> PipelineExecutor<'c> {
     /// Checks the configuration against the pipeline group `comm` (its size
     /// must be `cfg.pp`) and builds this rank's operations.
-    pub fn new(
-        comm: &'c Communicator,
-        cfg: PipelineConfig,
-        activation_len: usize,
-    ) -> Result<Self> {
+    pub fn new(comm: &'c Communicator, cfg: PipelineConfig, activation_len: usize) -> Result<Self> {
         if cfg.pp != comm.size() {
             return Err(Error::invalid(
                 OP,
@@ -178,13 +212,21 @@ impl<'c> PipelineExecutor<'c> {
         let last_stage = self.cfg.stages() - 1;
         // Outputs of the last stage's forwards, until their backward.
         let mut outputs: HashMap<(usize, usize), DeviceBuffer<T>> = HashMap::new();
+        let mut pool: Pool<T> = Pool { free: Vec::new() };
         let first_recv = self.ops.first().and_then(|o| o.recv);
         let mut received: Option<DeviceBuffer<T>> = match first_recv {
-            Some(m) => self
-                .exchange(stream, None, Some(m))
-                .map_err(|e| self.fail(&self.ops[0], "receiving its input", e))?,
+            Some(m) => Some(
+                self.receive(stream, m, &mut pool)
+                    .map_err(|e| self.fail(&self.ops[0], "receiving its input", e))?,
+            ),
             None => None,
         };
+        // One send stream per peer: sends to a peer complete in posting
+        // order, and a send waiting for its receiver blocks neither the
+        // receives nor the sends to the other peer (the buffered sends the
+        // schedules are checked against).
+        let mut send_streams: HashMap<usize, Stream> = HashMap::new();
+        let mut pending: Vec<(CommHandle, DeviceBuffer<T>, Op)> = Vec::new();
         for (i, op) in self.ops.iter().enumerate() {
             let (chunk, mb) = (op.chunk, op.microbatch);
             let fail = |what: &str, e: Error| self.fail(op, what, e);
@@ -207,10 +249,14 @@ impl<'c> PipelineExecutor<'c> {
                             .input(stream, mb)
                             .map_err(|e| fail("the data's input", e))?,
                     };
-                    let mut out = self.alloc::<T>().map_err(|e| fail("allocating", e))?;
+                    let mut out = pool
+                        .take(self.comm, self.activation_len, stream)
+                        .map_err(|e| fail("allocating", e))?;
                     stage
                         .forward(stream, chunk, mb, &input, &mut out)
                         .map_err(|e| fail("the stage", e))?;
+                    pool.put_after(input, stream)
+                        .map_err(|e| fail("releasing its input", e))?;
                     if op.stage == last_stage {
                         outputs.insert((chunk, mb), out);
                         None
@@ -232,20 +278,34 @@ impl<'c> PipelineExecutor<'c> {
                                     },
                                 )
                             })?;
-                            data.loss_grad(stream, mb, &y)
-                                .map_err(|e| fail("the data's loss", e))?
+                            let g = data
+                                .loss_grad(stream, mb, &y)
+                                .map_err(|e| fail("the data's loss", e))?;
+                            pool.put_after(y, stream)
+                                .map_err(|e| fail("releasing its output", e))?;
+                            g
                         }
                     };
-                    let mut grad_in = self.alloc::<T>().map_err(|e| fail("allocating", e))?;
+                    let mut grad_in = pool
+                        .take(self.comm, self.activation_len, stream)
+                        .map_err(|e| fail("allocating", e))?;
                     stage
                         .backward_input(stream, chunk, mb, &grad_out, &mut grad_in)
                         .map_err(|e| fail("the stage's backward_input", e))?;
+                    pool.put_after(grad_out, stream)
+                        .map_err(|e| fail("releasing its output gradient", e))?;
                     if op.pass == Pass::Backward {
                         stage
                             .backward_weight(stream, chunk, mb)
                             .map_err(|e| fail("the stage's backward_weight", e))?;
                     }
-                    (op.stage > 0).then_some(grad_in)
+                    if op.stage > 0 {
+                        Some(grad_in)
+                    } else {
+                        pool.put_after(grad_in, stream)
+                            .map_err(|e| fail("releasing its input gradient", e))?;
+                        None
+                    }
                 }
                 Pass::BackwardWeight => {
                     stage
@@ -267,21 +327,55 @@ impl<'c> PipelineExecutor<'c> {
                     ))
                 }
             };
-            let next = self.ops.get(i + 1);
-            let next_recv = next.and_then(|o| o.recv);
-            received = self.exchange(stream, send, next_recv).map_err(|e| {
-                let what = match (op.send, next) {
-                    (Some(_), Some(n)) if n.recv.is_some() => format!(
-                        "sending its result and receiving for {:?} of micro-batch {} (stage {})",
-                        n.pass, n.microbatch, n.stage
-                    ),
-                    (None, Some(n)) => format!(
-                        "receiving for {:?} of micro-batch {} (stage {})",
-                        n.pass, n.microbatch, n.stage
-                    ),
-                    _ => "sending its result".into(),
+            if let Some((m, buf)) = send {
+                let ss = match send_streams.get(&m.peer) {
+                    Some(ss) => ss,
+                    None => {
+                        let ss = self
+                            .comm
+                            .device()
+                            .new_stream()
+                            .map_err(|e| fail("creating a send stream", e))?;
+                        send_streams.entry(m.peer).or_insert(ss)
+                    }
                 };
-                fail(&what, e)
+                let handle = self
+                    .post_send(stream, ss, m, &buf)
+                    .map_err(|e| fail("sending its result", e))?;
+                pending.push((handle, buf, *op));
+            }
+            // Release the outputs whose send completed (deallocate_output_tensor).
+            let mut still = Vec::with_capacity(pending.len());
+            for (h, b, o) in pending.drain(..) {
+                if h.event()
+                    .is_complete()
+                    .map_err(|e| self.fail(&o, "sending", e))?
+                {
+                    pool.free.push((b, None));
+                } else {
+                    still.push((h, b, o));
+                }
+            }
+            pending = still;
+            if let Some(n) = self.ops.get(i + 1) {
+                if let Some(m) = n.recv {
+                    received = Some(
+                        self.receive(stream, m, &mut pool)
+                            .map_err(|e| self.fail(n, "receiving its input", e))?,
+                    );
+                }
+            }
+        }
+        for (h, b, o) in pending.drain(..) {
+            self.comm
+                .wait(&h, self.timeout)
+                .map_err(|e| self.fail(&o, "sending its result", e))?;
+            pool.free.push((b, None));
+        }
+        for (peer, ss) in &send_streams {
+            ss.synchronize().map_err(|e| Error::Backend {
+                backend: "pipeline executor",
+                message: format!("pipeline rank {rank}: a send to rank {peer} failed: {e}"),
             })?;
         }
         stream.synchronize().map_err(|e| Error::Backend {
@@ -300,10 +394,6 @@ impl<'c> PipelineExecutor<'c> {
         Ok(())
     }
 
-    fn alloc<T: CommElement>(&self) -> Result<DeviceBuffer<T>> {
-        self.comm.device().alloc_zeros(self.activation_len)
-    }
-
     fn fail(&self, op: &Op, what: &str, e: Error) -> Error {
         Error::Backend {
             backend: "pipeline executor",
@@ -318,44 +408,35 @@ impl<'c> PipelineExecutor<'c> {
         }
     }
 
-    /// Sends `send` (after the computation on `stream`) and receives
-    /// `recv` as one group on the communicator's stream, waits for both
-    /// with the timeout, releases the sent buffer and makes `stream` wait
-    /// for the received one.
-    fn exchange<T: CommElement>(
+    /// Sends `buf` to `m.peer` on `send_stream` once the computation on
+    /// `stream` so far is done.
+    fn post_send<T: CommElement>(
         &self,
         stream: &Stream,
-        send: Option<(Message, DeviceBuffer<T>)>,
-        recv: Option<Message>,
-    ) -> Result<Option<DeviceBuffer<T>>> {
-        if send.is_none() && recv.is_none() {
-            return Ok(None);
-        }
+        send_stream: &Stream,
+        m: Message,
+        buf: &DeviceBuffer<T>,
+    ) -> Result<CommHandle> {
+        send_stream.wait_event(&stream.record_event()?)?;
+        self.comm.send(send_stream, buf, m.peer)
+    }
+
+    /// Receives `m` on the communicator's stream, waits for it with the
+    /// timeout and makes `stream` wait for it.
+    fn receive<T: CommElement>(
+        &self,
+        stream: &Stream,
+        m: Message,
+        pool: &mut Pool<T>,
+    ) -> Result<DeviceBuffer<T>> {
         let cs = self.comm.stream();
-        if send.is_some() {
-            cs.wait_event(&stream.record_event()?)?;
-        }
-        let mut rbuf = match recv {
-            Some(_) => Some(self.alloc::<T>()?),
-            None => None,
-        };
-        let handle = {
-            let mut p2p: Vec<P2p<'_, T>> = Vec::with_capacity(2);
-            if let Some((m, b)) = &send {
-                p2p.push(P2p::Send(b, m.peer));
-            }
-            if let (Some(m), Some(b)) = (recv, rbuf.as_mut()) {
-                p2p.push(P2p::Recv(b, m.peer));
-            }
-            self.comm.group_p2p(cs, &mut p2p)?
-        };
+        let mut buf = pool.take(self.comm, self.activation_len, cs)?;
+        let handle = self.comm.recv(cs, &mut buf, m.peer)?;
         self.comm.wait(&handle, self.timeout)?;
         // A transfer that failed (e.g. timed out in-process) still completes
         // its event; the stream reports the failure.
         cs.synchronize()?;
         handle.wait_on(stream)?;
-        // The send is done: release the output (deallocate_output_tensor).
-        drop(send);
-        Ok(rbuf)
+        Ok(buf)
     }
 }
