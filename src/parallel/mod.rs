@@ -8,4 +8,5 @@ pub mod attention;
 pub mod linear;
 pub mod mappings;
 pub mod mlp;
+pub mod pipeline;
 pub mod vocab;

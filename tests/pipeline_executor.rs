@@ -1,0 +1,333 @@
+//! The pipeline executor (`parallel::pipeline`) on in-process emulator ranks:
+//! a chain of plain GEMM stages `y = x · W_s` (`W_s` `[H, H]`, micro-batch
+//! `[ROWS, H]`, f32, host math through upload/download) with the loss
+//! `0.5 · ||y||²` on the last stage, for pp = 1, 2, 4 and every valid
+//! schedule (no pipelining, 1F1B, interleaved with vp = 2, ZB-H1), m = 8:
+//! the loss of every micro-batch and every stage's weight gradient against
+//! the unpipelined float64 computation. Plus: a stage failing on
+//! micro-batch 3 gives every rank an error naming its rank and a
+//! micro-batch (the others through the communicator's timeout), and a
+//! configuration whose pp is not the communicator's size is refused.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::ranks::{mm, mm_at, mm_bt, run_ranks, run_ranks_with_timeout};
+use common::{assert_close, Rng};
+use ferrotron::core::pipeline::{PipelineConfig, ScheduleKind};
+use ferrotron::parallel::pipeline::{PipelineData, PipelineExecutor, PipelineStage};
+use ferrotron::{DType, DeviceBuffer, Error, Result, Stream};
+
+const H: usize = 16;
+const ROWS: usize = 4;
+const M: usize = 8;
+const LEN: usize = ROWS * H;
+
+/// Downloads through `stream` only (`to_host` would wait for the whole
+/// device, sends in flight included).
+fn down(stream: &Stream, b: &DeviceBuffer<f32>) -> Result<Vec<f64>> {
+    let mut h = vec![0.0f32; b.len()];
+    stream.copy_to_host(b, &mut h)?;
+    Ok(h.iter().map(|&v| v as f64).collect())
+}
+
+fn up(stream: &Stream, v: &[f64], out: &mut DeviceBuffer<f32>) -> Result<()> {
+    let h: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+    stream.copy_from_host(&h, out)?;
+    stream.synchronize()
+}
+
+/// The chunks of one rank: weights, accumulated weight gradients, saved
+/// inputs (until W) and output gradients (between B and W).
+struct GemmStage {
+    w: Vec<Vec<f64>>,
+    grad: Vec<Vec<f64>>,
+    saved_x: HashMap<(usize, usize), Vec<f64>>,
+    saved_dy: HashMap<(usize, usize), Vec<f64>>,
+    /// Fail the forward of (chunk, micro-batch).
+    fail_at: Option<(usize, usize)>,
+}
+
+impl PipelineStage<f32> for GemmStage {
+    fn forward(
+        &mut self,
+        stream: &Stream,
+        chunk: usize,
+        mb: usize,
+        input: &DeviceBuffer<f32>,
+        output: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        if self.fail_at == Some((chunk, mb)) {
+            return Err(Error::Backend {
+                backend: "test stage",
+                message: "injected failure".into(),
+            });
+        }
+        let x = down(stream, input)?;
+        let y = mm(&x, &self.w[chunk], ROWS, H, H);
+        up(stream, &y, output)?;
+        self.saved_x.insert((chunk, mb), x);
+        Ok(())
+    }
+
+    fn backward_input(
+        &mut self,
+        stream: &Stream,
+        chunk: usize,
+        mb: usize,
+        grad_output: &DeviceBuffer<f32>,
+        grad_input: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let dy = down(stream, grad_output)?;
+        // dx = dy · W^T (W [H, H] row-major: mm_bt with b = W as [n = H, k = H]).
+        let dx = mm_bt(&dy, &self.w[chunk], ROWS, H, H);
+        up(stream, &dx, grad_input)?;
+        self.saved_dy.insert((chunk, mb), dy);
+        Ok(())
+    }
+
+    fn backward_weight(&mut self, _stream: &Stream, chunk: usize, mb: usize) -> Result<()> {
+        let x = self.saved_x.remove(&(chunk, mb)).expect("W after F");
+        let dy = self.saved_dy.remove(&(chunk, mb)).expect("W after B");
+        let dw = mm_at(&x, &dy, H, H, ROWS);
+        for (g, d) in self.grad[chunk].iter_mut().zip(dw) {
+            *g += d;
+        }
+        Ok(())
+    }
+}
+
+struct Data<'a> {
+    xs: &'a [Vec<f32>],
+    losses: Vec<Option<f64>>,
+}
+
+impl PipelineData<f32> for Data<'_> {
+    fn input(&mut self, stream: &Stream, mb: usize) -> Result<DeviceBuffer<f32>> {
+        let mut b = stream.device().alloc_zeros(LEN)?;
+        stream.copy_from_host(&self.xs[mb], &mut b)?;
+        stream.synchronize()?;
+        Ok(b)
+    }
+
+    fn loss_grad(
+        &mut self,
+        stream: &Stream,
+        mb: usize,
+        output: &DeviceBuffer<f32>,
+    ) -> Result<DeviceBuffer<f32>> {
+        let y = down(stream, output)?;
+        self.losses[mb] = Some(0.5 * y.iter().map(|v| v * v).sum::<f64>());
+        let mut g = stream.device().alloc_zeros(LEN)?;
+        up(stream, &y, &mut g)?;
+        Ok(g)
+    }
+}
+
+struct Problem {
+    /// Per global stage.
+    w: Vec<Vec<f64>>,
+    xs: Vec<Vec<f32>>,
+}
+
+fn problem(stages: usize, rng: &mut Rng) -> Problem {
+    let w = (0..stages)
+        .map(|_| rng.tensor::<f32>(H * H, 0.3).1)
+        .collect();
+    let xs = (0..M).map(|_| rng.tensor::<f32>(LEN, 1.0).0).collect();
+    Problem { w, xs }
+}
+
+/// Unpipelined float64: losses per micro-batch and dW per stage.
+fn reference(p: &Problem) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let s = p.w.len();
+    let mut grads = vec![vec![0.0; H * H]; s];
+    let mut losses = Vec::new();
+    for x in &p.xs {
+        let mut acts = vec![x.iter().map(|&v| v as f64).collect::<Vec<f64>>()];
+        for w in &p.w {
+            let y = mm(acts.last().unwrap(), w, ROWS, H, H);
+            acts.push(y);
+        }
+        let y = acts.last().unwrap();
+        losses.push(0.5 * y.iter().map(|v| v * v).sum::<f64>());
+        let mut dy = y.clone();
+        for st in (0..s).rev() {
+            let dw = mm_at(&acts[st], &dy, H, H, ROWS);
+            for (g, d) in grads[st].iter_mut().zip(dw) {
+                *g += d;
+            }
+            dy = mm_bt(&dy, &p.w[st], ROWS, H, H);
+        }
+    }
+    (losses, grads)
+}
+
+/// Per rank: its losses (the last stage's rank has them) and its chunks'
+/// weight gradients.
+type RankOut = Result<(Vec<Option<f64>>, Vec<Vec<f64>>)>;
+
+fn run_pipeline(
+    cfg: PipelineConfig,
+    p: &Problem,
+    fail_at: Option<(usize, usize, usize)>,
+    timeout: Option<Duration>,
+) -> Vec<RankOut> {
+    let body = |c: ferrotron::comm::Communicator| -> RankOut {
+        let (r, pp) = (c.rank(), cfg.pp);
+        let vp = cfg.vp();
+        let mut stage = GemmStage {
+            w: (0..vp).map(|ch| p.w[ch * pp + r].clone()).collect(),
+            grad: vec![vec![0.0; H * H]; vp],
+            saved_x: HashMap::new(),
+            saved_dy: HashMap::new(),
+            fail_at: fail_at.and_then(|(rank, ch, mb)| (rank == r).then_some((ch, mb))),
+        };
+        let mut data = Data {
+            xs: &p.xs,
+            losses: vec![None; M],
+        };
+        let stream = c.device().new_stream()?;
+        let mut ex = PipelineExecutor::new(&c, cfg, LEN)?;
+        if let Some(t) = timeout {
+            ex = ex.with_timeout(t * 3);
+        }
+        ex.run(&stream, &mut stage, &mut data)?;
+        Ok((data.losses, stage.grad))
+    };
+    match timeout {
+        Some(t) => run_ranks_with_timeout(cfg.pp, t, body),
+        None => run_ranks(cfg.pp, body),
+    }
+}
+
+fn check(pp: usize, kind: ScheduleKind, salt: u64) {
+    let cfg = PipelineConfig {
+        pp,
+        microbatches: M,
+        kind,
+    };
+    let (mut rng, seed) = Rng::new(salt);
+    let p = problem(cfg.stages(), &mut rng);
+    let (ref_losses, ref_grads) = reference(&p);
+    // A deadlock fails after 30 s instead of the default 300 s.
+    let outs = run_pipeline(cfg, &p, None, Some(Duration::from_secs(30)));
+    let what = format!("pp {pp} {kind:?}");
+    for (r, out) in outs.into_iter().enumerate() {
+        let (losses, grads) = out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+        if r == pp - 1 {
+            let l: Vec<f64> = losses
+                .iter()
+                .map(|l| l.unwrap_or_else(|| panic!("{what}: a micro-batch without loss")))
+                .collect();
+            assert_close(
+                &format!("{what}: losses"),
+                DType::F32,
+                seed,
+                &l,
+                &ref_losses,
+            );
+        } else {
+            assert!(
+                losses.iter().all(Option::is_none),
+                "{what}: rank {r} has losses"
+            );
+        }
+        for (ch, g) in grads.iter().enumerate() {
+            let st = ch * pp + r;
+            // Several f32 roundings (one per stage and direction).
+            common::assert_close_scaled(
+                &format!("{what}: dW of stage {st}"),
+                DType::F32,
+                seed,
+                g,
+                &ref_grads[st],
+                10.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn no_pipelining_pp1() {
+    check(1, ScheduleKind::NoPipelining, 1);
+}
+
+#[test]
+fn one_f_one_b() {
+    for (i, pp) in [1, 2, 4].into_iter().enumerate() {
+        check(pp, ScheduleKind::OneFOneB, 10 + i as u64);
+    }
+}
+
+#[test]
+fn interleaved_vp2() {
+    check(
+        2,
+        ScheduleKind::Interleaved {
+            vp: 2,
+            group: Some(2),
+        },
+        20,
+    );
+    check(4, ScheduleKind::Interleaved { vp: 2, group: None }, 21);
+}
+
+#[test]
+fn zero_bubble_h1() {
+    for (i, pp) in [1, 2, 4].into_iter().enumerate() {
+        check(pp, ScheduleKind::ZeroBubbleH1, 30 + i as u64);
+    }
+}
+
+#[test]
+fn stage_error_reaches_every_rank() {
+    let cfg = PipelineConfig {
+        pp: 4,
+        microbatches: M,
+        kind: ScheduleKind::OneFOneB,
+    };
+    let (mut rng, _) = Rng::new(40);
+    let p = problem(cfg.stages(), &mut rng);
+    let start = std::time::Instant::now();
+    // Rank 1's forward of micro-batch 3 fails.
+    let outs = run_pipeline(cfg, &p, Some((1, 0, 3)), Some(Duration::from_secs(2)));
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
+    for (r, out) in outs.into_iter().enumerate() {
+        let e = match out {
+            Ok(_) => panic!("rank {r} succeeded although rank 1 failed"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&format!("pipeline rank {r}:")), "rank {r}: {e}");
+        assert!(e.contains("micro-batch"), "rank {r}: {e}");
+        if r == 1 {
+            assert!(e.contains("Forward of micro-batch 3"), "rank {r}: {e}");
+            assert!(e.contains("injected failure"), "rank {r}: {e}");
+        }
+    }
+}
+
+#[test]
+fn pp_must_match_the_communicator() {
+    let cfg = PipelineConfig {
+        pp: 4,
+        microbatches: M,
+        kind: ScheduleKind::OneFOneB,
+    };
+    let errs = run_ranks(2, |c| PipelineExecutor::new(&c, cfg, LEN).map(|_| ()));
+    for e in errs {
+        match e {
+            Err(Error::InvalidArgument { arg, got, .. }) => {
+                assert_eq!(arg, "cfg.pp");
+                assert_eq!(got, "4");
+            }
+            other => panic!("expected an InvalidArgument on cfg.pp, got {other:?}"),
+        }
+    }
+}
