@@ -14,30 +14,17 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::pipeline::{down, reference, up, Data};
 use common::ranks::{mm, mm_at, mm_bt, run_ranks, run_ranks_with_timeout};
 use common::{assert_close, Rng};
 use ferrotron::core::pipeline::{PipelineConfig, ScheduleKind};
-use ferrotron::parallel::pipeline::{PipelineData, PipelineExecutor, PipelineStage};
+use ferrotron::parallel::pipeline::{PipelineExecutor, PipelineStage};
 use ferrotron::{DType, DeviceBuffer, Error, Result, Stream};
 
 const H: usize = 16;
 const ROWS: usize = 4;
 const M: usize = 8;
 const LEN: usize = ROWS * H;
-
-/// Downloads through `stream` only (`to_host` would wait for the whole
-/// device, sends in flight included).
-fn down(stream: &Stream, b: &DeviceBuffer<f32>) -> Result<Vec<f64>> {
-    let mut h = vec![0.0f32; b.len()];
-    stream.copy_to_host(b, &mut h)?;
-    Ok(h.iter().map(|&v| v as f64).collect())
-}
-
-fn up(stream: &Stream, v: &[f64], out: &mut DeviceBuffer<f32>) -> Result<()> {
-    let h: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-    stream.copy_from_host(&h, out)?;
-    stream.synchronize()
-}
 
 /// The chunks of one rank: weights, accumulated weight gradients, saved
 /// inputs (until W) and output gradients (between B and W).
@@ -99,33 +86,6 @@ impl PipelineStage<f32> for GemmStage {
     }
 }
 
-struct Data<'a> {
-    xs: &'a [Vec<f32>],
-    losses: Vec<Option<f64>>,
-}
-
-impl PipelineData<f32> for Data<'_> {
-    fn input(&mut self, stream: &Stream, mb: usize) -> Result<DeviceBuffer<f32>> {
-        let mut b = stream.device().alloc_zeros(LEN)?;
-        stream.copy_from_host(&self.xs[mb], &mut b)?;
-        stream.synchronize()?;
-        Ok(b)
-    }
-
-    fn loss_grad(
-        &mut self,
-        stream: &Stream,
-        mb: usize,
-        output: &DeviceBuffer<f32>,
-    ) -> Result<DeviceBuffer<f32>> {
-        let y = down(stream, output)?;
-        self.losses[mb] = Some(0.5 * y.iter().map(|v| v * v).sum::<f64>());
-        let mut g = stream.device().alloc_zeros(LEN)?;
-        up(stream, &y, &mut g)?;
-        Ok(g)
-    }
-}
-
 struct Problem {
     /// Per global stage.
     w: Vec<Vec<f64>>,
@@ -138,31 +98,6 @@ fn problem(stages: usize, rng: &mut Rng) -> Problem {
         .collect();
     let xs = (0..M).map(|_| rng.tensor::<f32>(LEN, 1.0).0).collect();
     Problem { w, xs }
-}
-
-/// Unpipelined float64: losses per micro-batch and dW per stage.
-fn reference(p: &Problem) -> (Vec<f64>, Vec<Vec<f64>>) {
-    let s = p.w.len();
-    let mut grads = vec![vec![0.0; H * H]; s];
-    let mut losses = Vec::new();
-    for x in &p.xs {
-        let mut acts = vec![x.iter().map(|&v| v as f64).collect::<Vec<f64>>()];
-        for w in &p.w {
-            let y = mm(acts.last().unwrap(), w, ROWS, H, H);
-            acts.push(y);
-        }
-        let y = acts.last().unwrap();
-        losses.push(0.5 * y.iter().map(|v| v * v).sum::<f64>());
-        let mut dy = y.clone();
-        for st in (0..s).rev() {
-            let dw = mm_at(&acts[st], &dy, H, H, ROWS);
-            for (g, d) in grads[st].iter_mut().zip(dw) {
-                *g += d;
-            }
-            dy = mm_bt(&dy, &p.w[st], ROWS, H, H);
-        }
-    }
-    (losses, grads)
 }
 
 /// Per rank: its losses (the last stage's rank has them) and its chunks'
@@ -185,10 +120,7 @@ fn run_pipeline(
             saved_dy: HashMap::new(),
             fail_at: fail_at.and_then(|(rank, ch, mb)| (rank == r).then_some((ch, mb))),
         };
-        let mut data = Data {
-            xs: &p.xs,
-            losses: vec![None; M],
-        };
+        let mut data = Data::new(&p.xs);
         let stream = c.device().new_stream()?;
         let mut ex = PipelineExecutor::new(&c, cfg, LEN)?;
         if let Some(t) = timeout {
@@ -211,7 +143,7 @@ fn check(pp: usize, kind: ScheduleKind, salt: u64) {
     };
     let (mut rng, seed) = Rng::new(salt);
     let p = problem(cfg.stages(), &mut rng);
-    let (ref_losses, ref_grads) = reference(&p);
+    let (ref_losses, ref_grads) = reference(&p.w, &p.xs, ROWS, H);
     // A deadlock fails after 30 s instead of the default 300 s.
     let outs = run_pipeline(cfg, &p, None, Some(Duration::from_secs(30)));
     let what = format!("pp {pp} {kind:?}");

@@ -15,12 +15,13 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::pipeline::{down, reference, up, Data};
 use common::ranks::{mm, mm_at, mm_bt, run_ranks_with_timeout};
 use common::{assert_close, Rng};
 use ferrotron::comm::{Communicator, ReduceOp};
 use ferrotron::core::pipeline::{PipelineConfig, ScheduleKind};
 use ferrotron::core::rank_grid::{Axis, RankGrid, RankOrder};
-use ferrotron::parallel::pipeline::{PipelineData, PipelineExecutor, PipelineStage};
+use ferrotron::parallel::pipeline::{PipelineExecutor, PipelineStage};
 use ferrotron::{DType, DeviceBuffer, Result, Stream};
 
 const PP: usize = 2;
@@ -30,20 +31,6 @@ const HT: usize = H / TP;
 const ROWS: usize = 4;
 const M: usize = 8;
 const LEN: usize = ROWS * H;
-
-/// Downloads through `stream` only (`to_host` would wait for the whole
-/// device, sends in flight included).
-fn down(stream: &Stream, b: &DeviceBuffer<f32>) -> Result<Vec<f64>> {
-    let mut h = vec![0.0f32; b.len()];
-    stream.copy_to_host(b, &mut h)?;
-    Ok(h.iter().map(|&v| v as f64).collect())
-}
-
-fn up(stream: &Stream, v: &[f64], out: &mut DeviceBuffer<f32>) -> Result<()> {
-    let h: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-    stream.copy_from_host(&h, out)?;
-    stream.synchronize()
-}
 
 /// Columns `t·HT ..` of a row-major `[rows, H]` matrix.
 fn cols(a: &[f64], rows: usize, t: usize) -> Vec<f64> {
@@ -130,58 +117,6 @@ impl PipelineStage<f32> for TpGemmStage<'_> {
     }
 }
 
-struct Data<'a> {
-    xs: &'a [Vec<f32>],
-    losses: Vec<Option<f64>>,
-}
-
-impl PipelineData<f32> for Data<'_> {
-    fn input(&mut self, stream: &Stream, mb: usize) -> Result<DeviceBuffer<f32>> {
-        let mut b = stream.device().alloc_zeros(LEN)?;
-        stream.copy_from_host(&self.xs[mb], &mut b)?;
-        stream.synchronize()?;
-        Ok(b)
-    }
-
-    fn loss_grad(
-        &mut self,
-        stream: &Stream,
-        mb: usize,
-        output: &DeviceBuffer<f32>,
-    ) -> Result<DeviceBuffer<f32>> {
-        let y = down(stream, output)?;
-        self.losses[mb] = Some(0.5 * y.iter().map(|v| v * v).sum::<f64>());
-        let mut g = stream.device().alloc_zeros(LEN)?;
-        up(stream, &y, &mut g)?;
-        Ok(g)
-    }
-}
-
-/// Unpipelined, unsharded float64: losses per micro-batch and dW per stage.
-fn reference(w: &[Vec<f64>], xs: &[Vec<f32>]) -> (Vec<f64>, Vec<Vec<f64>>) {
-    let s = w.len();
-    let mut grads = vec![vec![0.0; H * H]; s];
-    let mut losses = Vec::new();
-    for x in xs {
-        let mut acts = vec![x.iter().map(|&v| v as f64).collect::<Vec<f64>>()];
-        for ws in w {
-            let y = mm(acts.last().unwrap(), ws, ROWS, H, H);
-            acts.push(y);
-        }
-        let y = acts.last().unwrap();
-        losses.push(0.5 * y.iter().map(|v| v * v).sum::<f64>());
-        let mut dy = y.clone();
-        for st in (0..s).rev() {
-            let dw = mm_at(&acts[st], &dy, H, H, ROWS);
-            for (g, d) in grads[st].iter_mut().zip(dw) {
-                *g += d;
-            }
-            dy = mm_bt(&dy, &w[st], ROWS, H, H);
-        }
-    }
-    (losses, grads)
-}
-
 /// Per world rank: (pp rank, tp rank, losses, per-chunk dW shards).
 type RankOut = Result<(usize, usize, Vec<Option<f64>>, Vec<Vec<f64>>)>;
 
@@ -196,7 +131,7 @@ fn check(kind: ScheduleKind, salt: u64) {
         .map(|_| rng.tensor::<f32>(H * H, 0.3).1)
         .collect();
     let xs: Vec<Vec<f32>> = (0..M).map(|_| rng.tensor::<f32>(LEN, 1.0).0).collect();
-    let (ref_losses, ref_grads) = reference(&w, &xs);
+    let (ref_losses, ref_grads) = reference(&w, &xs, ROWS, H);
     let grid = RankGrid::new(PP * TP, TP, 1, PP, RankOrder::TpCpEpDpPp).unwrap();
     // A deadlock fails after 30 s instead of the default 300 s.
     let timeout = Duration::from_secs(30);
@@ -220,10 +155,7 @@ fn check(kind: ScheduleKind, salt: u64) {
             partial: dev.alloc_zeros(LEN)?,
             timeout,
         };
-        let mut data = Data {
-            xs: &xs,
-            losses: vec![None; M],
-        };
+        let mut data = Data::new(&xs);
         let stream = dev.new_stream()?;
         let mut ex = PipelineExecutor::new(&pp_comm, cfg, LEN)?.with_timeout(timeout * 3);
         ex.run(&stream, &mut stage, &mut data)?;
