@@ -108,13 +108,9 @@ fn site_packages() -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// Every file to try, in order, then the bare names for the system loader;
-/// and the folders searched (for the error message).
-fn candidates() -> (Vec<String>, Vec<String>) {
-    let mut files = Vec::new();
-    if let Some(f) = std::env::var_os("FTN_NCCL_LIBRARY") {
-        files.push(PathBuf::from(f));
-    }
+/// The folders to search before asking Python: `LD_LIBRARY_PATH`, then
+/// `$CUDA_HOME` / `$CUDA_PATH` (`lib64`, `lib`).
+fn env_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
         .map(|v| std::env::split_paths(&v).collect())
         .unwrap_or_default();
@@ -125,22 +121,16 @@ fn candidates() -> (Vec<String>, Vec<String>) {
             dirs.push(root.join("lib"));
         }
     }
-    dirs.extend(
-        site_packages()
-            .into_iter()
-            .map(|s| s.join("nvidia/nccl/lib")),
-    );
-    for d in dirs.iter().filter(|d| d.is_dir()) {
-        files.extend(NAMES.iter().map(|n| d.join(n)));
-    }
-    let searched = dirs.iter().map(|d| d.display().to_string()).collect();
-    let mut out: Vec<String> = files
-        .into_iter()
+    dirs
+}
+
+/// The NCCL files present in `dirs`, in order.
+fn files_in(dirs: &[PathBuf]) -> Vec<String> {
+    dirs.iter()
+        .flat_map(|d| NAMES.iter().map(move |n| d.join(n)))
         .filter(|f| f.is_file())
         .map(|f| f.to_string_lossy().into_owned())
-        .collect();
-    out.extend(NAMES.iter().map(|n| n.to_string()));
-    (out, searched)
+        .collect()
 }
 
 /// `dlsym` of one symbol as a function pointer of type `F`.
@@ -188,14 +178,42 @@ fn load(path: String) -> std::result::Result<Nccl, String> {
 pub(crate) fn nccl() -> Result<&'static Nccl> {
     static NCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
     NCCL.get_or_init(|| {
-        let (files, searched) = candidates();
+        // Cheapest first: python3 is only asked when nothing else loads.
         let mut tried = Vec::new();
-        for c in files {
-            match load(c) {
-                Ok(n) => return Ok(n),
-                Err(e) => tried.push(e),
+        let mut try_all = |files: Vec<String>| {
+            for f in files {
+                match load(f) {
+                    Ok(n) => return Some(n),
+                    Err(e) => tried.push(e),
+                }
+            }
+            None
+        };
+        let explicit: Vec<String> = std::env::var("FTN_NCCL_LIBRARY").into_iter().collect();
+        if let Some(n) = try_all(explicit) {
+            return Ok(n);
+        }
+        let mut dirs = env_dirs();
+        if let Some(n) = try_all(files_in(&dirs)) {
+            return Ok(n);
+        }
+        let mut python: Vec<PathBuf> = Vec::new();
+        for d in site_packages()
+            .into_iter()
+            .map(|s| s.join("nvidia/nccl/lib"))
+        {
+            if !dirs.contains(&d) && !python.contains(&d) {
+                python.push(d);
             }
         }
+        if let Some(n) = try_all(files_in(&python)) {
+            return Ok(n);
+        }
+        if let Some(n) = try_all(NAMES.iter().map(|n| n.to_string()).collect()) {
+            return Ok(n);
+        }
+        dirs.extend(python);
+        let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
         let searched = if searched.is_empty() {
             "none (LD_LIBRARY_PATH, CUDA_HOME and CUDA_PATH unset, no python3 site-packages)".into()
         } else {
