@@ -2105,8 +2105,8 @@ ftnResult_t ftn_vocab_parallel_cross_entropy_backward(const ftnCrossEntropyDesc_
                                                       void *grad);
 
 /*
- Frees the statistics of a cross-entropy forward (waits for the device's
- work first).
+ Frees the statistics of a cross-entropy forward (stream-ordered: after
+ the work enqueued so far on every stream; the caller does not wait).
  */
 ftnResult_t ftn_cross_entropy_saved_destroy(ftnCrossEntropySaved_t saved);
 
@@ -2147,10 +2147,19 @@ ftnResult_t ftn_context_synchronize(ftnContext_t ctx);
 ftnResult_t ftn_malloc(ftnContext_t ctx, void **ptr, size_t bytes);
 
 /*
- Frees memory from `ftn_malloc` on the same context (waits for the
- context's work first, like `cudaFree`). NULL is a no-op.
+ Frees memory from `ftn_malloc` on the same context. Stream-ordered: the
+ memory is released once every stream of the context has done the work
+ enqueued before this call; the caller does not wait. NULL is a no-op.
  */
 ftnResult_t ftn_free(ftnContext_t ctx, void *ptr);
+
+/*
+ Frees memory from `ftn_malloc` in `stream`'s order only (like
+ `cudaFreeAsync`): after the work enqueued on `stream` so far, without
+ waiting for other streams. The caller promises that no other stream's
+ pending work uses the memory. NULL is a no-op.
+ */
+ftnResult_t ftn_free_async(ftnContext_t ctx, void *ptr, ftnStream_t stream);
 
 /*
  Creates a stream (an in-order queue of work) on a context.

@@ -162,8 +162,29 @@ pub unsafe extern "C" fn ftn_malloc(
     })
 }
 
-/// Frees memory from `ftn_malloc` on the same context (waits for the
-/// context's work first, like `cudaFree`). NULL is a no-op.
+/// Takes the allocation at `ptr` out of the context's table.
+fn take_alloc(
+    op: &'static str,
+    c: &ftnContext,
+    ptr: *mut c_void,
+) -> ferrotron::Result<DeviceBuffer<u8>> {
+    c.allocs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(ptr as u64))
+        .ok_or_else(|| {
+            invalid(
+                op,
+                "ptr",
+                "a pointer returned by ftn_malloc on this context",
+                format!("{ptr:p}"),
+            )
+        })
+}
+
+/// Frees memory from `ftn_malloc` on the same context. Stream-ordered: the
+/// memory is released once every stream of the context has done the work
+/// enqueued before this call; the caller does not wait. NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnResult_t {
     export!(|op| {
@@ -172,23 +193,29 @@ pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnRes
         if ptr.is_null() {
             return Ok(());
         }
-        let buf = c
-            .allocs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&(ptr as u64));
-        match buf {
-            Some(b) => {
-                drop(b);
-                Ok(())
-            }
-            None => Err(invalid(
-                op,
-                "ptr",
-                "a pointer returned by ftn_malloc on this context",
-                format!("{ptr:p}"),
-            )),
+        drop(take_alloc(op, c, ptr)?);
+        Ok(())
+    })
+}
+
+/// Frees memory from `ftn_malloc` in `stream`'s order only (like
+/// `cudaFreeAsync`): after the work enqueued on `stream` so far, without
+/// waiting for other streams. The caller promises that no other stream's
+/// pending work uses the memory. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_free_async(
+    ctx: ftnContext_t,
+    ptr: *mut c_void,
+    stream: ftnStream_t,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: handle contracts.
+        let (c, s) = unsafe { (get(op, "ctx", ctx)?, get(op, "stream", stream)?) };
+        if ptr.is_null() {
+            return Ok(());
         }
+        c.dev.check_same(op, "stream", s.stream.device())?;
+        take_alloc(op, c, ptr)?.free_on(&s.stream)
     })
 }
 

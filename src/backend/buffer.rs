@@ -103,41 +103,76 @@ impl<T: Element> DeviceBuffer<T> {
         })
     }
 
-    /// `len` elements that the caller overwrites before anyone reads them:
-    /// on CUDA, no memset (which would have to be ordered before the
-    /// caller's write on another stream).
-    fn for_overwrite(device: &Device, len: usize) -> Result<Self> {
-        match &device.inner.imp {
-            DeviceImpl::Emu(_) => Self::zeros(device, len),
-            #[cfg(feature = "cuda")]
-            DeviceImpl::Cuda(c) => {
-                let bytes = byte_len::<T>("DeviceBuffer::from_host", len)?;
-                Ok(DeviceBuffer {
-                    device: device.clone(),
-                    mem: Some(Memory::Cuda(c.alloc_uninit(bytes)?)),
-                    len,
-                    _t: PhantomData,
-                })
-            }
-        }
-    }
-
-    /// A buffer holding a copy of `data`; returns once the copy is done.
+    /// A buffer holding a copy of `data`, usable on every stream when this
+    /// returns. On CUDA the copy goes through pinned staging on a private
+    /// stream; no other stream is waited for.
     pub fn from_host(device: &Device, data: &[T]) -> Result<Self> {
-        let mut buf = Self::for_overwrite(device, data.len())?;
-        let stream = device.new_stream()?;
-        stream.copy_from_host(data, &mut buf)?;
-        stream.synchronize()?;
-        Ok(buf)
+        let bytes = byte_len::<T>("DeviceBuffer::from_host", data.len())?;
+        let src: &[u8] = bytemuck::cast_slice(data);
+        let mem = match &device.inner.imp {
+            DeviceImpl::Emu(_) => {
+                let m = emu::EmuMemory::zeroed(bytes)?;
+                // SAFETY: a fresh allocation of `bytes` == src.len() bytes
+                // that no stream knows yet.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), m.addr() as *mut u8, bytes) };
+                Memory::Emu(m)
+            }
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => Memory::Cuda(c.upload(src)?),
+        };
+        Ok(DeviceBuffer {
+            device: device.clone(),
+            mem: Some(mem),
+            len: data.len(),
+            _t: PhantomData,
+        })
     }
 
-    /// Waits for all work on the device, then copies the buffer to the host.
+    /// Copies the buffer to the host after the work enqueued so far on every
+    /// stream of its device. Only that work is waited for (not later work,
+    /// not the whole device), and kernel errors stay with their streams; use
+    /// [`Stream::copy_to_host`] to order after one stream only.
     pub fn to_host(&self) -> Result<Vec<T>> {
-        self.device.synchronize()?;
         let mut out = vec![T::zeroed(); self.len];
-        let stream = self.device.new_stream()?;
-        stream.copy_to_host(self, &mut out)?;
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+        match &self.device.inner.imp {
+            DeviceImpl::Emu(e) => {
+                e.wait_idle();
+                // SAFETY: the buffer holds dst.len() bytes and the work
+                // enqueued before this call has finished.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.addr() as *const u8,
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+            }
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => c.download(self.addr(), dst)?,
+        }
         Ok(out)
+    }
+
+    /// Frees the memory in `stream`'s order: after the work enqueued on
+    /// `stream` so far, without waiting for other streams (a plain drop
+    /// waits, on the device, for every stream's work). The caller promises
+    /// no other stream's pending work uses the buffer. The host never waits.
+    pub fn free_on(mut self, stream: &Stream) -> Result<()> {
+        self.device
+            .check_same("DeviceBuffer::free_on", "stream", stream.device())?;
+        match (self.mem.take(), &*stream.imp, &self.device.inner.imp) {
+            (None | Some(Memory::Borrowed(_)), _, _) => {}
+            (Some(Memory::Emu(m)), StreamImpl::Emu(s), _) => s.enqueue(Box::new(move || {
+                drop(m);
+                Ok(())
+            })),
+            #[cfg(feature = "cuda")]
+            (Some(Memory::Cuda(m)), StreamImpl::Cuda(s), DeviceImpl::Cuda(c)) => c.free_on(m, s),
+            #[cfg(feature = "cuda")]
+            (Some(m), _, _) => self.mem = Some(m),
+        }
+        Ok(())
     }
 
     pub fn len(&self) -> usize {
@@ -250,14 +285,12 @@ impl<T: Element> DeviceBuffer<T> {
 
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        // Like cudaFree: wait for the device's queued work, which may still
-        // use this memory, then free. Errors stay with their streams.
+        // Stream-ordered: the memory is released once every stream has done
+        // the work enqueued before this drop (which may still use it); the
+        // host does not wait. Errors stay with their streams.
         match (&self.device.inner.imp, self.mem.take()) {
             (_, Some(Memory::Borrowed(_))) | (_, None) => {}
-            (DeviceImpl::Emu(e), Some(m)) => {
-                e.wait_idle();
-                drop(m);
-            }
+            (DeviceImpl::Emu(e), Some(Memory::Emu(m))) => e.release(m),
             #[cfg(feature = "cuda")]
             (DeviceImpl::Cuda(c), Some(Memory::Cuda(m))) => c.free(m),
             #[cfg(feature = "cuda")]

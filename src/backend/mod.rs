@@ -7,7 +7,11 @@
 //! Semantics follow CUDA: work on one stream runs in order and asynchronously
 //! to the host; streams are ordered against each other only by events; a
 //! kernel failure is reported by the next `synchronize` of its stream.
-//! Dropping a buffer first waits for all work on its device (like `cudaFree`).
+//! Memory is stream-ordered: dropping a buffer never blocks the host; the
+//! memory is released once every stream has done the work enqueued before
+//! the drop (`DeviceBuffer::free_on` orders after one stream only).
+//! Allocating and host copies wait only for private streams, never the
+//! whole device (docs/architecture.md, "Memory").
 
 mod any_buffer;
 mod buffer;
@@ -69,7 +73,7 @@ impl std::fmt::Display for BackendKind {
 pub(crate) enum DeviceImpl {
     Emu(emu::EmuDevice),
     #[cfg(feature = "cuda")]
-    Cuda(cuda::CudaDevice),
+    Cuda(Box<cuda::CudaDevice>),
 }
 
 pub(crate) struct DeviceInner {
@@ -114,9 +118,9 @@ impl Device {
     pub fn cuda(ordinal: usize) -> Result<Device> {
         #[cfg(feature = "cuda")]
         {
-            Ok(Device::wrap(DeviceImpl::Cuda(cuda::CudaDevice::new(
-                ordinal,
-            )?)))
+            Ok(Device::wrap(DeviceImpl::Cuda(Box::new(
+                cuda::CudaDevice::new(ordinal)?,
+            ))))
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -155,6 +159,17 @@ impl Device {
         }
     }
 
+    /// Whether freeing memory is stream-ordered on this device (the
+    /// emulator, and GPUs with memory pools); otherwise a drop waits for the
+    /// whole device, as `cudaFree` does.
+    pub fn stream_ordered_memory(&self) -> bool {
+        match &self.inner.imp {
+            DeviceImpl::Emu(_) => true,
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => c.pooled_memory(),
+        }
+    }
+
     /// The limits launches are checked against.
     pub fn limits(&self) -> DeviceLimits {
         DeviceLimits::SM90
@@ -188,12 +203,9 @@ impl Device {
         self.inner.id == other.inner.id
     }
 
-    pub(crate) fn check_same(
-        &self,
-        op: &'static str,
-        arg: &'static str,
-        other: &Device,
-    ) -> Result<()> {
+    /// `Err(DeviceMismatch)` naming `op` and `arg` unless `other` is this
+    /// very device (the same handle, not merely the same GPU).
+    pub fn check_same(&self, op: &'static str, arg: &'static str, other: &Device) -> Result<()> {
         if self.same(other) {
             Ok(())
         } else {

@@ -43,12 +43,14 @@ impl Stream {
     }
 
     /// The address of at least `bytes` bytes of scratch memory that work on
-    /// this stream may use until the next call (it grows on demand; growing
-    /// waits for the device, like any free).
+    /// this stream may use until the next call (it grows on demand; the old
+    /// one is freed in this stream's order, waiting for nothing else).
     pub(crate) fn workspace(&self, bytes: usize) -> Result<u64> {
         let mut ws = self.workspace.lock().unwrap_or_else(|p| p.into_inner());
         if ws.as_ref().is_none_or(|b| b.len() < bytes) {
-            *ws = None;
+            if let Some(old) = ws.take() {
+                old.free_on(self)?;
+            }
             *ws = Some(DeviceBuffer::zeros(
                 &self.device,
                 bytes.next_power_of_two(),

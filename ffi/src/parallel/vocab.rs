@@ -372,8 +372,8 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(
     })
 }
 
-/// Frees the statistics of a cross-entropy forward (waits for the device's
-/// work first).
+/// Frees the statistics of a cross-entropy forward (stream-ordered: after
+/// the work enqueued so far on every stream; the caller does not wait).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_cross_entropy_saved_destroy(
     saved: ftnCrossEntropySaved_t,

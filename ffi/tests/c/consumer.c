@@ -427,8 +427,11 @@ static void test_memory_and_events(ftnContext_t ctx, ftnStream_t s) {
   CHECK(ftn_event_destroy(ev));
   CHECK(ftn_event_destroy(e0));
   CHECK(ftn_event_destroy(e1));
+  /* a stream-ordered free after s2's work; a second free of it is refused */
+  CHECK(ftn_free_async(ctx, a, s2));
+  expect_error(ftn_free(ctx, a), ftnInvalidArgument, "free after free_async", "ftn_malloc", NULL);
+  CHECK(ftn_free_async(ctx, NULL, s2));
   CHECK(ftn_stream_destroy(s2));
-  CHECK(ftn_free(ctx, a));
   CHECK(ftn_free(ctx, b));
 }
 
@@ -652,6 +655,8 @@ static void test_bad_input(ftnContext_t ctx, ftnStream_t s) {
   expect_error(ftn_context_create(7, 0, &bad), ftnInvalidArgument, "bad backend", "backend", NULL);
   expect_error(ftn_context_create(ftnBackendCuda, 0, &bad), ftnBackendUnavailable, "cuda", "cuda", NULL);
   expect_error(ftn_free(ctx, buf), ftnInvalidArgument, "foreign free", "ftn_malloc", NULL);
+  expect_error(ftn_free_async(ctx, buf, s), ftnInvalidArgument, "foreign free_async", "ftn_malloc", NULL);
+  expect_error(ftn_free_async(ctx, buf, NULL), ftnInvalidArgument, "free_async NULL stream", "stream", NULL);
   expect_error(ftn_memset(s, buf, 300, 4), ftnInvalidArgument, "memset 300", "value", NULL);
   expect_error(ftn_get_version(NULL), ftnInvalidArgument, "NULL version", "version", NULL);
   /* statuses have strings, unknown ones too */

@@ -19,6 +19,10 @@ const ALLOC_ALIGN: usize = 256;
 pub(crate) struct EmuDevice {
     workers: u32,
     streams: Mutex<Vec<Weak<stream::StreamCore>>>,
+    /// Frees memory once every stream has done the work enqueued before the
+    /// drop (as the CUDA backend's release stream does); not registered, so
+    /// device synchronisation never waits for it.
+    release: EmuStream,
 }
 
 impl EmuDevice {
@@ -31,6 +35,7 @@ impl EmuDevice {
         EmuDevice {
             workers,
             streams: Mutex::new(Vec::new()),
+            release: EmuStream::spawn(1),
         }
     }
 
@@ -63,11 +68,31 @@ impl EmuDevice {
         first
     }
 
-    /// Waits for every stream without consuming errors (buffer drops).
+    /// Waits for every stream without consuming errors (host reads).
     pub fn wait_idle(&self) {
         for s in self.live_streams() {
             s.wait_idle();
         }
+    }
+
+    /// Frees `mem` once every stream has run what was enqueued before this
+    /// call; the caller does not wait.
+    pub fn release(&self, mem: EmuMemory) {
+        let fences: Vec<_> = self
+            .live_streams()
+            .into_iter()
+            .map(|s| {
+                let target = s.fence();
+                (s, target)
+            })
+            .collect();
+        self.release.enqueue(Box::new(move || {
+            for (s, target) in fences {
+                s.wait_reached(target);
+            }
+            drop(mem);
+            Ok(())
+        }));
     }
 }
 
@@ -108,8 +133,12 @@ impl EmuMemory {
 
 impl Drop for EmuMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this layout; callers wait for
-        // the device to go idle before dropping.
+        // Poison first (0xFF bytes are NaN in every float dtype), so work
+        // that was wrongly let run after the free reads NaN, not stale data.
+        // SAFETY: we own all `layout.size()` bytes until the dealloc below.
+        unsafe { std::ptr::write_bytes(self.ptr, 0xFF, self.layout.size()) };
+        // SAFETY: allocated in `zeroed` with this layout; dropped only after
+        // the streams' work that may use it (EmuDevice::release, free_on).
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
     }
 }

@@ -33,8 +33,19 @@ impl StreamCore {
 
     /// Waits until everything enqueued so far has run.
     pub fn wait_idle(&self) {
+        self.wait_reached(self.fence());
+    }
+
+    /// How many tasks have been enqueued so far: the stream has done
+    /// everything enqueued before this call once [`Self::wait_reached`]
+    /// with this value returns.
+    pub fn fence(&self) -> u64 {
+        self.lock().enqueued
+    }
+
+    /// Waits until `target` tasks have run.
+    pub fn wait_reached(&self, target: u64) {
         let mut p = self.lock();
-        let target = p.enqueued;
         while p.done < target {
             p = self.changed.wait(p).unwrap_or_else(|e| e.into_inner());
         }

@@ -1,8 +1,12 @@
 //! The CUDA backend (feature `cuda`): cudarc's driver API, loaded dynamically
 //! so a binary built with `cuda` starts (and reports a clear error) where no
 //! driver exists. The fatbins nvcc built for `cuda/*.cu` are embedded in the
-//! crate; each is loaded once per context on first use, and functions are
-//! cached by name.
+//! crate; every module is loaded when the device is opened, and functions
+//! are cached by name. Memory is stream-ordered ([`memory`]); host copies go
+//! through pinned staging ([`staging`]).
+
+mod memory;
+mod staging;
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -12,6 +16,9 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverErro
 
 use crate::core::{Error, LaunchConfig, Result};
 use crate::kernels::{Kernel, KernelParams};
+pub(crate) use memory::CudaMemory;
+use memory::MemoryManager;
+use staging::Staging;
 
 mod fatbins {
     include!(concat!(env!("OUT_DIR"), "/fatbins.rs"));
@@ -44,6 +51,10 @@ pub(crate) struct CudaDevice {
     name: String,
     modules: Mutex<HashMap<&'static str, LoadedModule>>,
     functions: Mutex<HashMap<&'static str, LoadedFunction>>,
+    mem: Arc<MemoryManager>,
+    /// Private streams of `DeviceBuffer::from_host` and `to_host`.
+    upload: CudaStreamHandle,
+    readback: CudaStreamHandle,
 }
 
 impl CudaDevice {
@@ -80,11 +91,17 @@ impl CudaDevice {
         let name = ctx
             .name()
             .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let mem = Arc::new(MemoryManager::new(&ctx)?);
+        let upload = CudaStreamHandle::new(&ctx, &mem)?;
+        let readback = CudaStreamHandle::new(&ctx, &mem)?;
         let dev = CudaDevice {
             ctx,
             name,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            mem,
+            upload,
+            readback,
         };
         dev.load_every_kernel()?;
         Ok(dev)
@@ -113,11 +130,7 @@ impl CudaDevice {
     }
 
     pub fn new_stream(&self) -> Result<CudaStreamHandle> {
-        Ok(CudaStreamHandle(
-            self.ctx
-                .new_stream()
-                .map_err(|e| driver_err("creating a stream", e))?,
-        ))
+        CudaStreamHandle::new(&self.ctx, &self.mem)
     }
 
     pub fn new_event(&self) -> Result<CudaEventHandle> {
@@ -129,46 +142,49 @@ impl CudaDevice {
         ))
     }
 
-    /// Memory that is about to be overwritten (uploads): no memset.
-    pub fn alloc_uninit(&self, bytes: usize) -> Result<CudaMemory> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_err("binding the context", e))?;
-        // SAFETY: plain allocation of at least one byte.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
-            .map_err(|e| driver_err("cuMemAlloc", e))?;
-        Ok(CudaMemory { ptr })
+    /// Whether memory comes from a stream-ordered pool (else `cuMemAlloc`).
+    pub fn pooled_memory(&self) -> bool {
+        self.mem.pooled()
     }
 
+    /// Zeroed memory, usable by every stream when this returns.
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<CudaMemory> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_err("binding the context", e))?;
-        // cuMemsetD8 runs on the legacy NULL stream, which every stream of
-        // ours (non-blocking) ignores: without the wait below, the memset
-        // could land after an upload or a kernel queued on another stream and
-        // zero its result (seen on an H200: GEMM outputs all zero under load).
-        // SAFETY: plain allocation of at least one byte, a memset of exactly
-        // that range, and a wait for the NULL stream before anyone can use it.
-        let ptr = unsafe {
-            let p = result::malloc_sync(bytes.max(1)).map_err(|e| driver_err("cuMemAlloc", e))?;
-            let zeroed = sys::cuMemsetD8_v2(p, 0, bytes.max(1))
-                .result()
-                .and_then(|()| sys::cuStreamSynchronize(std::ptr::null_mut()).result());
-            if let Err(e) = zeroed {
-                let _ = result::free_sync(p);
-                return Err(driver_err("cuMemsetD8", e));
-            }
-            p
-        };
-        Ok(CudaMemory { ptr })
+        self.mem.alloc(bytes, true)
     }
 
-    /// Frees after the device is idle; errors are recorded in the context.
+    /// New memory holding a copy of `src`, usable by every stream when this
+    /// returns (no memset: it is about to be overwritten).
+    pub fn upload(&self, src: &[u8]) -> Result<CudaMemory> {
+        let mem = self.mem.alloc(src.len(), false)?;
+        let copied = self
+            .upload
+            .copy_htod(mem.addr(), src)
+            .and_then(|()| self.upload.synchronize());
+        match copied {
+            Ok(()) => Ok(mem),
+            Err(e) => {
+                self.mem.free(mem);
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `src` to the host after the work enqueued
+    /// so far on every stream; waits for nothing else.
+    pub fn download(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.readback.bind()?;
+        self.mem.order_after_all(&self.readback.stream)?;
+        self.readback.copy_dtoh(src, dst)
+    }
+
+    /// Frees after every stream's work enqueued so far; the host goes on.
     pub fn free(&self, mem: CudaMemory) {
-        self.ctx.record_err(self.ctx.synchronize());
-        // SAFETY: the pointer came from malloc_sync and no queued work uses it.
-        self.ctx.record_err(unsafe { result::free_sync(mem.ptr) });
+        self.mem.free(mem)
+    }
+
+    /// Frees in `stream`'s order only.
+    pub fn free_on(&self, mem: CudaMemory, stream: &CudaStreamHandle) {
+        self.mem.free_on(mem, &stream.stream)
     }
 
     fn function<P>(&self, kernel: &'static Kernel<P>, smem: u32) -> Result<LoadedFunction> {
@@ -272,7 +288,7 @@ impl CudaDevice {
                 (cfg.grid[0], cfg.grid[1], cfg.grid[2]),
                 (cfg.block[0], cfg.block[1], cfg.block[2]),
                 cfg.dynamic_smem_bytes,
-                stream.0.cu_stream(),
+                stream.stream.cu_stream(),
                 &mut args,
             )
         }
@@ -285,6 +301,10 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        // Streams no longer wait for their work when dropped: finish it all
+        // before the modules it runs go away.
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        self.ctx.record_err(self.ctx.synchronize());
         let mods = self.modules.get_mut().unwrap_or_else(|p| p.into_inner());
         for (_, m) in mods.drain() {
             self.ctx.record_err(self.ctx.bind_to_thread());
@@ -294,75 +314,98 @@ impl Drop for CudaDevice {
     }
 }
 
-pub(crate) struct CudaMemory {
-    ptr: sys::CUdeviceptr,
+pub(crate) struct CudaStreamHandle {
+    stream: Arc<CudaStream>,
+    mem: Arc<MemoryManager>,
+    /// Pinned slots for host copies, made on the first one.
+    staging: Mutex<Option<Staging>>,
 }
 
-impl CudaMemory {
-    pub fn addr(&self) -> u64 {
-        self.ptr
+impl Drop for CudaStreamHandle {
+    fn drop(&mut self) {
+        // Buffers this stream used may be dropped later: their frees must
+        // still wait for its pending work.
+        self.mem.absorb(&self.stream);
     }
 }
 
-pub(crate) struct CudaStreamHandle(Arc<CudaStream>);
-
 impl CudaStreamHandle {
+    fn new(ctx: &Arc<CudaContext>, mem: &Arc<MemoryManager>) -> Result<CudaStreamHandle> {
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver_err("creating a stream", e))?;
+        mem.register(&stream);
+        Ok(CudaStreamHandle {
+            stream,
+            mem: mem.clone(),
+            staging: Mutex::new(None),
+        })
+    }
+
     pub fn raw(&self) -> sys::CUstream {
-        self.0.cu_stream()
+        self.stream.cu_stream()
     }
 
     fn bind(&self) -> Result<()> {
-        self.0
+        self.stream
             .context()
             .bind_to_thread()
             .map_err(|e| driver_err("binding the context", e))
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        self.0
+        self.stream
             .synchronize()
             .map_err(|e| driver_err("stream synchronize", e))
     }
 
     pub fn record(&self, ev: &CudaEventHandle) -> Result<()> {
-        ev.0.record(&self.0)
+        ev.0.record(&self.stream)
             .map_err(|e| driver_err("event record", e))
     }
 
     pub fn wait(&self, ev: &CudaEventHandle) -> Result<()> {
-        self.0
+        self.stream
             .wait(&ev.0)
             .map_err(|e| driver_err("stream wait event", e))
     }
 
-    pub fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
-        self.bind()?;
-        // SAFETY: dst has room for src (checked by the caller); pageable
-        // sources are staged by the driver before the call returns.
-        unsafe { result::memcpy_htod_async(dst, src, self.0.cu_stream()) }
-            .map_err(|e| driver_err("copy host to device", e))
+    /// Runs `f` with this stream's staging, sized for an `n`-byte copy.
+    fn with_staging<R>(&self, n: usize, f: impl FnOnce(&mut Staging) -> Result<R>) -> Result<R> {
+        let mut slot = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|s| s.too_small_for(n)) {
+            *slot = None;
+            *slot = Some(Staging::new(self.stream.context(), n)?);
+        }
+        match slot.as_mut() {
+            Some(s) => f(s),
+            None => unreachable!("staging was just created"),
+        }
     }
 
+    /// Enqueues the copy; `src` is staged (reusable) when this returns.
+    pub fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        self.with_staging(src.len(), |s| s.htod(&self.stream, dst, src))
+    }
+
+    /// Copies after this stream's earlier work; returns with `dst` filled.
     pub fn copy_dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: src holds dst.len() bytes (checked by the caller); we wait
-        // for the copy before dst can be touched again.
-        unsafe { result::memcpy_dtoh_async(dst, src, self.0.cu_stream()) }
-            .map_err(|e| driver_err("copy device to host", e))?;
-        self.synchronize()
+        self.with_staging(dst.len(), |s| s.dtoh(&self.stream, src, dst))
     }
 
     pub fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: both ranges are live allocations of >= bytes (checked).
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.0.cu_stream()) }
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(|e| driver_err("copy device to device", e))
     }
 
     pub fn memset(&self, dst: u64, byte: u8, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: dst is a live allocation of `bytes` bytes.
-        unsafe { result::memset_d8_async(dst, byte, bytes, self.0.cu_stream()) }
+        unsafe { result::memset_d8_async(dst, byte, bytes, self.stream.cu_stream()) }
             .map_err(|e| driver_err("memset", e))
     }
 }
@@ -372,7 +415,8 @@ type HostFn = Box<dyn FnOnce() + Send>;
 unsafe extern "C" fn run_host_fn(user: *mut core::ffi::c_void) {
     // SAFETY: `user` is the Box<HostFn> leaked by launch_host_fn, run once.
     let f = unsafe { Box::from_raw(user as *mut HostFn) };
-    f();
+    // Drops inside `f` (CUDA calls are illegal here) defer their frees.
+    memory::as_host_fn(f);
 }
 
 impl CudaStreamHandle {
@@ -380,8 +424,8 @@ impl CudaStreamHandle {
         self.bind()?;
         let user = Box::into_raw(Box::new(f)) as *mut core::ffi::c_void;
         // SAFETY: the driver calls run_host_fn exactly once with `user`.
-        let r =
-            unsafe { sys::cuLaunchHostFunc(self.0.cu_stream(), Some(run_host_fn), user) }.result();
+        let r = unsafe { sys::cuLaunchHostFunc(self.stream.cu_stream(), Some(run_host_fn), user) }
+            .result();
         if let Err(e) = r {
             // SAFETY: not enqueued, so still ours to free.
             drop(unsafe { Box::from_raw(user as *mut HostFn) });
