@@ -45,9 +45,32 @@ pub fn run(dev: Option<&Device>, r: &mut Report) -> Result<()> {
                 again.name(),
                 t.elapsed().as_secs_f64() * 1e3
             ));
+            memory(&again, r)?;
         }
         None => r.line("- device: SKIPPED: no usable GPU"),
     }
+    Ok(())
+}
+
+/// Which allocator the device uses and what an allocation and a free cost
+/// the host (a 1 MiB zeroed buffer, dropped at once; stream-ordered frees
+/// return without waiting for the device).
+fn memory(dev: &Device, r: &mut Report) -> Result<()> {
+    const N: usize = 200;
+    let t = Instant::now();
+    for _ in 0..N {
+        drop(dev.alloc_zeros::<u8>(1 << 20)?);
+    }
+    dev.synchronize()?;
+    r.line(&format!(
+        "- memory: {}; alloc_zeros(1 MiB) + drop: {:.1} us per pair",
+        if dev.stream_ordered_memory() {
+            "stream-ordered pool (cuMemAllocFromPoolAsync / cuMemFreeAsync)"
+        } else {
+            "cuMemAlloc / cuMemFree after a context synchronisation (no pool support)"
+        },
+        t.elapsed().as_secs_f64() * 1e6 / N as f64
+    ));
     Ok(())
 }
 
