@@ -1,0 +1,104 @@
+//! The pipeline-parallel executor: runs one rank's share of a schedule from
+//! [`crate::core::pipeline::schedule`] over a [`Communicator`] (the pipeline
+//! group, `size == pp`), calling the user's stage code for every operation
+//! and moving activations and gradients between ranks.
+//!
+//! * The user's model is a [`PipelineStage`]: forward, input-gradient
+//!   (`backward_input`) and weight-gradient (`backward_weight`) functions of
+//!   one chunk (virtual stage) and one micro-batch. [`Pass::Backward`] runs
+//!   `backward_input` then `backward_weight`; the zero-bubble schedules call
+//!   them separately ([`Pass::BackwardInput`], [`Pass::BackwardWeight`]).
+//!   The stage keeps whatever it needs between a micro-batch's forward and
+//!   its backward (its input, for instance); the executor keeps received
+//!   activations and gradients only until the operation that consumes them,
+//!   and the last stage's forward outputs until their backward.
+//! * [`PipelineData`] supplies the first stage's input of a micro-batch and,
+//!   on the last stage, computes the loss and returns `d loss / d output`.
+//! * Messages: an operation's receive is posted on the communicator's
+//!   stream after the previous computation and waited for by the host (with
+//!   the timeout) before the computation, which the compute stream orders
+//!   after it with an event. Its send goes on a stream of the executor's
+//!   own, one per peer, which waits for the computation (an event): sends
+//!   to a peer complete in posting order and a send waiting for its
+//!   receiver blocks neither receives nor sends to the other peer — the
+//!   buffered sends the schedules' simulator checks for deadlocks (with
+//!   NCCL's and the in-process backend's rendezvous sends on one stream,
+//!   the interleaved schedule at pp = 2 deadlocks). A sent output is
+//!   released as soon as its send completed (Megatron's
+//!   `deallocate_output_tensor`) into a pool of buffers the executor reuses:
+//!   freeing device memory waits for the whole device (as `cudaFree`
+//!   does), sends in flight included. For the same reason stage code must
+//!   not free device memory or synchronize the whole device while a send
+//!   may be in flight (use its stream's `synchronize`/`copy_to_host`).
+//! * Errors: every wait is [`Communicator::wait`] with a timeout
+//!   ([`PipelineExecutor::with_timeout`], default
+//!   [`crate::comm::DEFAULT_TIMEOUT`]; in-process transfers also fail after
+//!   the communicator's own timeout), so a failed or diverged peer becomes
+//!   an error, not a hang. A stage's error, a data error and a communication
+//!   error are returned as [`Error::Backend`] whose message names the
+//!   pipeline rank, the pass, the micro-batch and the stage.
+//!
+//! Not yet: overlap of receives with computation (the host waits for each
+//! receive before the computation that needs it; sends do overlap), the
+//! check that several streams on one NCCL communicator are safe here (only
+//! the in-process backend is tested), variable activation shapes
+//! (every message has `activation_len` elements), tied embeddings (no
+//! gradient exchange between the first and last stage), and combination
+//! with tensor parallelism (the stages may use their own TP communicator,
+//! but nothing here coordinates them).
+
+mod executor;
+mod pool;
+mod tied;
+
+pub use executor::PipelineExecutor;
+pub use tied::{allreduce_tied_grads, TiedEmbeddingGroup};
+
+use crate::backend::{DeviceBuffer, Stream};
+use crate::comm::CommElement;
+use crate::core::Result;
+
+/// The user's model share on one pipeline rank: its chunks (virtual
+/// stages; chunk `c` of rank `r` is global stage `c · pp + r`).
+pub trait PipelineStage<T: CommElement> {
+    /// `output = stage(input)` for `microbatch` (both `activation_len`
+    /// elements), enqueued on `stream`. Save what the backward needs.
+    fn forward(
+        &mut self,
+        stream: &Stream,
+        chunk: usize,
+        microbatch: usize,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+    ) -> Result<()>;
+
+    /// `grad_input = d loss / d input` from `grad_output = d loss / d output`.
+    fn backward_input(
+        &mut self,
+        stream: &Stream,
+        chunk: usize,
+        microbatch: usize,
+        grad_output: &DeviceBuffer<T>,
+        grad_input: &mut DeviceBuffer<T>,
+    ) -> Result<()>;
+
+    /// The weight gradients of `microbatch` (accumulated by the stage),
+    /// always after that micro-batch's `backward_input` of the same chunk.
+    fn backward_weight(&mut self, stream: &Stream, chunk: usize, microbatch: usize) -> Result<()>;
+}
+
+/// The ends of the pipeline: inputs of the first stage, loss of the last.
+pub trait PipelineData<T: CommElement> {
+    /// The first stage's input of `microbatch` (`activation_len` elements).
+    fn input(&mut self, stream: &Stream, microbatch: usize) -> Result<DeviceBuffer<T>>;
+
+    /// On the last stage: the loss of `microbatch` from its `output` (the
+    /// implementation records it) and `d loss / d output`
+    /// (`activation_len` elements).
+    fn loss_grad(
+        &mut self,
+        stream: &Stream,
+        microbatch: usize,
+        output: &DeviceBuffer<T>,
+    ) -> Result<DeviceBuffer<T>>;
+}
