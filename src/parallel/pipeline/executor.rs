@@ -5,10 +5,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::pool::Pool;
+pub use super::transfer::ShapeMode;
+use super::transfer::{Posted, Transfers, RUN};
 use super::{PipelineData, PipelineStage};
 use crate::backend::{DeviceBuffer, Stream};
-use crate::comm::{CommElement, CommHandle, Communicator, DEFAULT_TIMEOUT};
-use crate::core::pipeline::{schedule, Message, Op, Pass, PipelineConfig};
+use crate::comm::{CommElement, Communicator, DEFAULT_TIMEOUT};
+use crate::core::pipeline::{schedule, Op, Pass, PipelineConfig};
 use crate::core::{Error, Result};
 
 /// One pipeline rank's executor.
@@ -16,6 +18,7 @@ pub struct PipelineExecutor<'c> {
     comm: &'c Communicator,
     cfg: PipelineConfig,
     activation_len: usize,
+    shapes: ShapeMode,
     timeout: Duration,
     ops: Vec<Op>,
 }
@@ -59,6 +62,7 @@ impl<'c> PipelineExecutor<'c> {
             comm,
             cfg,
             activation_len,
+            shapes: ShapeMode::Static,
             timeout: DEFAULT_TIMEOUT,
             ops,
         })
@@ -68,6 +72,30 @@ impl<'c> PipelineExecutor<'c> {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Variable shapes: every activation and gradient message is preceded
+    /// by a shape message with its element count, so every micro-batch may
+    /// have its own length (the first stage's input sets it; each stage's
+    /// [`PipelineStage::output_len`] gives its output's). `max_len` bounds
+    /// every message (a larger input, output or announced shape is an
+    /// error). Every rank of the pipeline must use the same mode.
+    pub fn with_variable_shapes(mut self, max_len: usize) -> Result<Self> {
+        if max_len == 0 {
+            return Err(Error::invalid(
+                "PipelineExecutor::with_variable_shapes",
+                "max_len",
+                ">= 1",
+                0,
+            ));
+        }
+        self.shapes = ShapeMode::Variable { max_len };
+        Ok(self)
+    }
+
+    /// How long messages are.
+    pub fn shapes(&self) -> ShapeMode {
+        self.shapes
     }
 
     /// This rank's operations in execution order.
@@ -89,54 +117,144 @@ impl<'c> PipelineExecutor<'c> {
         S: PipelineStage<T> + ?Sized,
         D: PipelineData<T> + ?Sized,
     {
+        let mut tr = Transfers {
+            comm: self.comm,
+            shapes: self.shapes,
+            activation_len: self.activation_len,
+            timeout: self.timeout,
+            pool: Pool { free: Vec::new() },
+            shape_pool: Pool { free: Vec::new() },
+            sends: Vec::new(),
+            shape_sends: Vec::new(),
+        };
+        let mut posted = None;
+        let r = self.run_ops(stream, stage, data, &mut tr, &mut posted);
+        if r.is_err() {
+            tr.drain(posted);
+        }
+        r
+    }
+
+    /// The `(min, max)` length of a message, input or output.
+    fn len_bounds(&self) -> (usize, usize) {
+        match self.shapes {
+            ShapeMode::Static => (self.activation_len, self.activation_len),
+            ShapeMode::Variable { max_len } => (1, max_len),
+        }
+    }
+
+    /// `Ok` if `len` is allowed for `arg`, else its named error.
+    fn check_len(&self, arg: &'static str, len: usize, what: &str) -> Result<()> {
+        let (lo, hi) = self.len_bounds();
+        if (lo..=hi).contains(&len) {
+            return Ok(());
+        }
+        let expected = match self.shapes {
+            ShapeMode::Static => format!("{lo} elements (activation_len) {what}"),
+            ShapeMode::Variable { .. } => format!("1..={hi} elements (max_len) {what}"),
+        };
+        Err(Error::invalid(RUN, arg, expected, len))
+    }
+
+    fn run_ops<T, S, D>(
+        &self,
+        stream: &Stream,
+        stage: &mut S,
+        data: &mut D,
+        tr: &mut Transfers<'_, T>,
+        posted: &mut Option<Posted<T>>,
+    ) -> Result<()>
+    where
+        T: CommElement,
+        S: PipelineStage<T> + ?Sized,
+        D: PipelineData<T> + ?Sized,
+    {
         let rank = self.comm.rank();
         let last_stage = self.cfg.stages() - 1;
         // Outputs of the last stage's forwards, until their backward.
         let mut outputs: HashMap<(usize, usize), DeviceBuffer<T>> = HashMap::new();
-        let mut pool: Pool<T> = Pool { free: Vec::new() };
-        let first_recv = self.ops.first().and_then(|o| o.recv);
-        let mut received: Option<DeviceBuffer<T>> = match first_recv {
-            Some(m) => Some(
-                self.receive(stream, m, &mut pool)
-                    .map_err(|e| self.fail(&self.ops[0], "receiving its input", e))?,
-            ),
-            None => None,
-        };
+        // (input, output) lengths of every forward, until its backward.
+        let mut lens: HashMap<(usize, usize), (usize, usize)> = HashMap::new();
         // One send stream per peer: sends to a peer complete in posting
         // order, and a send waiting for its receiver blocks neither the
         // receives nor the sends to the other peer (the buffered sends the
         // schedules are checked against).
         let mut send_streams: HashMap<usize, Stream> = HashMap::new();
-        let mut pending: Vec<(CommHandle, DeviceBuffer<T>, Op)> = Vec::new();
+        if let Some(m) = self.ops.first().and_then(|o| o.recv) {
+            *posted = Some(
+                tr.post_recv(m.peer)
+                    .map_err(|e| self.fail(&self.ops[0], "posting its receive", e))?,
+            );
+        }
         for (i, op) in self.ops.iter().enumerate() {
             let (chunk, mb) = (op.chunk, op.microbatch);
             let fail = |what: &str, e: Error| self.fail(op, what, e);
-            let mut take_received = || {
-                received.take().ok_or_else(|| {
-                    fail(
-                        "internal",
-                        Error::Backend {
-                            backend: "pipeline executor",
-                            message: "no received buffer for an operation with a receive".into(),
-                        },
-                    )
-                })
+            let internal = |message: &str| {
+                fail(
+                    "internal",
+                    Error::Backend {
+                        backend: "pipeline executor",
+                        message: message.into(),
+                    },
+                )
             };
+            // This operation's message, received ahead (posted before the
+            // previous computation).
+            let received = match op.recv {
+                Some(_) => {
+                    let p = posted
+                        .take()
+                        .ok_or_else(|| internal("no posted receive for an operation with one"))?;
+                    Some(
+                        tr.complete(stream, p)
+                            .map_err(|e| fail("receiving its input", e))?,
+                    )
+                }
+                None => None,
+            };
+            // Post the next operation's receive before this computation, so
+            // the transfer overlaps it. Receives stay in schedule order on
+            // the communicator's stream; only the host's wait moves later.
+            if let Some(n) = self.ops.get(i + 1) {
+                if let Some(m) = n.recv {
+                    *posted = Some(
+                        tr.post_recv(m.peer)
+                            .map_err(|e| self.fail(n, "posting its receive", e))?,
+                    );
+                }
+            }
             let produced: Option<DeviceBuffer<T>> = match op.pass {
                 Pass::Forward => {
-                    let input = match op.recv {
-                        Some(_) => take_received()?,
-                        None => data
-                            .input(stream, mb)
-                            .map_err(|e| fail("the data's input", e))?,
+                    let input = match received {
+                        Some(b) => b,
+                        None => {
+                            let b = data
+                                .input(stream, mb)
+                                .map_err(|e| fail("the data's input", e))?;
+                            self.check_len("input", b.len(), "from PipelineData::input")
+                                .map_err(|e| fail("the data's input", e))?;
+                            b
+                        }
                     };
-                    let mut out = pool
-                        .take(self.comm, self.activation_len, stream)
+                    let out_len = match self.shapes {
+                        ShapeMode::Static => self.activation_len,
+                        ShapeMode::Variable { .. } => {
+                            let n = stage.output_len(chunk, mb, input.len());
+                            self.check_len("output_len", n, "from PipelineStage::output_len")
+                                .map_err(|e| fail("the stage's output_len", e))?;
+                            n
+                        }
+                    };
+                    lens.insert((chunk, mb), (input.len(), out_len));
+                    let mut out = tr
+                        .pool
+                        .take(self.comm, out_len, stream)
                         .map_err(|e| fail("allocating", e))?;
                     stage
                         .forward(stream, chunk, mb, &input, &mut out)
                         .map_err(|e| fail("the stage", e))?;
-                    pool.put_after(input, stream)
+                    tr.pool
+                        .put_after(input, stream)
                         .map_err(|e| fail("releasing its input", e))?;
                     if op.stage == last_stage {
                         outputs.insert((chunk, mb), out);
@@ -146,34 +264,48 @@ impl<'c> PipelineExecutor<'c> {
                     }
                 }
                 Pass::Backward | Pass::BackwardInput => {
-                    let grad_out = match op.recv {
-                        Some(_) => take_received()?,
+                    let (in_len, out_len) = lens
+                        .remove(&(chunk, mb))
+                        .ok_or_else(|| internal("backward before its forward"))?;
+                    let grad_out = match received {
+                        Some(g) => g,
                         None => {
                             let y = outputs.remove(&(chunk, mb)).ok_or_else(|| {
-                                fail(
-                                    "internal",
-                                    Error::Backend {
-                                        backend: "pipeline executor",
-                                        message: "backward of the last stage before its forward"
-                                            .into(),
-                                    },
-                                )
+                                internal("backward of the last stage before its forward")
                             })?;
                             let g = data
                                 .loss_grad(stream, mb, &y)
                                 .map_err(|e| fail("the data's loss", e))?;
-                            pool.put_after(y, stream)
+                            tr.pool
+                                .put_after(y, stream)
                                 .map_err(|e| fail("releasing its output", e))?;
                             g
                         }
                     };
-                    let mut grad_in = pool
-                        .take(self.comm, self.activation_len, stream)
+                    if grad_out.len() != out_len {
+                        return Err(fail(
+                            "its output gradient",
+                            Error::invalid(
+                                RUN,
+                                if op.recv.is_some() {
+                                    "received gradient"
+                                } else {
+                                    "loss_grad"
+                                },
+                                format!("{out_len} elements (the forward's output length)"),
+                                grad_out.len(),
+                            ),
+                        ));
+                    }
+                    let mut grad_in = tr
+                        .pool
+                        .take(self.comm, in_len, stream)
                         .map_err(|e| fail("allocating", e))?;
                     stage
                         .backward_input(stream, chunk, mb, &grad_out, &mut grad_in)
                         .map_err(|e| fail("the stage's backward_input", e))?;
-                    pool.put_after(grad_out, stream)
+                    tr.pool
+                        .put_after(grad_out, stream)
                         .map_err(|e| fail("releasing its output gradient", e))?;
                     if op.pass == Pass::Backward {
                         stage
@@ -183,7 +315,8 @@ impl<'c> PipelineExecutor<'c> {
                     if op.stage > 0 {
                         Some(grad_in)
                     } else {
-                        pool.put_after(grad_in, stream)
+                        tr.pool
+                            .put_after(grad_in, stream)
                             .map_err(|e| fail("releasing its input gradient", e))?;
                         None
                     }
@@ -195,64 +328,37 @@ impl<'c> PipelineExecutor<'c> {
                     None
                 }
             };
-            let send = match (op.send, produced) {
-                (Some(m), Some(b)) => Some((m, b)),
-                (None, _) => None,
-                (Some(_), None) => {
-                    return Err(fail(
-                        "internal",
-                        Error::Backend {
-                            backend: "pipeline executor",
-                            message: "an operation that sends produced nothing".into(),
-                        },
-                    ))
-                }
-            };
-            if let Some((m, buf)) = send {
-                let ss = match send_streams.get(&m.peer) {
-                    Some(ss) => ss,
-                    None => {
-                        let ss = self
-                            .comm
-                            .device()
-                            .new_stream()
-                            .map_err(|e| fail("creating a send stream", e))?;
-                        send_streams.entry(m.peer).or_insert(ss)
-                    }
-                };
-                let handle = self
-                    .post_send(stream, ss, m, &buf)
-                    .map_err(|e| fail("sending its result", e))?;
-                pending.push((handle, buf, *op));
-            }
-            // Release the outputs whose send completed (deallocate_output_tensor).
-            let mut still = Vec::with_capacity(pending.len());
-            for (h, b, o) in pending.drain(..) {
-                if h.event()
-                    .is_complete()
-                    .map_err(|e| self.fail(&o, "sending", e))?
-                {
-                    pool.free.push((b, None));
-                } else {
-                    still.push((h, b, o));
-                }
-            }
-            pending = still;
-            if let Some(n) = self.ops.get(i + 1) {
-                if let Some(m) = n.recv {
-                    received = Some(
-                        self.receive(stream, m, &mut pool)
-                            .map_err(|e| self.fail(n, "receiving its input", e))?,
+            match (op.send, produced) {
+                (Some(m), Some(buf)) => {
+                    let ss = match send_streams.get(&m.peer) {
+                        Some(ss) => ss,
+                        None => {
+                            let ss = self
+                                .comm
+                                .device()
+                                .new_stream()
+                                .map_err(|e| fail("creating a send stream", e))?;
+                            send_streams.entry(m.peer).or_insert(ss)
+                        }
+                    };
+                    let what = format!(
+                        "{:?} of micro-batch {mb} (stage {}, chunk {chunk}): sending its result",
+                        op.pass, op.stage
                     );
+                    tr.send(stream, ss, m.peer, buf, what)
+                        .map_err(|e| fail("sending its result", e))?;
+                }
+                (None, _) => {}
+                (Some(_), None) => {
+                    return Err(internal("an operation that sends produced nothing"))
                 }
             }
+            tr.release_sent().map_err(|e| fail("sending", e))?;
         }
-        for (h, b, o) in pending.drain(..) {
-            self.comm
-                .wait(&h, self.timeout)
-                .map_err(|e| self.fail(&o, "sending its result", e))?;
-            pool.free.push((b, None));
-        }
+        tr.finish_sends().map_err(|(what, e)| Error::Backend {
+            backend: "pipeline executor",
+            message: format!("pipeline rank {rank}: {what}: {e}"),
+        })?;
         for (peer, ss) in &send_streams {
             ss.synchronize().map_err(|e| Error::Backend {
                 backend: "pipeline executor",
@@ -287,37 +393,5 @@ impl<'c> PipelineExecutor<'c> {
                 op.chunk
             ),
         }
-    }
-
-    /// Sends `buf` to `m.peer` on `send_stream` once the computation on
-    /// `stream` so far is done.
-    fn post_send<T: CommElement>(
-        &self,
-        stream: &Stream,
-        send_stream: &Stream,
-        m: Message,
-        buf: &DeviceBuffer<T>,
-    ) -> Result<CommHandle> {
-        send_stream.wait_event(&stream.record_event()?)?;
-        self.comm.send(send_stream, buf, m.peer)
-    }
-
-    /// Receives `m` on the communicator's stream, waits for it with the
-    /// timeout and makes `stream` wait for it.
-    fn receive<T: CommElement>(
-        &self,
-        stream: &Stream,
-        m: Message,
-        pool: &mut Pool<T>,
-    ) -> Result<DeviceBuffer<T>> {
-        let cs = self.comm.stream();
-        let mut buf = pool.take(self.comm, self.activation_len, cs)?;
-        let handle = self.comm.recv(cs, &mut buf, m.peer)?;
-        self.comm.wait(&handle, self.timeout)?;
-        // A transfer that failed (e.g. timed out in-process) still completes
-        // its event; the stream reports the failure.
-        cs.synchronize()?;
-        handle.wait_on(stream)?;
-        Ok(buf)
     }
 }

@@ -50,8 +50,9 @@
 mod executor;
 mod pool;
 mod tied;
+mod transfer;
 
-pub use executor::PipelineExecutor;
+pub use executor::{PipelineExecutor, ShapeMode};
 pub use tied::{allreduce_tied_grads, TiedEmbeddingGroup};
 
 use crate::backend::{DeviceBuffer, Stream};
@@ -61,8 +62,12 @@ use crate::core::Result;
 /// The user's model share on one pipeline rank: its chunks (virtual
 /// stages; chunk `c` of rank `r` is global stage `c · pp + r`).
 pub trait PipelineStage<T: CommElement> {
-    /// `output = stage(input)` for `microbatch` (both `activation_len`
-    /// elements), enqueued on `stream`. Save what the backward needs.
+    /// `output = stage(input)` for `microbatch`, enqueued on `stream`. Save
+    /// what the backward needs. Static shapes: both have `activation_len`
+    /// elements; variable shapes ([`PipelineExecutor::with_variable_shapes`]):
+    /// `input` has the length its sender announced (the first stage: the
+    /// data's input) and `output` the length [`PipelineStage::output_len`]
+    /// returned.
     fn forward(
         &mut self,
         stream: &Stream,
@@ -85,16 +90,29 @@ pub trait PipelineStage<T: CommElement> {
     /// The weight gradients of `microbatch` (accumulated by the stage),
     /// always after that micro-batch's `backward_input` of the same chunk.
     fn backward_weight(&mut self, stream: &Stream, chunk: usize, microbatch: usize) -> Result<()>;
+
+    /// Variable shapes only: the element count of `chunk`'s output for
+    /// `microbatch` given its input's `input_len` (the executor allocates
+    /// the output and announces it to the next stage). Default: the input's
+    /// length (a transformer layer keeps `[seq, mb, hidden]`). In
+    /// `backward_input`, `grad_output` has this length and `grad_input` the
+    /// input's.
+    fn output_len(&self, chunk: usize, microbatch: usize, input_len: usize) -> usize {
+        let _ = (chunk, microbatch);
+        input_len
+    }
 }
 
 /// The ends of the pipeline: inputs of the first stage, loss of the last.
 pub trait PipelineData<T: CommElement> {
-    /// The first stage's input of `microbatch` (`activation_len` elements).
+    /// The first stage's input of `microbatch`: `activation_len` elements
+    /// with static shapes; with variable shapes its length is the
+    /// micro-batch's (e.g. `seq · mb · hidden`), `1..=max_len`.
     fn input(&mut self, stream: &Stream, microbatch: usize) -> Result<DeviceBuffer<T>>;
 
     /// On the last stage: the loss of `microbatch` from its `output` (the
-    /// implementation records it) and `d loss / d output`
-    /// (`activation_len` elements).
+    /// implementation records it) and `d loss / d output`, as long as
+    /// `output` (any other length is an error naming `loss_grad`).
     fn loss_grad(
         &mut self,
         stream: &Stream,
