@@ -126,7 +126,11 @@ fn check(variable: bool) {
         ex.run(&stream, &mut stage, &mut data)?;
         Ok((stage.seen, data.losses))
     });
-    let what = if variable { "variable shapes" } else { "static" };
+    let what = if variable {
+        "variable shapes"
+    } else {
+        "static"
+    };
     let (seen0, _) = outs[0]
         .as_ref()
         .unwrap_or_else(|e| panic!("{what}: rank 0: {e}"));
