@@ -1,8 +1,8 @@
 //! Pipeline parallelism, the `no_std` part: schedules as pure functions from
 //! a configuration to an ordered list of operations per pipeline rank
-//! ([`schedule`]), and a simulator that turns a schedule and per-operation
+//! ([`mod@schedule`]), and a simulator that turns a schedule and per-operation
 //! costs into per-rank timelines, the makespan, the bubble and the peak of
-//! in-flight activations ([`simulate`]), and stage layouts: which of the
+//! in-flight activations ([`mod@simulate`]), and stage layouts: which of the
 //! model's layers each stage holds, checked or split evenly as Megatron
 //! does ([`layout`]).
 //!

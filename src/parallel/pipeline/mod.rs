@@ -1,5 +1,5 @@
 //! The pipeline-parallel executor: runs one rank's share of a schedule from
-//! [`crate::core::pipeline::schedule`] over a [`Communicator`] (the pipeline
+//! [`crate::core::pipeline::schedule()`] over a [`Communicator`] (the pipeline
 //! group, `size == pp`), calling the user's stage code for every operation
 //! and moving activations and gradients between ranks.
 //!
@@ -15,9 +15,14 @@
 //! * [`PipelineData`] supplies the first stage's input of a micro-batch and,
 //!   on the last stage, computes the loss and returns `d loss / d output`.
 //! * Messages: an operation's receive is posted on the communicator's
-//!   stream after the previous computation and waited for by the host (with
-//!   the timeout) before the computation, which the compute stream orders
-//!   after it with an event. Its send goes on a stream of the executor's
+//!   stream *before the previous operation's computation* (so the transfer
+//!   overlaps it; Megatron posts the next receive with the current send,
+//!   which is later) and waited for by the host (with the timeout) right
+//!   before its own computation, which the compute stream orders after it
+//!   with an event. At most one receive is ahead: receives stay in
+//!   schedule order on that one stream, and the host waits no earlier
+//!   than without the look-ahead, so the schedules' deadlock freedom is
+//!   kept. Its send goes on a stream of the executor's
 //!   own, one per peer, which waits for the computation (an event): sends
 //!   to a peer complete in posting order and a send waiting for its
 //!   receiver blocks neither receives nor sends to the other peer — the
@@ -25,27 +30,56 @@
 //!   NCCL's and the in-process backend's rendezvous sends on one stream,
 //!   the interleaved schedule at pp = 2 deadlocks). A sent output is
 //!   released as soon as its send completed (Megatron's
-//!   `deallocate_output_tensor`) into a pool of buffers the executor reuses:
-//!   freeing device memory waits for the whole device (as `cudaFree`
-//!   does), sends in flight included. For the same reason stage code must
-//!   not free device memory or synchronize the whole device while a send
-//!   may be in flight (use its stream's `synchronize`/`copy_to_host`).
+//!   `deallocate_output_tensor`) into a pool of buffers the executor
+//!   reuses rather than frees (a free may wait for the device, sends in
+//!   flight included, as `cudaFree` does). For the same reason stage code
+//!   should not free device memory or synchronize the whole device while
+//!   a send may be in flight (use its stream's
+//!   `synchronize`/`copy_to_host`).
+//! * Shapes ([`ShapeMode`]): by default every message has `activation_len`
+//!   elements. [`PipelineExecutor::with_variable_shapes`]`(max_len)`
+//!   precedes every activation and gradient by a one-element `i64` shape
+//!   message on the same per-peer stream (the receiver: on the same
+//!   communicator stream, right before the data), so shapes and data to
+//!   one peer are matched in one order and cannot cross. The first stage's
+//!   input sets a micro-batch's length, [`PipelineStage::output_len`] each
+//!   stage's output length, the input gradient has the input's length. The
+//!   shape receive is the one posted ahead; the data's receive is posted
+//!   once the shape is known (when the operation needing it starts).
+//!   Lengths outside `1..=max_len`, and a loss or received gradient whose
+//!   length differs from its forward output's, are errors naming the
+//!   argument (`input`, `output_len`, `shape message`, `loss_grad`,
+//!   `received gradient`).
+//! * Tied embeddings: [`TiedEmbeddingGroup`] sums the shared embedding's
+//!   gradient between the first and the last pipeline rank after a run
+//!   (a no-op on the others and at pp = 1).
 //! * Errors: every wait is [`Communicator::wait`] with a timeout
 //!   ([`PipelineExecutor::with_timeout`], default
 //!   [`crate::comm::DEFAULT_TIMEOUT`]; in-process transfers also fail after
 //!   the communicator's own timeout), so a failed or diverged peer becomes
 //!   an error, not a hang. A stage's error, a data error and a communication
 //!   error are returned as [`Error::Backend`] whose message names the
-//!   pipeline rank, the pass, the micro-batch and the stage.
+//!   pipeline rank, the pass, the micro-batch and the stage; before it
+//!   returns, the executor waits (within the timeout) for the receive
+//!   posted ahead and the sends in flight, so no buffer is dropped under a
+//!   transfer.
 //!
-//! Not yet: overlap of receives with computation (the host waits for each
-//! receive before the computation that needs it; sends do overlap), the
-//! check that several streams on one NCCL communicator are safe here (only
-//! the in-process backend is tested), variable activation shapes
-//! (every message has `activation_len` elements), tied embeddings (no
-//! gradient exchange between the first and last stage), and combination
-//! with tensor parallelism (the stages may use their own TP communicator,
-//! but nothing here coordinates them).
+//! Not yet: a check that several streams on one NCCL communicator (the
+//! communicator's stream for receives, one send stream per peer) are safe
+//! and progress here — only the in-process backend is tested, see
+//! `docs/pipeline.md`; and coordination with tensor parallelism (the
+//! stages may use their own TP communicator, as
+//! `tests/pipeline_executor_tp.rs` does, but nothing here coordinates
+//! them). The layer layout of the stages is
+//! [`crate::core::pipeline::layout`]; the executor does not use it (the
+//! stages build their layers from it).
+//!
+//! [`Pass::Backward`]: crate::core::pipeline::Pass::Backward
+//! [`Pass::BackwardInput`]: crate::core::pipeline::Pass::BackwardInput
+//! [`Pass::BackwardWeight`]: crate::core::pipeline::Pass::BackwardWeight
+//! [`Communicator`]: crate::comm::Communicator
+//! [`Communicator::wait`]: crate::comm::Communicator::wait
+//! [`Error::Backend`]: crate::core::Error::Backend
 
 mod executor;
 mod pool;
