@@ -6,8 +6,13 @@
 //! the loss of every micro-batch and every stage's weight gradient against
 //! the unpipelined float64 computation. Plus: a stage failing on
 //! micro-batch 3 gives every rank an error naming its rank and a
-//! micro-batch (the others through the communicator's timeout), and a
-//! configuration whose pp is not the communicator's size is refused.
+//! micro-batch (the others through the communicator's timeout), a
+//! configuration whose pp is not the communicator's size is refused, and
+//! tied embeddings: with stage 0's `E` and the last stage's `Eᵀ` one
+//! weight, `TiedEmbeddingGroup::allreduce` gives the first and last rank
+//! the reference's summed `dE` (pp 2/4, 1F1B, interleaved, ZB-H1), leaves
+//! middle ranks alone, is a no-op at pp = 1 and an error on mismatched
+//! lengths.
 
 mod common;
 
