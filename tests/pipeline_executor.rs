@@ -6,8 +6,13 @@
 //! the loss of every micro-batch and every stage's weight gradient against
 //! the unpipelined float64 computation. Plus: a stage failing on
 //! micro-batch 3 gives every rank an error naming its rank and a
-//! micro-batch (the others through the communicator's timeout), and a
-//! configuration whose pp is not the communicator's size is refused.
+//! micro-batch (the others through the communicator's timeout), a
+//! configuration whose pp is not the communicator's size is refused, and
+//! tied embeddings: with stage 0's `E` and the last stage's `Eᵀ` one
+//! weight, `TiedEmbeddingGroup::allreduce` gives the first and last rank
+//! the reference's summed `dE` (pp 2/4, 1F1B, interleaved, ZB-H1), leaves
+//! middle ranks alone, is a no-op at pp = 1 and an error on mismatched
+//! lengths.
 
 mod common;
 
@@ -18,7 +23,9 @@ use common::pipeline::{down, reference, up, Data};
 use common::ranks::{mm, mm_at, mm_bt, run_ranks, run_ranks_with_timeout};
 use common::{assert_close, Rng};
 use ferrotron::core::pipeline::{PipelineConfig, ScheduleKind};
-use ferrotron::parallel::pipeline::{PipelineExecutor, PipelineStage};
+use ferrotron::parallel::pipeline::{
+    allreduce_tied_grads, PipelineExecutor, PipelineStage, TiedEmbeddingGroup,
+};
 use ferrotron::{DType, DeviceBuffer, Error, Result, Stream};
 
 const H: usize = 16;
@@ -260,6 +267,130 @@ fn pp_must_match_the_communicator() {
                 assert_eq!(got, "4");
             }
             other => panic!("expected an InvalidArgument on cfg.pp, got {other:?}"),
+        }
+    }
+}
+
+fn transpose(a: &[f64]) -> Vec<f64> {
+    (0..H * H).map(|i| a[(i % H) * H + i / H]).collect()
+}
+
+/// Tied embeddings: stage 0's weight `E` and the last stage's `Eᵀ` are one
+/// parameter. After the run, rank 0 holds `dE` of stage 0, the last rank
+/// `dE` of the last stage (its `dWᵀ`); `TiedEmbeddingGroup::allreduce`
+/// gives both the sum, the gradient of the shared weight in the
+/// unpipelined reference; middle ranks' buffers stay as they were.
+fn check_tied(pp: usize, kind: ScheduleKind, salt: u64) {
+    let cfg = PipelineConfig {
+        pp,
+        microbatches: M,
+        kind,
+    };
+    let (mut rng, seed) = Rng::new(salt);
+    let mut p = problem(cfg.stages(), &mut rng);
+    let last = cfg.stages() - 1;
+    p.w[last] = transpose(&p.w[0]);
+    let (_, ref_grads) = reference(&p.w, &p.xs, ROWS, H);
+    let tied_ref: Vec<f64> = ref_grads[0]
+        .iter()
+        .zip(transpose(&ref_grads[last]))
+        .map(|(a, b)| a + b)
+        .collect();
+    let outs = run_ranks_with_timeout(pp, Duration::from_secs(30), |c| -> Result<_> {
+        let (r, vp) = (c.rank(), cfg.vp());
+        let mut stage = GemmStage {
+            w: (0..vp).map(|ch| p.w[ch * pp + r].clone()).collect(),
+            grad: vec![vec![0.0; H * H]; vp],
+            saved_x: HashMap::new(),
+            saved_dy: HashMap::new(),
+            fail_at: None,
+        };
+        let mut data = Data::new(&p.xs);
+        let stream = c.device().new_stream()?;
+        PipelineExecutor::new(&c, cfg, LEN)?
+            .with_timeout(Duration::from_secs(60))
+            .run(&stream, &mut stage, &mut data)?;
+        let group = TiedEmbeddingGroup::new(&c)?;
+        // Rank 0: stage 0's dE; last rank: the last stage's dWᵀ = its dE.
+        let before = if r == pp - 1 {
+            transpose(&stage.grad[vp - 1])
+        } else {
+            stage.grad[0].clone()
+        };
+        let host: Vec<f32> = before.iter().map(|&v| v as f32).collect();
+        let mut buf = c.device().upload(&host)?;
+        group.allreduce(&stream, &mut buf, Duration::from_secs(30))?;
+        Ok((group.is_member(), before, down(&stream, &buf)?))
+    });
+    let what = format!("tied pp {pp} {kind:?}");
+    for (r, out) in outs.into_iter().enumerate() {
+        let (member, before, after) = out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+        assert_eq!(member, r == 0 || r == pp - 1, "{what}: rank {r}");
+        if member {
+            // One part alone is far from the sum: the check can fail.
+            assert!(
+                common::rel_err(&before, &tied_ref) > 1e-2,
+                "{what}: rank {r}"
+            );
+            common::assert_close_scaled(
+                &format!("{what}: rank {r}: tied dE"),
+                DType::F32,
+                seed,
+                &after,
+                &tied_ref,
+                10.0,
+            );
+        } else {
+            let b32: Vec<f64> = before.iter().map(|&v| v as f32 as f64).collect();
+            assert_eq!(after, b32, "{what}: middle rank {r} changed");
+        }
+    }
+}
+
+#[test]
+fn tied_embedding_grads() {
+    check_tied(2, ScheduleKind::OneFOneB, 50);
+    check_tied(4, ScheduleKind::OneFOneB, 51);
+    check_tied(
+        2,
+        ScheduleKind::Interleaved {
+            vp: 2,
+            group: Some(2),
+        },
+        52,
+    );
+    check_tied(4, ScheduleKind::ZeroBubbleH1, 53);
+}
+
+#[test]
+fn tied_embedding_grads_noop_and_mismatch() {
+    // pp = 1: nothing to exchange, the buffer is unchanged.
+    let outs = run_ranks(1, |c| -> Result<Vec<f32>> {
+        let stream = c.device().new_stream()?;
+        let mut buf = c.device().upload(&[1.0f32, 2.0, 3.0])?;
+        allreduce_tied_grads(&c, &stream, &mut buf)?;
+        let mut h = vec![0.0f32; 3];
+        stream.copy_to_host(&buf, &mut h)?;
+        Ok(h)
+    });
+    assert_eq!(outs[0].as_ref().unwrap(), &vec![1.0, 2.0, 3.0]);
+    // Different lengths on the first and last rank: an error on both, no hang.
+    let outs = run_ranks_with_timeout(3, Duration::from_secs(2), |c| -> Result<()> {
+        let stream = c.device().new_stream()?;
+        let group = TiedEmbeddingGroup::new(&c)?;
+        let mut buf = c.device().alloc_zeros::<f32>(4 + c.rank())?;
+        group.allreduce(&stream, &mut buf, Duration::from_secs(10))
+    });
+    for (r, out) in outs.into_iter().enumerate() {
+        match (r, out) {
+            (1, Ok(())) => {}
+            (1, Err(e)) => panic!("middle rank: {e}"),
+            (_, Ok(())) => panic!("rank {r}: mismatched lengths accepted"),
+            (_, Err(e)) => {
+                let e = e.to_string();
+                assert!(e.contains(&format!("pipeline rank {r}:")), "{e}");
+                assert!(e.contains("tied embedding gradient"), "{e}");
+            }
         }
     }
 }

@@ -1,8 +1,10 @@
 //! Pipeline parallelism, the `no_std` part: schedules as pure functions from
 //! a configuration to an ordered list of operations per pipeline rank
-//! ([`schedule`]), and a simulator that turns a schedule and per-operation
+//! ([`mod@schedule`]), and a simulator that turns a schedule and per-operation
 //! costs into per-rank timelines, the makespan, the bubble and the peak of
-//! in-flight activations ([`simulate`]).
+//! in-flight activations ([`mod@simulate`]), and stage layouts: which of the
+//! model's layers each stage holds, checked or split evenly as Megatron
+//! does ([`layout`]).
 //!
 //! Model: the network is cut into `pp · vp` consecutive *stages*; pipeline
 //! rank `r` holds the `vp` stages `r, r + pp, r + 2·pp, …` (its *chunks*
@@ -12,10 +14,12 @@
 //! point-to-point messages, matched per (sender, receiver) pair in the
 //! order they were posted, as NCCL matches them.
 
+pub mod layout;
 pub mod render;
 pub mod schedule;
 pub mod simulate;
 
+pub use layout::{transformer_layers, EvenSplit, StageLayout};
 pub use schedule::{schedule, PipelineConfig, ScheduleKind};
 pub use simulate::{simulate, Costs, Simulation, Span};
 
