@@ -31,11 +31,12 @@
 //!   the interleaved schedule at pp = 2 deadlocks). A sent output is
 //!   released as soon as its send completed (Megatron's
 //!   `deallocate_output_tensor`) into a pool of buffers the executor
-//!   reuses rather than frees (a free may wait for the device, sends in
-//!   flight included, as `cudaFree` does). For the same reason stage code
-//!   should not free device memory or synchronize the whole device while
-//!   a send may be in flight (use its stream's
-//!   `synchronize`/`copy_to_host`).
+//!   reuses (saving an allocation per message; frees are stream-ordered
+//!   and never wait, but an allocation still waits for the private
+//!   allocation stream). Stage code should not synchronize the whole
+//!   device while a send may be in flight (use its stream's
+//!   `synchronize`/`copy_to_host`): a peer's matching receive may come
+//!   only after this rank's next computation.
 //! * Shapes ([`ShapeMode`]): by default every message has `activation_len`
 //!   elements. [`PipelineExecutor::with_variable_shapes`]`(max_len)`
 //!   precedes every activation and gradient by a one-element `i64` shape

@@ -4,9 +4,9 @@ use crate::backend::{DeviceBuffer, Event, Stream};
 use crate::comm::{CommElement, Communicator};
 use crate::core::Result;
 
-/// Buffers the executor is done with, reused instead of freed: a free
-/// waits for the whole device (as `cudaFree` does), which would wait for
-/// the sends still in flight. `Some(event)`: the last use was on a stream
+/// Buffers the executor is done with, reused instead of freed and
+/// allocated again (an allocation waits for the private allocation
+/// stream). `Some(event)`: the last use was on a stream
 /// up to that event; a reuse on another stream waits for it first.
 pub(super) struct Pool<T: CommElement> {
     pub(super) free: Vec<(DeviceBuffer<T>, Option<Event>)>,
