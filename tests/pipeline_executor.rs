@@ -116,6 +116,7 @@ fn run_pipeline(
     p: &Problem,
     fail_at: Option<(usize, usize, usize)>,
     timeout: Option<Duration>,
+    grouped: bool,
 ) -> Vec<RankOut> {
     let body = |c: ferrotron::comm::Communicator| -> RankOut {
         let (r, pp) = (c.rank(), cfg.pp);
@@ -129,7 +130,7 @@ fn run_pipeline(
         };
         let mut data = Data::new(&p.xs);
         let stream = c.device().new_stream()?;
-        let mut ex = PipelineExecutor::new(&c, cfg, LEN)?;
+        let mut ex = PipelineExecutor::new(&c, cfg, LEN)?.with_grouped_p2p(grouped)?;
         if let Some(t) = timeout {
             ex = ex.with_timeout(t * 3);
         }
@@ -143,6 +144,10 @@ fn run_pipeline(
 }
 
 fn check(pp: usize, kind: ScheduleKind, salt: u64) {
+    check_mode(pp, kind, salt, false);
+}
+
+fn check_mode(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool) {
     let cfg = PipelineConfig {
         pp,
         microbatches: M,
@@ -152,8 +157,8 @@ fn check(pp: usize, kind: ScheduleKind, salt: u64) {
     let p = problem(cfg.stages(), &mut rng);
     let (ref_losses, ref_grads) = reference(&p.w, &p.xs, ROWS, H);
     // A deadlock fails after 30 s instead of the default 300 s.
-    let outs = run_pipeline(cfg, &p, None, Some(Duration::from_secs(30)));
-    let what = format!("pp {pp} {kind:?}");
+    let outs = run_pipeline(cfg, &p, None, Some(Duration::from_secs(30)), grouped);
+    let what = format!("pp {pp} {kind:?} grouped {grouped}");
     for (r, out) in outs.into_iter().enumerate() {
         let (losses, grads) = out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
         if r == pp - 1 {
@@ -214,6 +219,34 @@ fn interleaved_vp2() {
     check(4, ScheduleKind::Interleaved { vp: 2, group: None }, 21);
 }
 
+/// Grouped transfers (the NCCL mode): the in-process backend's sends are
+/// rendezvous and one stream runs one group at a time, which is exactly
+/// the worst case the plan is made for.
+#[test]
+fn grouped_transfers_every_schedule() {
+    check_mode(1, ScheduleKind::NoPipelining, 40, true);
+    for (i, pp) in [2, 4].into_iter().enumerate() {
+        let i = i as u64;
+        check_mode(pp, ScheduleKind::OneFOneB, 41 + i, true);
+        check_mode(pp, ScheduleKind::ZeroBubbleH1, 43 + i, true);
+        check_mode(
+            pp,
+            ScheduleKind::Interleaved { vp: 2, group: None },
+            45 + i,
+            true,
+        );
+    }
+    check_mode(
+        2,
+        ScheduleKind::Interleaved {
+            vp: 3,
+            group: Some(2),
+        },
+        47,
+        true,
+    );
+}
+
 #[test]
 fn zero_bubble_h1() {
     for (i, pp) in [1, 2, 4].into_iter().enumerate() {
@@ -223,6 +256,12 @@ fn zero_bubble_h1() {
 
 #[test]
 fn stage_error_reaches_every_rank() {
+    for grouped in [false, true] {
+        stage_error_reaches_every_rank_in(grouped);
+    }
+}
+
+fn stage_error_reaches_every_rank_in(grouped: bool) {
     let cfg = PipelineConfig {
         pp: 4,
         microbatches: M,
@@ -232,7 +271,13 @@ fn stage_error_reaches_every_rank() {
     let p = problem(cfg.stages(), &mut rng);
     let start = std::time::Instant::now();
     // Rank 1's forward of micro-batch 3 fails.
-    let outs = run_pipeline(cfg, &p, Some((1, 0, 3)), Some(Duration::from_secs(2)));
+    let outs = run_pipeline(
+        cfg,
+        &p,
+        Some((1, 0, 3)),
+        Some(Duration::from_secs(2)),
+        grouped,
+    );
     assert!(
         start.elapsed() < Duration::from_secs(60),
         "took {:?}",
@@ -243,7 +288,10 @@ fn stage_error_reaches_every_rank() {
             Ok(_) => panic!("rank {r} succeeded although rank 1 failed"),
             Err(e) => e.to_string(),
         };
-        assert!(e.contains(&format!("pipeline rank {r}:")), "rank {r}: {e}");
+        assert!(
+            e.contains(&format!("pipeline rank {r}:")),
+            "grouped {grouped}: rank {r}: {e}"
+        );
         assert!(e.contains("micro-batch"), "rank {r}: {e}");
         if r == 1 {
             assert!(e.contains("Forward of micro-batch 3"), "rank {r}: {e}");

@@ -180,6 +180,10 @@ fn max_len(stages: usize) -> usize {
 }
 
 fn check(pp: usize, kind: ScheduleKind, salt: u64) {
+    check_mode(pp, kind, salt, false);
+}
+
+fn check_mode(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool) {
     let cfg = PipelineConfig {
         pp,
         microbatches: M,
@@ -195,10 +199,17 @@ fn check(pp: usize, kind: ScheduleKind, salt: u64) {
         PipelineExecutor::new(&c, cfg, 1)?
             .with_timeout(Duration::from_secs(60))
             .with_variable_shapes(max_len(cfg.stages()))?
+            .with_grouped_p2p(grouped)?
             .run(&stream, &mut stage, &mut data)?;
         Ok((data.losses, stage.grad))
     });
-    let what = format!("variable shapes, pp {pp} {kind:?}");
+    let what = format!("variable shapes, pp {pp} {kind:?} grouped {grouped}");
+    let errors: Vec<String> = outs
+        .iter()
+        .enumerate()
+        .filter_map(|(r, o)| o.as_ref().err().map(|e| format!("rank {r}: {e}")))
+        .collect();
+    assert!(errors.is_empty(), "{what}:\n{}", errors.join("\n"));
     for (r, out) in outs.into_iter().enumerate() {
         let (losses, grads) = out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
         if r == pp - 1 {
@@ -243,6 +254,24 @@ fn variable_lengths_every_schedule() {
         64,
     );
     check(4, ScheduleKind::Interleaved { vp: 2, group: None }, 65);
+}
+
+#[test]
+fn variable_lengths_grouped_transfers() {
+    check_mode(4, ScheduleKind::OneFOneB, 70, true);
+    check_mode(2, ScheduleKind::ZeroBubbleH1, 71, true);
+    check_mode(
+        2,
+        ScheduleKind::Interleaved { vp: 2, group: None },
+        72,
+        true,
+    );
+    check_mode(
+        4,
+        ScheduleKind::Interleaved { vp: 2, group: None },
+        73,
+        true,
+    );
 }
 
 /// Returns a loss gradient one element short for micro-batch 2.
@@ -306,6 +335,41 @@ fn wrong_gradient_length_is_a_named_error_on_every_rank() {
             let want = rows(2) * width(4);
             assert!(e.contains(&format!("expected {want} elements")), "{e}");
             assert!(e.contains(&format!("got {}", want - 1)), "{e}");
+        }
+    }
+}
+
+/// Grouped transfers agree on every length before the run, so the data
+/// must say them: without `input_len` the first rank names it, the others
+/// fail within the timeout instead of waiting for lengths forever.
+#[test]
+fn grouped_variable_shapes_need_input_len() {
+    let cfg = PipelineConfig {
+        pp: 2,
+        microbatches: M,
+        kind: ScheduleKind::OneFOneB,
+    };
+    let (mut rng, _) = Rng::new(67);
+    let p = problem(cfg.stages(), &mut rng);
+    let outs = run_ranks_with_timeout(2, Duration::from_secs(2), |c| -> Result<()> {
+        let mut stage = stage_of(&cfg, &p, c.rank());
+        let mut data = ShortGrad(Data::new(&p.xs));
+        let stream = c.device().new_stream()?;
+        PipelineExecutor::new(&c, cfg, 1)?
+            .with_timeout(Duration::from_secs(4))
+            .with_variable_shapes(max_len(cfg.stages()))?
+            .with_grouped_p2p(true)?
+            .run(&stream, &mut stage, &mut data)
+    });
+    for (r, out) in outs.into_iter().enumerate() {
+        let e = match out {
+            Ok(()) => panic!("rank {r} succeeded without input lengths"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&format!("pipeline rank {r}:")), "rank {r}: {e}");
+        assert!(e.contains("agreeing on message lengths"), "rank {r}: {e}");
+        if r == 0 {
+            assert!(e.contains("PipelineData::input_len"), "{e}");
         }
     }
 }

@@ -597,3 +597,47 @@ fn the_checker_rejects_mutated_schedules() {
     let e = run(&s, |_| 1).unwrap_err();
     assert!(e.starts_with("deadlock"), "{e}");
 }
+
+#[test]
+fn every_configuration_is_deadlock_free_with_grouped_rendezvous_transfers() {
+    use ferrotron::core::pipeline::{check_grouped, grouped_transfers};
+    let mut checked = 0usize;
+    let mut failures = Vec::new();
+    for pp in 1..=8 {
+        for m in 1..=32 {
+            for kind in all_kinds(m) {
+                if !allowed(pp, m, kind) {
+                    continue;
+                }
+                let c = cfg(pp, m, kind);
+                let s = schedule(&c).unwrap();
+                if let Err(e) = grouped_transfers(&s).and_then(|p| check_grouped(&p)) {
+                    let name = match kind {
+                        ScheduleKind::NoPipelining => "NoPipelining",
+                        ScheduleKind::OneFOneB => "OneFOneB",
+                        ScheduleKind::ZeroBubbleH1 => "ZeroBubbleH1",
+                        ScheduleKind::Interleaved { .. } => "Interleaved",
+                    };
+                    failures.push(format!("{name} {c:?}: {e}"));
+                }
+                checked += 1;
+            }
+        }
+    }
+    let mut by_kind: HashMap<&str, usize> = HashMap::new();
+    for f in &failures {
+        *by_kind
+            .entry(f.split(' ').next().unwrap_or(""))
+            .or_default() += 1;
+    }
+    eprintln!(
+        "grouped transfers: {checked} configurations, {} deadlock: {by_kind:?}",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} configurations deadlock, e.g.:\n{}",
+        failures.len(),
+        failures[..failures.len().min(10)].join("\n")
+    );
+}

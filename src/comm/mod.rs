@@ -204,6 +204,16 @@ impl Communicator {
         nccl_lib::library_path()
     }
 
+    /// True for an NCCL communicator (whose point-to-point transfers are
+    /// rendezvous and may not progress concurrently), false in-process.
+    pub fn is_nccl(&self) -> bool {
+        match &self.imp {
+            CommImpl::InProcess(_) => false,
+            #[cfg(feature = "cuda")]
+            CommImpl::Nccl(_) => true,
+        }
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }

@@ -45,6 +45,10 @@ impl PipelineData<f32> for Data<'_> {
         Ok(b)
     }
 
+    fn input_len(&self, mb: usize) -> Option<usize> {
+        self.xs.get(mb).map(Vec::len)
+    }
+
     fn loss_grad(
         &mut self,
         stream: &Stream,

@@ -14,11 +14,13 @@
 //! point-to-point messages, matched per (sender, receiver) pair in the
 //! order they were posted, as NCCL matches them.
 
+pub mod groups;
 pub mod layout;
 pub mod render;
 pub mod schedule;
 pub mod simulate;
 
+pub use groups::{check_grouped, grouped_transfers, P2pGroup};
 pub use layout::{transformer_layers, EvenSplit, StageLayout};
 pub use schedule::{schedule, PipelineConfig, ScheduleKind};
 pub use simulate::{simulate, Costs, Simulation, Span};
@@ -38,7 +40,7 @@ pub enum Pass {
 }
 
 /// What travels between stages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Payload {
     /// The output activation of `stage`'s forward, to `stage + 1`.
     Activation,

@@ -10,17 +10,53 @@ use super::transfer::{Posted, Transfers, RUN};
 use super::{PipelineData, PipelineStage};
 use crate::backend::{DeviceBuffer, Stream};
 use crate::comm::{CommElement, Communicator, DEFAULT_TIMEOUT};
-use crate::core::pipeline::{schedule, Op, Pass, PipelineConfig};
+use crate::core::pipeline::{grouped_transfers, schedule, Op, P2pGroup, Pass, PipelineConfig};
 use crate::core::{Error, Result};
+
+/// What a run keeps between operations.
+pub(super) struct RunState<T: CommElement> {
+    /// Outputs of the last stage's forwards, until their backward.
+    pub outputs: HashMap<(usize, usize), DeviceBuffer<T>>,
+    /// (input, output) lengths of every forward, until its backward.
+    pub lens: HashMap<(usize, usize), (usize, usize)>,
+}
+
+impl<T: CommElement> Default for RunState<T> {
+    fn default() -> Self {
+        RunState {
+            outputs: HashMap::new(),
+            lens: HashMap::new(),
+        }
+    }
+}
+
+/// How the executor moves messages between ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum P2pMode {
+    /// Receives posted one operation ahead on the communicator's stream,
+    /// sends on one stream per peer: transfers overlap computation, but the
+    /// schedules are deadlock-free only with buffered sends that progress
+    /// independently (the in-process backend; the default there).
+    Streams,
+    /// One group of sends and receives (NCCL's `ncclGroupStart/End`) at a
+    /// time on the communicator's stream, planned by
+    /// [`crate::core::pipeline::grouped_transfers`] to be deadlock-free with
+    /// rendezvous transfers that never progress concurrently (the default
+    /// on NCCL).
+    Grouped(Vec<P2pGroup>),
+}
 
 /// One pipeline rank's executor.
 pub struct PipelineExecutor<'c> {
-    comm: &'c Communicator,
-    cfg: PipelineConfig,
-    activation_len: usize,
-    shapes: ShapeMode,
-    timeout: Duration,
-    ops: Vec<Op>,
+    pub(super) comm: &'c Communicator,
+    pub(super) cfg: PipelineConfig,
+    pub(super) activation_len: usize,
+    pub(super) shapes: ShapeMode,
+    pub(super) timeout: Duration,
+    pub(super) ops: Vec<Op>,
+    /// Every rank's operations (for planning grouped transfers).
+    all_ops: Vec<Vec<Op>>,
+    pub(super) p2p: P2pMode,
 }
 
 impl std::fmt::Debug for PipelineExecutor<'_> {
@@ -56,16 +92,37 @@ impl<'c> PipelineExecutor<'c> {
         if activation_len == 0 {
             return Err(Error::invalid(OP, "activation_len", ">= 1", 0));
         }
-        let mut all = schedule(&cfg)?;
-        let ops = all.swap_remove(comm.rank());
-        Ok(PipelineExecutor {
+        let all = schedule(&cfg)?;
+        let ops = all[comm.rank()].clone();
+        let exec = PipelineExecutor {
             comm,
             cfg,
             activation_len,
             shapes: ShapeMode::Static,
             timeout: DEFAULT_TIMEOUT,
             ops,
-        })
+            all_ops: all,
+            p2p: P2pMode::Streams,
+        };
+        exec.with_grouped_p2p(comm.is_nccl())
+    }
+
+    /// `true`: grouped transfers ([`P2pMode::Grouped`], the default on
+    /// NCCL); `false`: per-stream transfers ([`P2pMode::Streams`], the
+    /// default in-process). Every rank of the pipeline must choose the same.
+    pub fn with_grouped_p2p(mut self, grouped: bool) -> Result<Self> {
+        self.p2p = if grouped {
+            let mut plan = grouped_transfers(&self.all_ops)?;
+            P2pMode::Grouped(plan.swap_remove(self.comm.rank()))
+        } else {
+            P2pMode::Streams
+        };
+        Ok(self)
+    }
+
+    /// How messages move.
+    pub fn p2p_mode(&self) -> &P2pMode {
+        &self.p2p
     }
 
     /// The host-side timeout of every wait for a transfer.
@@ -128,7 +185,10 @@ impl<'c> PipelineExecutor<'c> {
             shape_sends: Vec::new(),
         };
         let mut posted = None;
-        let r = self.run_ops(stream, stage, data, &mut tr, &mut posted);
+        let r = match &self.p2p {
+            P2pMode::Streams => self.run_ops(stream, stage, data, &mut tr, &mut posted),
+            P2pMode::Grouped(groups) => self.run_grouped(stream, stage, data, &mut tr, groups),
+        };
         if r.is_err() {
             tr.drain(posted);
         }
@@ -144,7 +204,7 @@ impl<'c> PipelineExecutor<'c> {
     }
 
     /// `Ok` if `len` is allowed for `arg`, else its named error.
-    fn check_len(&self, arg: &'static str, len: usize, what: &str) -> Result<()> {
+    pub(super) fn check_len(&self, arg: &'static str, len: usize, what: &str) -> Result<()> {
         let (lo, hi) = self.len_bounds();
         if (lo..=hi).contains(&len) {
             return Ok(());
@@ -170,11 +230,7 @@ impl<'c> PipelineExecutor<'c> {
         D: PipelineData<T> + ?Sized,
     {
         let rank = self.comm.rank();
-        let last_stage = self.cfg.stages() - 1;
-        // Outputs of the last stage's forwards, until their backward.
-        let mut outputs: HashMap<(usize, usize), DeviceBuffer<T>> = HashMap::new();
-        // (input, output) lengths of every forward, until its backward.
-        let mut lens: HashMap<(usize, usize), (usize, usize)> = HashMap::new();
+        let mut state = RunState::default();
         // One send stream per peer: sends to a peer complete in posting
         // order, and a send waiting for its receiver blocks neither the
         // receives nor the sends to the other peer (the buffered sends the
@@ -223,111 +279,7 @@ impl<'c> PipelineExecutor<'c> {
                     );
                 }
             }
-            let produced: Option<DeviceBuffer<T>> = match op.pass {
-                Pass::Forward => {
-                    let input = match received {
-                        Some(b) => b,
-                        None => {
-                            let b = data
-                                .input(stream, mb)
-                                .map_err(|e| fail("the data's input", e))?;
-                            self.check_len("input", b.len(), "from PipelineData::input")
-                                .map_err(|e| fail("the data's input", e))?;
-                            b
-                        }
-                    };
-                    let out_len = match self.shapes {
-                        ShapeMode::Static => self.activation_len,
-                        ShapeMode::Variable { .. } => {
-                            let n = stage.output_len(chunk, mb, input.len());
-                            self.check_len("output_len", n, "from PipelineStage::output_len")
-                                .map_err(|e| fail("the stage's output_len", e))?;
-                            n
-                        }
-                    };
-                    lens.insert((chunk, mb), (input.len(), out_len));
-                    let mut out = tr
-                        .pool
-                        .take(self.comm, out_len, stream)
-                        .map_err(|e| fail("allocating", e))?;
-                    stage
-                        .forward(stream, chunk, mb, &input, &mut out)
-                        .map_err(|e| fail("the stage", e))?;
-                    tr.pool
-                        .put_after(input, stream)
-                        .map_err(|e| fail("releasing its input", e))?;
-                    if op.stage == last_stage {
-                        outputs.insert((chunk, mb), out);
-                        None
-                    } else {
-                        Some(out)
-                    }
-                }
-                Pass::Backward | Pass::BackwardInput => {
-                    let (in_len, out_len) = lens
-                        .remove(&(chunk, mb))
-                        .ok_or_else(|| internal("backward before its forward"))?;
-                    let grad_out = match received {
-                        Some(g) => g,
-                        None => {
-                            let y = outputs.remove(&(chunk, mb)).ok_or_else(|| {
-                                internal("backward of the last stage before its forward")
-                            })?;
-                            let g = data
-                                .loss_grad(stream, mb, &y)
-                                .map_err(|e| fail("the data's loss", e))?;
-                            tr.pool
-                                .put_after(y, stream)
-                                .map_err(|e| fail("releasing its output", e))?;
-                            g
-                        }
-                    };
-                    if grad_out.len() != out_len {
-                        return Err(fail(
-                            "its output gradient",
-                            Error::invalid(
-                                RUN,
-                                if op.recv.is_some() {
-                                    "received gradient"
-                                } else {
-                                    "loss_grad"
-                                },
-                                format!("{out_len} elements (the forward's output length)"),
-                                grad_out.len(),
-                            ),
-                        ));
-                    }
-                    let mut grad_in = tr
-                        .pool
-                        .take(self.comm, in_len, stream)
-                        .map_err(|e| fail("allocating", e))?;
-                    stage
-                        .backward_input(stream, chunk, mb, &grad_out, &mut grad_in)
-                        .map_err(|e| fail("the stage's backward_input", e))?;
-                    tr.pool
-                        .put_after(grad_out, stream)
-                        .map_err(|e| fail("releasing its output gradient", e))?;
-                    if op.pass == Pass::Backward {
-                        stage
-                            .backward_weight(stream, chunk, mb)
-                            .map_err(|e| fail("the stage's backward_weight", e))?;
-                    }
-                    if op.stage > 0 {
-                        Some(grad_in)
-                    } else {
-                        tr.pool
-                            .put_after(grad_in, stream)
-                            .map_err(|e| fail("releasing its input gradient", e))?;
-                        None
-                    }
-                }
-                Pass::BackwardWeight => {
-                    stage
-                        .backward_weight(stream, chunk, mb)
-                        .map_err(|e| fail("the stage's backward_weight", e))?;
-                    None
-                }
-            };
+            let produced = self.compute(stream, stage, data, tr, &mut state, op, received)?;
             match (op.send, produced) {
                 (Some(m), Some(buf)) => {
                     let ss = match send_streams.get(&m.peer) {
@@ -369,7 +321,13 @@ impl<'c> PipelineExecutor<'c> {
             backend: "pipeline executor",
             message: format!("pipeline rank {rank}: the compute stream failed: {e}"),
         })?;
-        if let Some((chunk, mb)) = outputs.keys().next() {
+        self.finish(&state)
+    }
+
+    /// The end of a run: every last-stage output had its backward.
+    pub(super) fn finish<T: CommElement>(&self, state: &RunState<T>) -> Result<()> {
+        let rank = self.comm.rank();
+        if let Some((chunk, mb)) = state.outputs.keys().next() {
             return Err(Error::Backend {
                 backend: "pipeline executor",
                 message: format!(
@@ -381,7 +339,146 @@ impl<'c> PipelineExecutor<'c> {
         Ok(())
     }
 
-    fn fail(&self, op: &Op, what: &str, e: Error) -> Error {
+    /// Runs one operation's computation on `stream`; returns the output it
+    /// sends, if any. `received`: its input or output gradient from a peer.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn compute<T, S, D>(
+        &self,
+        stream: &Stream,
+        stage: &mut S,
+        data: &mut D,
+        tr: &mut Transfers<'_, T>,
+        state: &mut RunState<T>,
+        op: &Op,
+        received: Option<DeviceBuffer<T>>,
+    ) -> Result<Option<DeviceBuffer<T>>>
+    where
+        T: CommElement,
+        S: PipelineStage<T> + ?Sized,
+        D: PipelineData<T> + ?Sized,
+    {
+        let (chunk, mb) = (op.chunk, op.microbatch);
+        let last_stage = self.cfg.stages() - 1;
+        let fail = |what: &str, e: Error| self.fail(op, what, e);
+        let internal = |message: &str| {
+            fail(
+                "internal",
+                Error::Backend {
+                    backend: "pipeline executor",
+                    message: message.into(),
+                },
+            )
+        };
+        let produced = match op.pass {
+            Pass::Forward => {
+                let input = match received {
+                    Some(b) => b,
+                    None => {
+                        let b = data
+                            .input(stream, mb)
+                            .map_err(|e| fail("the data's input", e))?;
+                        self.check_len("input", b.len(), "from PipelineData::input")
+                            .map_err(|e| fail("the data's input", e))?;
+                        b
+                    }
+                };
+                let out_len = match self.shapes {
+                    ShapeMode::Static => self.activation_len,
+                    ShapeMode::Variable { .. } => {
+                        let n = stage.output_len(chunk, mb, input.len());
+                        self.check_len("output_len", n, "from PipelineStage::output_len")
+                            .map_err(|e| fail("the stage's output_len", e))?;
+                        n
+                    }
+                };
+                state.lens.insert((chunk, mb), (input.len(), out_len));
+                let mut out = tr
+                    .pool
+                    .take(self.comm, out_len, stream)
+                    .map_err(|e| fail("allocating", e))?;
+                stage
+                    .forward(stream, chunk, mb, &input, &mut out)
+                    .map_err(|e| fail("the stage", e))?;
+                tr.pool
+                    .put_after(input, stream)
+                    .map_err(|e| fail("releasing its input", e))?;
+                if op.stage == last_stage {
+                    state.outputs.insert((chunk, mb), out);
+                    None
+                } else {
+                    Some(out)
+                }
+            }
+            Pass::Backward | Pass::BackwardInput => {
+                let (in_len, out_len) = state
+                    .lens
+                    .remove(&(chunk, mb))
+                    .ok_or_else(|| internal("backward before its forward"))?;
+                let grad_out = match received {
+                    Some(g) => g,
+                    None => {
+                        let y = state.outputs.remove(&(chunk, mb)).ok_or_else(|| {
+                            internal("backward of the last stage before its forward")
+                        })?;
+                        let g = data
+                            .loss_grad(stream, mb, &y)
+                            .map_err(|e| fail("the data's loss", e))?;
+                        tr.pool
+                            .put_after(y, stream)
+                            .map_err(|e| fail("releasing its output", e))?;
+                        g
+                    }
+                };
+                if grad_out.len() != out_len {
+                    return Err(fail(
+                        "its output gradient",
+                        Error::invalid(
+                            RUN,
+                            if op.recv.is_some() {
+                                "received gradient"
+                            } else {
+                                "loss_grad"
+                            },
+                            format!("{out_len} elements (the forward's output length)"),
+                            grad_out.len(),
+                        ),
+                    ));
+                }
+                let mut grad_in = tr
+                    .pool
+                    .take(self.comm, in_len, stream)
+                    .map_err(|e| fail("allocating", e))?;
+                stage
+                    .backward_input(stream, chunk, mb, &grad_out, &mut grad_in)
+                    .map_err(|e| fail("the stage's backward_input", e))?;
+                tr.pool
+                    .put_after(grad_out, stream)
+                    .map_err(|e| fail("releasing its output gradient", e))?;
+                if op.pass == Pass::Backward {
+                    stage
+                        .backward_weight(stream, chunk, mb)
+                        .map_err(|e| fail("the stage's backward_weight", e))?;
+                }
+                if op.stage > 0 {
+                    Some(grad_in)
+                } else {
+                    tr.pool
+                        .put_after(grad_in, stream)
+                        .map_err(|e| fail("releasing its input gradient", e))?;
+                    None
+                }
+            }
+            Pass::BackwardWeight => {
+                stage
+                    .backward_weight(stream, chunk, mb)
+                    .map_err(|e| fail("the stage's backward_weight", e))?;
+                None
+            }
+        };
+        Ok(produced)
+    }
+
+    pub(super) fn fail(&self, op: &Op, what: &str, e: Error) -> Error {
         Error::Backend {
             backend: "pipeline executor",
             message: format!(

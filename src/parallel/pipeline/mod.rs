@@ -83,11 +83,12 @@
 //! [`Error::Backend`]: crate::core::Error::Backend
 
 mod executor;
+mod grouped;
 mod pool;
 mod tied;
 mod transfer;
 
-pub use executor::{PipelineExecutor, ShapeMode};
+pub use executor::{P2pMode, PipelineExecutor, ShapeMode};
 pub use tied::{allreduce_tied_grads, TiedEmbeddingGroup};
 
 use crate::backend::{DeviceBuffer, Stream};
@@ -144,6 +145,15 @@ pub trait PipelineData<T: CommElement> {
     /// with static shapes; with variable shapes its length is the
     /// micro-batch's (e.g. `seq · mb · hidden`), `1..=max_len`.
     fn input(&mut self, stream: &Stream, microbatch: usize) -> Result<DeviceBuffer<T>>;
+
+    /// Variable shapes with grouped transfers only: the length `input` will
+    /// have for `microbatch`, asked for every micro-batch before the run
+    /// (the lengths of every message are agreed on first, so no transfer
+    /// waits for a shape). Default: unknown, which that mode refuses.
+    fn input_len(&self, microbatch: usize) -> Option<usize> {
+        let _ = microbatch;
+        None
+    }
 
     /// On the last stage: the loss of `microbatch` from its `output` (the
     /// implementation records it) and `d loss / d output`, as long as

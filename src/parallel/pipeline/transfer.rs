@@ -113,7 +113,7 @@ impl<'c, T: CommElement> Transfers<'c, T> {
         Ok(buf)
     }
 
-    fn wait_recv(&self, h: &CommHandle) -> Result<()> {
+    pub(super) fn wait_recv(&self, h: &CommHandle) -> Result<()> {
         self.comm.wait(h, self.timeout)?;
         // A transfer that failed (e.g. timed out in-process) still completes
         // its event; the stream reports the failure. Nothing later is
