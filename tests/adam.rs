@@ -644,3 +644,27 @@ fn bad_arguments_are_named_errors() {
     }
     assert_eq!(arg_of(run!(2, &gl, None, &wd, Some(&found2))), "found_inf");
 }
+
+/// Two blocks for the list's 9 chunks: the grid-stride loop wraps. (The caps
+/// are process-wide; lowering them only changes other tests' grids, never
+/// their results.)
+#[test]
+fn grid_stride_wrap_matches_oracle() {
+    use ferrotron::core::plan::{set_grid_caps_for_tests, GridCaps};
+    set_grid_caps_for_tests(GridCaps {
+        grid_stride_blocks: 2,
+        ..GridCaps::REAL
+    });
+    let r = std::panic::catch_unwind(|| {
+        three_steps(
+            &Device::emu(),
+            WeightDecayMode::Decoupled,
+            Some(DType::BF16),
+            8,
+        )
+    });
+    set_grid_caps_for_tests(GridCaps::REAL);
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
+}
