@@ -5,6 +5,10 @@
 //! factor and the found_inf flag live in device memory, so an overflowing
 //! step is skipped on the device with no host synchronisation.
 //!
+//! The launch plan is the multi-tensor one (`core::plan::multi_tensor`: the
+//! same chunk table and grid); the float64 oracle lives in `tests/adam.rs`;
+//! what the op computes is in `docs/semantics.md` ("Fused AdamW").
+//!
 //! ```no_run
 //! use ferrotron::Device;
 //! use ferrotron::ops::adam::{AdamConfig, AdamScalars, AdamTensors, FusedAdam, Unscale};
