@@ -17,6 +17,8 @@ pub const FTN_MT_F32: u32 = 0;
 pub const FTN_MT_F16: u32 = 1;
 pub const FTN_MT_BF16: u32 = 2;
 pub const FTN_MT_THREADS: u32 = 256;
+pub const FTN_ADAM_DECOUPLED: u32 = 0;
+pub const FTN_ADAM_L2: u32 = 1;
 pub const FTN_GEMM_EPI_NONE: u32 = 0;
 pub const FTN_GEMM_EPI_BIAS: u32 = 1;
 pub const FTN_GEMM_EPI_BIAS_GELU: u32 = 2;
@@ -549,6 +551,108 @@ const _: () = {
         [::core::mem::offset_of!(FtnGradScalerUpdateParams, hysteresis) - 32usize];
     ["Offset of field: FtnGradScalerUpdateParams::reset_found_inf"]
         [::core::mem::offset_of!(FtnGradScalerUpdateParams, reset_found_inf) - 36usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnAdamTensorDesc {
+    pub p: *mut f32,
+    pub m: *mut f32,
+    pub v: *mut f32,
+    pub g: *const ::core::ffi::c_void,
+    pub model: *mut ::core::ffi::c_void,
+    pub numel: i64,
+    pub weight_decay: f32,
+    pub g_dtype: u32,
+    pub model_dtype: u32,
+    pub reserved: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnAdamTensorDesc"][::core::mem::size_of::<FtnAdamTensorDesc>() - 64usize];
+    ["Alignment of FtnAdamTensorDesc"][::core::mem::align_of::<FtnAdamTensorDesc>() - 8usize];
+    ["Offset of field: FtnAdamTensorDesc::p"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, p) - 0usize];
+    ["Offset of field: FtnAdamTensorDesc::m"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, m) - 8usize];
+    ["Offset of field: FtnAdamTensorDesc::v"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, v) - 16usize];
+    ["Offset of field: FtnAdamTensorDesc::g"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, g) - 24usize];
+    ["Offset of field: FtnAdamTensorDesc::model"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, model) - 32usize];
+    ["Offset of field: FtnAdamTensorDesc::numel"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, numel) - 40usize];
+    ["Offset of field: FtnAdamTensorDesc::weight_decay"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, weight_decay) - 48usize];
+    ["Offset of field: FtnAdamTensorDesc::g_dtype"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, g_dtype) - 52usize];
+    ["Offset of field: FtnAdamTensorDesc::model_dtype"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, model_dtype) - 56usize];
+    ["Offset of field: FtnAdamTensorDesc::reserved"]
+        [::core::mem::offset_of!(FtnAdamTensorDesc, reserved) - 60usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnAdamParams {
+    pub tensors: *const FtnAdamTensorDesc,
+    pub chunks: *const FtnChunkDesc,
+    pub lr: *const f32,
+    pub step: *const i32,
+    pub found_inf: *const f32,
+    pub inv_scale: *const f32,
+    pub scaler: *const FtnGradScalerState,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub mode: u32,
+    pub num_chunks: i64,
+    pub chunk_size: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnAdamParams"][::core::mem::size_of::<FtnAdamParams>() - 88usize];
+    ["Alignment of FtnAdamParams"][::core::mem::align_of::<FtnAdamParams>() - 8usize];
+    ["Offset of field: FtnAdamParams::tensors"]
+        [::core::mem::offset_of!(FtnAdamParams, tensors) - 0usize];
+    ["Offset of field: FtnAdamParams::chunks"]
+        [::core::mem::offset_of!(FtnAdamParams, chunks) - 8usize];
+    ["Offset of field: FtnAdamParams::lr"][::core::mem::offset_of!(FtnAdamParams, lr) - 16usize];
+    ["Offset of field: FtnAdamParams::step"]
+        [::core::mem::offset_of!(FtnAdamParams, step) - 24usize];
+    ["Offset of field: FtnAdamParams::found_inf"]
+        [::core::mem::offset_of!(FtnAdamParams, found_inf) - 32usize];
+    ["Offset of field: FtnAdamParams::inv_scale"]
+        [::core::mem::offset_of!(FtnAdamParams, inv_scale) - 40usize];
+    ["Offset of field: FtnAdamParams::scaler"]
+        [::core::mem::offset_of!(FtnAdamParams, scaler) - 48usize];
+    ["Offset of field: FtnAdamParams::beta1"]
+        [::core::mem::offset_of!(FtnAdamParams, beta1) - 56usize];
+    ["Offset of field: FtnAdamParams::beta2"]
+        [::core::mem::offset_of!(FtnAdamParams, beta2) - 60usize];
+    ["Offset of field: FtnAdamParams::eps"][::core::mem::offset_of!(FtnAdamParams, eps) - 64usize];
+    ["Offset of field: FtnAdamParams::mode"]
+        [::core::mem::offset_of!(FtnAdamParams, mode) - 68usize];
+    ["Offset of field: FtnAdamParams::num_chunks"]
+        [::core::mem::offset_of!(FtnAdamParams, num_chunks) - 72usize];
+    ["Offset of field: FtnAdamParams::chunk_size"]
+        [::core::mem::offset_of!(FtnAdamParams, chunk_size) - 80usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnAdamStepAdvanceParams {
+    pub step: *mut i32,
+    pub found_inf: *const f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnAdamStepAdvanceParams"]
+        [::core::mem::size_of::<FtnAdamStepAdvanceParams>() - 16usize];
+    ["Alignment of FtnAdamStepAdvanceParams"]
+        [::core::mem::align_of::<FtnAdamStepAdvanceParams>() - 8usize];
+    ["Offset of field: FtnAdamStepAdvanceParams::step"]
+        [::core::mem::offset_of!(FtnAdamStepAdvanceParams, step) - 0usize];
+    ["Offset of field: FtnAdamStepAdvanceParams::found_inf"]
+        [::core::mem::offset_of!(FtnAdamStepAdvanceParams, found_inf) - 8usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

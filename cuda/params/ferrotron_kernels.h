@@ -21,6 +21,7 @@
 #include "softmax.h"
 #include "layernorm.h"
 #include "multi_tensor.h"
+#include "adam.h"
 #include "gemm.h"
 #include "copy.h"
 #include "vocab_parallel.h"

@@ -1,6 +1,7 @@
 //! Typed ops: validate every argument, pick a plan from [`crate::core::plan`],
 //! fill the kernel's parameter struct, enqueue it on a stream.
 
+pub mod adam;
 pub mod bias_gelu;
 pub mod copy;
 pub mod gemm;
@@ -9,6 +10,7 @@ pub mod multi_tensor;
 pub mod softmax;
 pub mod vocab_parallel;
 
+pub use adam::{AdamW, FusedAdam};
 pub use bias_gelu::{BiasGelu, Gelu};
 pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
 pub use layernorm::{LayerNorm, RmsNorm};

@@ -111,7 +111,7 @@ impl TensorRef<'_> {
         self.len() == 0
     }
 
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         match self {
             TensorRef::F32(b) => b.addr(),
             TensorRef::F16(b) => b.addr(),
@@ -119,7 +119,7 @@ impl TensorRef<'_> {
         }
     }
 
-    fn device(&self) -> &Device {
+    pub(crate) fn device(&self) -> &Device {
         match self {
             TensorRef::F32(b) => b.device(),
             TensorRef::F16(b) => b.device(),
@@ -173,7 +173,7 @@ impl std::fmt::Debug for MultiTensor {
 
 /// The kernels' `FTN_MT_*` code of a list entry (float tensors only, by
 /// construction of [`TensorRef`]).
-fn dtype_code(t: &TensorRef<'_>) -> u32 {
+pub(crate) fn dtype_code(t: &TensorRef<'_>) -> u32 {
     match t {
         TensorRef::F32(_) => FTN_MT_F32,
         TensorRef::F16(_) => FTN_MT_F16,
@@ -447,6 +447,12 @@ impl DeviceGradScaler {
 
     pub fn config(&self) -> &GradScalerConfig {
         &self.config
+    }
+
+    /// The device state (`FtnGradScalerState`, 4 words), for kernels that
+    /// read the scale on the device (the fused Adam's unscale).
+    pub(crate) fn state(&self) -> &DeviceBuffer<i32> {
+        &self.state
     }
 
     /// Enqueues one `update(found_inf[0] > 0)` on `stream`; then, if
