@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds what a GPU session carries to the device machine (which has no
 # Rust): the release program `ferrotron-gpu-check` and, unless
-# FTN_BUNDLE_TESTS=none, every integration-test binary (debug), all built
+# FTN_BUNDLE_TESTS=none, every integration-test binary with GPU cases
+# (debug; a test file that never asks for a CUDA device is left out), all built
 # with `--features cuda` (sm_80 + sm_90a SASS embedded: the device's CUDA 13.0
 # driver needs no JIT), stripped, with scripts/gpu_check.sh, into
 # gpu-bundle/ (gitignored), packed as gpu-bundle.tar.xz (the binaries share
@@ -10,7 +11,7 @@
 #   carry ["gpu-bundle.tar.xz"],
 #   command "python3 -m tarfile -e gpu-bundle.tar.xz . && bash gpu-bundle/gpu_check.sh"
 # Env: NVCC (else found as build.rs finds it), FTN_BUNDLE_TESTS (default
-# all; `none`, or a space-separated list of test names).
+# all with GPU cases; `none`, or a space-separated list of test names).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=gpu-bundle
@@ -46,6 +47,11 @@ if [ "${FTN_BUNDLE_TESTS:-all}" != none ]; then
   executables test --tests --no-run | while read -r kind name exe; do
     [ "$name" = c_consumers ] && continue
     case " ${FTN_BUNDLE_TESTS:-all} " in *" all "* | *" $name "*) ;; *) continue ;; esac
+    # By default only the tests with GPU cases (the rest run the emulator or
+    # the in-process communicator only, as in CI): keeps the bundle small.
+    if [ "${FTN_BUNDLE_TESTS:-all}" = all ] && ! grep -qE 'devices\(|Device::cuda' "tests/$name.rs" 2>/dev/null; then
+      continue
+    fi
     cp "$exe" "$OUT/tests/$name"
   done
 fi

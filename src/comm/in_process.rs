@@ -468,6 +468,11 @@ fn run_p2p(world: &World, rank: usize, plan: &[P2pPlan]) -> Result<()> {
             first_err.get_or_insert(comm_err(e.clone()));
         }
         *lock(&mail.outcome) = Some(outcome);
+        // Notify under the mailbox lock the sender waits with: otherwise the
+        // notification can fall between the sender's check of `outcome` and
+        // its wait, and the send times out although it was received (seen
+        // as rare 30 s timeouts of grouped pipeline transfers under load).
+        let _g = lock(&world.mail);
         world.mail_changed.notify_all();
     }
     for (peer, m) in sent {

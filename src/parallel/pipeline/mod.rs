@@ -65,11 +65,15 @@
 //!   posted ahead and the sends in flight, so no buffer is dropped under a
 //!   transfer.
 //!
-//! Not yet: a check that several streams on one NCCL communicator (the
-//! communicator's stream for receives, one send stream per peer) are safe
-//! and progress here — only the in-process backend is tested, see
-//! `docs/pipeline.md`; and coordination with tensor parallelism (the
-//! stages may use their own TP communicator, as
+//! * Transfers ([`P2pMode`]): [`P2pMode::Streams`] (above; the default
+//!   in-process) assumes buffered sends that progress independently;
+//!   [`P2pMode::Grouped`] (the default on NCCL, whose sends are rendezvous
+//!   and whose operations on one communicator may run one at a time) runs
+//!   one planned group of sends and receives at a time on the
+//!   communicator's stream ([`crate::core::pipeline::grouped_transfers`]).
+//!
+//! Not yet: a multi-GPU NCCL run, and coordination with tensor
+//! parallelism (the stages may use their own TP communicator, as
 //! `tests/pipeline_executor_tp.rs` does, but nothing here coordinates
 //! them). The layer layout of the stages is
 //! [`crate::core::pipeline::layout`]; the executor does not use it (the
