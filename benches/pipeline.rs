@@ -108,7 +108,13 @@ impl PipelineData<f32> for Data {
 
 /// Per run: the makespan (first start to last end over the ranks) and the
 /// busiest rank's stage time; `reps` runs on one set of communicators.
-fn run(cfg: PipelineConfig, cost: Pass, len: usize, reps: usize) -> Vec<(Duration, Duration)> {
+fn run(
+    cfg: PipelineConfig,
+    cost: Pass,
+    len: usize,
+    reps: usize,
+    grouped: bool,
+) -> Vec<(Duration, Duration)> {
     let devices: Vec<Device> = (0..PP).map(|_| Device::emu()).collect();
     let comms = Communicator::in_process(&devices).expect("communicator");
     let barrier = Barrier::new(PP);
@@ -126,7 +132,9 @@ fn run(cfg: PipelineConfig, cost: Pass, len: usize, reps: usize) -> Vec<(Duratio
                             busy: Duration::ZERO,
                         };
                         let mut data = Data { len };
-                        let mut ex = PipelineExecutor::new(&c, cfg, len).expect("executor");
+                        let mut ex = PipelineExecutor::new(&c, cfg, len)
+                            .and_then(|e| e.with_grouped_p2p(grouped))
+                            .expect("executor");
                         barrier.wait();
                         let start = Instant::now();
                         ex.run(&stream, &mut stage, &mut data).expect("run");
@@ -174,24 +182,33 @@ fn main() {
     // (a) executor overhead per operation.
     println!("(a) executor overhead, pp = {PP}, 1F1B, copy-only stages, emulator");
     println!(
-        "{:>4} {:>10} {:>8} {:>12} {:>12}",
-        "m", "act elems", "ops/rank", "run (ms)", "per op (us)"
+        "{:>8} {:>4} {:>10} {:>8} {:>12} {:>12}",
+        "p2p", "m", "act elems", "ops/rank", "run (ms)", "per op (us)"
     );
     let zero = Pass {
         f: Duration::ZERO,
         b: Duration::ZERO,
         w: Duration::ZERO,
     };
-    for (m, len) in [(8, 256), (32, 256), (32, 16384)] {
+    for (grouped, (m, len)) in [false, true]
+        .into_iter()
+        .flat_map(|g| [(8, 256), (32, 256), (32, 16384)].map(|c| (g, c)))
+    {
         let cfg = PipelineConfig {
             pp: PP,
             microbatches: m,
             kind: ScheduleKind::OneFOneB,
         };
         let ops = schedule(&cfg).expect("schedule")[0].len();
-        let t = median(run(cfg, zero, len, reps).into_iter().map(|r| r.0).collect());
+        let t = median(
+            run(cfg, zero, len, reps, grouped)
+                .into_iter()
+                .map(|r| r.0)
+                .collect(),
+        );
         println!(
-            "{:>4} {:>10} {:>8} {:>12.3} {:>12.1}",
+            "{:>8} {:>4} {:>10} {:>8} {:>12.3} {:>12.1}",
+            if grouped { "grouped" } else { "streams" },
             m,
             len,
             ops,
@@ -210,8 +227,8 @@ fn main() {
         b / 2.0
     );
     println!(
-        "{:<16} {:>13} {:>10} {:>11} {:>12} {:>10}",
-        "schedule", "makespan (ms)", "busy (ms)", "measured", "predicted", "ratio"
+        "{:<8} {:<16} {:>13} {:>10} {:>11} {:>12} {:>10}",
+        "p2p", "schedule", "makespan (ms)", "busy (ms)", "measured", "predicted", "ratio"
     );
     let cases = [
         ("1F1B", ScheduleKind::OneFOneB),
@@ -221,7 +238,10 @@ fn main() {
         ),
         ("ZB-H1", ScheduleKind::ZeroBubbleH1),
     ];
-    for (name, kind) in cases {
+    for (grouped, (name, kind)) in [false, true]
+        .into_iter()
+        .flat_map(|g| cases.map(|c| (g, c)))
+    {
         let cfg = PipelineConfig {
             pp: PP,
             microbatches: m,
@@ -245,7 +265,7 @@ fn main() {
                 w: Duration::ZERO,
             },
         };
-        let runs = run(cfg, cost, 256, reps);
+        let runs = run(cfg, cost, 256, reps, grouped);
         let bubbles: Vec<f64> = runs
             .iter()
             .map(|(mk, busy)| (mk.as_secs_f64() - busy.as_secs_f64()) / busy.as_secs_f64())
@@ -254,7 +274,8 @@ fn main() {
         let mk = median(runs.iter().map(|r| r.0).collect());
         let busy = median(runs.iter().map(|r| r.1).collect());
         println!(
-            "{:<16} {:>13.2} {:>10.2} {:>11.4} {:>12.4} {:>10.3}",
+            "{:<8} {:<16} {:>13.2} {:>10.2} {:>11.4} {:>12.4} {:>10.3}",
+            if grouped { "grouped" } else { "streams" },
             name,
             ms(mk),
             ms(busy),
