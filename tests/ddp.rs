@@ -144,7 +144,10 @@ fn accumulate_and_reduce(
                     close(
                         &format!("rank {rank} mb {mb} local {}", SHAPES[p].0),
                         &read_grad(&ddp, &compute, id),
-                        &local[p].iter().map(|&x| x as f32 as f64).collect::<Vec<_>>(),
+                        &local[p]
+                            .iter()
+                            .map(|&x| x as f32 as f64)
+                            .collect::<Vec<_>>(),
                         0.0,
                     );
                 }
@@ -422,7 +425,7 @@ fn reference_params(
     seed: u64,
     cfg: &DistOptConfig,
     lr: f32,
-) -> Vec<Vec<f64>> {
+) -> (Vec<Vec<f64>>, f32) {
     let dev = Device::emu();
     let s = dev.new_stream().unwrap();
     let n = SHAPES.len();
@@ -469,9 +472,13 @@ fn reference_params(
                     .unwrap()
             })
             .collect();
+        {
+            let list: Vec<TensorRef<'_>> = grads.iter().map(TensorRef::from).collect();
+            mt.l2_norm(&s, &list, &mut norm).unwrap();
+        }
         if let Some(max) = cfg.max_grad_norm {
             let mut list: Vec<GradRef<'_>> = grads.iter_mut().map(GradRef::from).collect();
-            mt.clip_grad_norm(&s, &mut list, max, &mut norm).unwrap();
+            mt.clip_by_norm(&s, &mut list, &norm, max).unwrap();
         }
         let gl: Vec<TensorRef<'_>> = grads.iter().map(TensorRef::from).collect();
         let mut ml: Vec<GradRef<'_>> = Vec::new();
@@ -497,7 +504,7 @@ fn reference_params(
             .unwrap();
     }
     s.synchronize().unwrap();
-    (0..n)
+    let params = (0..n)
         .map(|p| {
             if SHAPES[p].2 == DType::BF16 {
                 models16[p]
@@ -515,7 +522,8 @@ fn reference_params(
                     .collect()
             }
         })
-        .collect()
+        .collect();
+    (params, norm.to_host().unwrap()[0])
 }
 
 fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f64>) {
@@ -527,7 +535,7 @@ fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f6
         weight_decay: 0.1,
         max_grad_norm,
     };
-    let want = reference_params(dp, steps, seed, &cfg, lr);
+    let (want, want_norm) = reference_params(dp, steps, seed, &cfg, lr);
     run_ranks(dp, |comm| {
         let (reg, ids) = registry();
         let config = DdpConfig {
@@ -577,6 +585,13 @@ fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f6
         }
         compute.synchronize().unwrap();
         assert_eq!(scalars.step().unwrap(), steps as i32);
+        // The global gradient norm of the last step (sum, not mean, would
+        // pass the parameter check: Adam is scale-invariant).
+        let norm = opt.grad_norm().to_host().unwrap()[0];
+        assert!(
+            (norm - want_norm).abs() <= 1e-5 * want_norm,
+            "rank {rank}: grad norm {norm}, want {want_norm}"
+        );
         for (p, &id) in ids.iter().enumerate() {
             let got: Vec<f32> = if SHAPES[p].2 == DType::BF16 {
                 ddp.buffers()
