@@ -580,6 +580,13 @@ fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f6
                 );
                 ddp.mark_grad_ready(&compute, id).unwrap();
             }
+            if step == 0 {
+                // Stepping on gradients that were not synchronised is an error.
+                let e = opt
+                    .step(&mut ddp, &compute, &mut scalars, None)
+                    .unwrap_err();
+                assert_eq!(arg_of(e), "ddp");
+            }
             ddp.finish_grad_sync(&compute).unwrap();
             opt.step(&mut ddp, &compute, &mut scalars, None).unwrap();
         }

@@ -192,7 +192,14 @@ impl std::fmt::Debug for ParamAndGradBuffers {
 /// The caller ties the view's use to a borrow of the owner of `buf` and
 /// `start + len <= buf.len()`.
 pub(crate) unsafe fn view_any(buf: &AnyBuffer, start: usize, len: usize) -> Result<AnyBuffer> {
-    debug_assert!(start + len <= buf.len());
+    if start.checked_add(len).is_none_or(|end| end > buf.len()) {
+        return Err(Error::invalid(
+            OP,
+            "range",
+            format!("a range inside the buffer's {} elements", buf.len()),
+            format!("{start} + {len}"),
+        ));
+    }
     let addr = buf.addr() + (start * buf.dtype().size()) as u64;
     // SAFETY: in bounds of `buf` (caller), aligned (an allocation of the
     // dtype plus a whole number of elements), alive as long as the caller's

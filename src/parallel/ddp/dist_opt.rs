@@ -240,6 +240,14 @@ impl DistributedOptimizer {
                 "another one",
             ));
         }
+        if !ddp.grads_synced() {
+            return Err(Error::invalid(
+                STEP,
+                "ddp",
+                "gradients reduced by finish_grad_sync since the last mark_grad_ready / zero_grad_buffer",
+                "gradients not synchronised",
+            ));
+        }
         let cs = comm.stream();
         let groups = &ddp.buffers.groups;
         // Views of this rank's owned gradient, parameter and state segments.

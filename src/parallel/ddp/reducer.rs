@@ -75,6 +75,9 @@ pub struct DistributedDataParallel<'c> {
     /// the in-process backend cannot alias input and output).
     scratch: Vec<Option<AnyBuffer>>,
     is_last_microbatch: bool,
+    /// True from `finish_grad_sync` until the next gradient is marked or the
+    /// buffers are zeroed: the shards hold this step's reduced gradients.
+    synced: bool,
     mt: MultiTensor,
     /// `[1]` f32: the (unused) found_inf of the pre-scale.
     found_inf: crate::backend::DeviceBuffer<f32>,
@@ -136,6 +139,7 @@ impl<'c> DistributedDataParallel<'c> {
             scratch,
             readiness,
             is_last_microbatch: true,
+            synced: false,
             mt: MultiTensor::new(),
             found_inf: dev.alloc_zeros(1)?,
             nan_flags: dev.alloc_zeros(buffers.num_params())?,
@@ -180,6 +184,12 @@ impl<'c> DistributedDataParallel<'c> {
         self.is_last_microbatch
     }
 
+    /// True after [`Self::finish_grad_sync`] until the next
+    /// [`Self::mark_grad_ready`] or [`Self::zero_grad_buffer`].
+    pub fn grads_synced(&self) -> bool {
+        self.synced
+    }
+
     /// The event recorded after bucket `b`'s reduction, once it was started
     /// in this step (`None` before, and after [`Self::finish_grad_sync`]).
     pub fn bucket_event(&self, b: BucketId) -> Result<Option<&Event>> {
@@ -207,6 +217,7 @@ impl<'c> DistributedDataParallel<'c> {
             .device()
             .check_same(MARK, "compute", compute.device())?;
         let complete = self.readiness.mark(&self.buffers, param)?;
+        self.synced = false;
         if let Some(b) = complete {
             if self.is_last_microbatch {
                 self.start_bucket(compute, b)?;
@@ -331,6 +342,7 @@ impl<'c> DistributedDataParallel<'c> {
             }
         }
         self.readiness.reset();
+        self.synced = true;
         Ok(())
     }
 
@@ -346,6 +358,7 @@ impl<'c> DistributedDataParallel<'c> {
             fill_zero(stream, &mut g.grad)?;
         }
         self.readiness.reset();
+        self.synced = false;
         Ok(())
     }
 }
