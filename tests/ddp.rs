@@ -772,3 +772,100 @@ fn memory_per_param_matches_megatrons_table() {
         );
     }
 }
+
+/// With a loss scaler: gradients scaled by 1024 and unscaled on the shard
+/// give the unscaled single-rank result; an Inf on one rank only (in a shard
+/// another rank owns, for some ranks) skips the step on every rank.
+#[test]
+fn distributed_optimizer_unscales_and_skips_overflow_on_every_rank() {
+    use ferrotron::core::loss_scaler::GradScalerConfig;
+    use ferrotron::ops::multi_tensor::DeviceGradScaler;
+    let (dp, seed, lr, scale) = (2, 314, 1e-2, 1024.0);
+    let cfg = DistOptConfig {
+        adam: AdamConfig::default(),
+        weight_decay: 0.1,
+        max_grad_norm: Some(1.0),
+    };
+    let (want, _) = reference_params(dp, 1, seed, &cfg, lr);
+    run_ranks(dp, |comm| {
+        let (reg, ids) = registry();
+        let config = DdpConfig {
+            bucket_size: Some(60),
+            distributed_optimizer: true,
+            ..DdpConfig::default()
+        };
+        let mut ddp = DistributedDataParallel::new(&comm, reg, config).unwrap();
+        let compute = comm.device().new_stream().unwrap();
+        let rank = comm.rank();
+        for (p, &id) in ids.iter().enumerate() {
+            let init = init_param(p, SHAPES[p].2, numel(SHAPES[p].1));
+            if SHAPES[p].2 == DType::BF16 {
+                let mut view = ddp.buffers().param::<bf16>(id).unwrap();
+                let host: Vec<bf16> = init.iter().map(|&x| bf16::from_f64(x)).collect();
+                compute.copy_from_host(&host, &mut view).unwrap();
+            } else {
+                let mut view = ddp.buffers().param::<f32>(id).unwrap();
+                let host: Vec<f32> = init.iter().map(|&x| x as f32).collect();
+                compute.copy_from_host(&host, &mut view).unwrap();
+            }
+        }
+        compute.synchronize().unwrap();
+        let mut opt = DistributedOptimizer::new(&ddp, cfg).unwrap();
+        let mut scalars = AdamScalars::new(&compute, lr).unwrap();
+        let scaler_cfg = GradScalerConfig {
+            initial_scale: scale,
+            growth_interval: 1000,
+            ..GradScalerConfig::default()
+        };
+        let scaler = DeviceGradScaler::new(comm.device(), scaler_cfg).unwrap();
+        let mut found_inf = comm.device().alloc_zeros::<f32>(1).unwrap();
+        for step in 0..2 {
+            ddp.zero_grad_buffer(&compute).unwrap();
+            for (p, &id) in ids.iter().enumerate().rev() {
+                let mut g: Vec<f64> = grad_of(seed, rank, 0, p, numel(SHAPES[p].1))
+                    .iter()
+                    .map(|x| x * scale as f64)
+                    .collect();
+                if step == 1 && rank == 1 && p == 0 {
+                    g[0] = f64::INFINITY;
+                }
+                write_grad(&ddp, &compute, id, &g);
+                ddp.mark_grad_ready(&compute, id).unwrap();
+            }
+            ddp.finish_grad_sync(&compute).unwrap();
+            opt.step(
+                &mut ddp,
+                &compute,
+                &mut scalars,
+                Some((&scaler, &mut found_inf)),
+            )
+            .unwrap();
+            let flag = found_inf.to_host().unwrap()[0];
+            assert_eq!(
+                flag,
+                if step == 1 { 1.0 } else { 0.0 },
+                "rank {rank} step {step} found_inf"
+            );
+        }
+        compute.synchronize().unwrap();
+        assert_eq!(
+            scalars.step().unwrap(),
+            1,
+            "the overflowing step was skipped"
+        );
+        for (p, &id) in ids.iter().enumerate() {
+            let got: Vec<f32> = if SHAPES[p].2 == DType::BF16 {
+                let v = ddp.buffers().param::<bf16>(id).unwrap().to_host().unwrap();
+                v.iter().map(|x| x.to_f32()).collect()
+            } else {
+                ddp.buffers().param::<f32>(id).unwrap().to_host().unwrap()
+            };
+            let tol = if SHAPES[p].2 == DType::BF16 {
+                8e-3
+            } else {
+                1e-5
+            };
+            close(&format!("rank {rank} {}", SHAPES[p].0), &got, &want[p], tol);
+        }
+    });
+}
