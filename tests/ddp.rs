@@ -869,3 +869,48 @@ fn distributed_optimizer_unscales_and_skips_overflow_on_every_rank() {
         }
     });
 }
+
+/// Groups by (param dtype, grad dtype), reverse registration order inside a
+/// group, distributed-optimizer alignment, and views that alias the
+/// contiguous buffer.
+#[test]
+fn buffers_are_contiguous_in_reverse_order_grouped_by_dtype() {
+    run_ranks(2, |comm| {
+        let (reg, ids) = registry();
+        let config = DdpConfig {
+            bucket_size: Some(60),
+            distributed_optimizer: true,
+            ..DdpConfig::default()
+        };
+        let ddp = DistributedDataParallel::new(&comm, reg, config).unwrap();
+        let b = ddp.buffers();
+        assert_eq!(b.num_groups(), 2, "f32 and bf16 params (both fp32 grads)");
+        let range = |i: usize| b.param_range(ids[i]).unwrap();
+        let group = |i: usize| b.bucket_of(ids[i]).unwrap().group;
+        // f32 group: embed(70), w1(84), b1(12), head(45) laid out head, b1, w1, embed.
+        assert_eq!([group(0), group(2), group(3), group(5)], [0; 4]);
+        assert_eq!(range(5), (0, 45));
+        assert_eq!(range(3), (64, 76));
+        assert_eq!(range(2), (128, 212));
+        // b1 closes bucket 0 (76 >= 60 elements), whose end is padded to a
+        // multiple of lcm(2, 128) = 128; w1 and embed get a bucket each.
+        let bucket = |i: usize| b.bucket_range(b.bucket_of(ids[i]).unwrap()).unwrap();
+        assert_eq!(bucket(3), (0, 128));
+        assert_eq!(bucket(5), (0, 128));
+        assert_eq!(bucket(2), (128, 256));
+        assert_eq!(range(0), (256, 326));
+        assert_eq!(bucket(0), (256, 384));
+        assert_eq!([group(1), group(4)], [1, 1]);
+        assert_eq!(range(4), (0, 60));
+        assert_eq!(bucket(4), (0, 128));
+        assert_eq!(range(1), (128, 135));
+        assert_eq!(bucket(1), (128, 256));
+        // A write through a parameter's view lands in the group buffer.
+        let s = comm.device().new_stream().unwrap();
+        write_grad(&ddp, &s, ids[3], &[7.0; 12]);
+        s.synchronize().unwrap();
+        let all = b.group_grad::<f32>(0).unwrap().to_host().unwrap();
+        assert!(all[64..76].iter().all(|&v| v == 7.0));
+        assert!(all[..64].iter().chain(&all[76..]).all(|&v| v == 0.0));
+    });
+}
