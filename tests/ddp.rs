@@ -914,3 +914,64 @@ fn buffers_are_contiguous_in_reverse_order_grouped_by_dtype() {
         assert!(all[..64].iter().chain(&all[76..]).all(|&v| v == 0.0));
     });
 }
+
+/// bf16 gradients (their own group) are reduced in bf16, in both modes.
+#[test]
+fn bf16_gradients_reduce_in_their_own_group() {
+    for distributed_optimizer in [false, true] {
+        run_ranks(2, |comm| {
+            let mut reg = ParamRegistry::new();
+            let a = reg.register("a", &[3, 50], DType::BF16).unwrap();
+            let h = reg
+                .register_with_grad("h", &[40], DType::BF16, DType::BF16)
+                .unwrap();
+            let config = DdpConfig {
+                bucket_size: Some(16),
+                distributed_optimizer,
+                ..DdpConfig::default()
+            };
+            let mut ddp = DistributedDataParallel::new(&comm, reg, config).unwrap();
+            assert_eq!(ddp.buffers().num_groups(), 2);
+            assert!(ddp.buffers().grad::<f32>(h).is_err());
+            let s = comm.device().new_stream().unwrap();
+            let r = comm.rank() as f32;
+            // Small multiples of 1/4: sums and halves are exact in bf16.
+            let host: Vec<bf16> = (0..40)
+                .map(|i| bf16::from_f32((i % 8) as f32 * 0.25 + r))
+                .collect();
+            {
+                let mut v = ddp.buffers().grad::<bf16>(h).unwrap();
+                s.copy_from_host(&host, &mut v).unwrap();
+            }
+            ddp.mark_grad_ready(&s, h).unwrap();
+            ddp.mark_grad_ready(&s, a).unwrap();
+            ddp.finish_grad_sync(&s).unwrap();
+            s.synchronize().unwrap();
+            let got = ddp.buffers().grad::<bf16>(h).unwrap().to_host().unwrap();
+            let (lo, hi) = ddp.buffers().param_range(h).unwrap();
+            let bucket = ddp
+                .buffers()
+                .bucket_range(ddp.buffers().bucket_of(h).unwrap())
+                .unwrap();
+            for (i, g) in got.iter().enumerate() {
+                let at = lo + i;
+                let owned = if distributed_optimizer {
+                    let each = (bucket.1 - bucket.0) / 2;
+                    let start = bucket.0 + comm.rank() * each;
+                    (start..start + each).contains(&at)
+                } else {
+                    true
+                };
+                if owned {
+                    assert_eq!(
+                        g.to_f32(),
+                        (i % 8) as f32 * 0.25 + 0.5,
+                        "rank {} h[{i}]",
+                        comm.rank()
+                    );
+                }
+            }
+            assert!(hi > lo);
+        });
+    }
+}
