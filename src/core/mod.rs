@@ -3,6 +3,7 @@
 //! unit-tested once.
 
 pub mod activation;
+pub mod ddp_layout;
 pub mod dtype;
 pub mod error;
 pub mod launch;

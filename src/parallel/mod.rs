@@ -5,6 +5,7 @@
 //! [`Communicator`]: crate::comm::Communicator
 
 pub mod attention;
+pub mod ddp;
 pub mod linear;
 pub mod mappings;
 pub mod mlp;

@@ -1,0 +1,367 @@
+//! The distributed optimizer (ZeRO-1, Megatron-Core's
+//! `DistributedOptimizer`): data-parallel rank `r` owns the `r`-th of `dp`
+//! contiguous shards of every bucket (shards ignore parameter boundaries).
+//! fp32 master weights and the Adam moments exist only for the owned
+//! elements. A step, after [`DistributedDataParallel::finish_grad_sync`] has
+//! reduce-scattered the gradients into the shards: (optional unscale with the
+//! device grad scaler, found_inf max-reduced over ranks) → global gradient
+//! L2 norm (each rank's shard norm, all-gathered, normed again) → optional
+//! clip → [`FusedAdam`] on the shard, writing the updated parameters into the
+//! parameter buffer's shard in the param dtype → all-gather of every bucket's
+//! parameters.
+
+use crate::backend::{AnyBuffer, DeviceBuffer, Stream};
+use crate::comm::ReduceOp;
+use crate::core::ddp_layout;
+use crate::core::dtype::{bf16, f16};
+use crate::core::{Error, Result};
+use crate::ops::adam::{
+    default_weight_decay, AdamConfig, AdamScalars, AdamTensors, FusedAdam, Unscale,
+};
+use crate::ops::multi_tensor::{DeviceGradScaler, GradRef, MultiTensor, TensorRef};
+
+use super::buffers::view_any;
+use super::reducer::{copy_any, grad_ref, DistributedDataParallel};
+
+const OP: &str = "DistributedOptimizer";
+
+/// The optimizer's fixed settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DistOptConfig {
+    pub adam: AdamConfig,
+    /// Weight decay of every tensor of two or more dimensions (tensors of
+    /// at most one dimension get 0: [`default_weight_decay`]).
+    pub weight_decay: f32,
+    /// Clip the global gradient L2 norm to this (`None`: no clipping).
+    pub max_grad_norm: Option<f64>,
+}
+
+impl Default for DistOptConfig {
+    fn default() -> Self {
+        DistOptConfig {
+            adam: AdamConfig::default(),
+            weight_decay: crate::ops::adam::DEFAULT_WEIGHT_DECAY,
+            max_grad_norm: Some(1.0),
+        }
+    }
+}
+
+/// The part of one parameter this rank owns: elements `[lo, hi)` of its
+/// group's buffer, at `state` in the group's optimizer-state buffers.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    group: usize,
+    lo: usize,
+    hi: usize,
+    state: usize,
+    weight_decay: f32,
+}
+
+/// fp32 master weights and moments of one group's owned shards.
+struct GroupState {
+    master: DeviceBuffer<f32>,
+    m: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+}
+
+/// The ZeRO-1 optimizer of one data-parallel rank.
+pub struct DistributedOptimizer {
+    config: DistOptConfig,
+    adam: FusedAdam,
+    mt: MultiTensor,
+    states: Vec<GroupState>,
+    segments: Vec<Segment>,
+    /// Per bucket (the reducer's order): the all-gather's input shard.
+    gather: Vec<AnyBuffer>,
+    local_norm: DeviceBuffer<f32>,
+    norms: DeviceBuffer<f32>,
+    norm: DeviceBuffer<f32>,
+}
+
+impl std::fmt::Debug for DistributedOptimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DistributedOptimizer({:?}, {} segments)",
+            self.config,
+            self.segments.len()
+        )
+    }
+}
+
+fn host_f32(b: &AnyBuffer) -> Result<Vec<f32>> {
+    Ok(match b {
+        AnyBuffer::F32(x) => x.to_host()?,
+        AnyBuffer::F16(x) => x.to_host()?.into_iter().map(f16::to_f32).collect(),
+        AnyBuffer::BF16(x) => x.to_host()?.into_iter().map(bf16::to_f32).collect(),
+        other => {
+            return Err(Error::invalid(
+                OP,
+                "param",
+                "f32, f16 or bf16",
+                other.dtype(),
+            ))
+        }
+    })
+}
+
+fn tensor_ref(b: &AnyBuffer) -> Result<TensorRef<'_>> {
+    Ok(match b {
+        AnyBuffer::F32(x) => TensorRef::F32(x),
+        AnyBuffer::F16(x) => TensorRef::F16(x),
+        AnyBuffer::BF16(x) => TensorRef::BF16(x),
+        other => {
+            return Err(Error::invalid(
+                OP,
+                "grad",
+                "f32, f16 or bf16",
+                other.dtype(),
+            ))
+        }
+    })
+}
+
+impl DistributedOptimizer {
+    /// The optimizer state for the shards `ddp`'s rank owns, its master
+    /// weights copied from the parameter buffer (write the initial
+    /// parameters into `ddp.buffers().param(..)` views first; this waits for
+    /// the device). `ddp` must use the distributed optimizer.
+    pub fn new(ddp: &DistributedDataParallel<'_>, config: DistOptConfig) -> Result<Self> {
+        if !ddp.config().distributed_optimizer {
+            return Err(Error::invalid(
+                OP,
+                "ddp",
+                "a DistributedDataParallel with distributed_optimizer = true",
+                "plain data parallelism (no shards)",
+            ));
+        }
+        if let Some(m) = config.max_grad_norm {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(Error::invalid(
+                    OP,
+                    "max_grad_norm",
+                    "a finite value > 0",
+                    format!("{m:?}"),
+                ));
+            }
+        }
+        let adam = FusedAdam::new(config.adam)?;
+        let comm = ddp.comm();
+        let (dp, rank) = (comm.size(), comm.rank());
+        let b = &ddp.buffers;
+        let dev = b.device();
+        let mut segments = Vec::new();
+        let mut states = Vec::new();
+        let mut gather = Vec::new();
+        for (gi, g) in b.groups.iter().enumerate() {
+            let mut state = 0usize;
+            let mut master_host = Vec::new();
+            let pbuf = g.param.as_ref().ok_or_else(|| {
+                Error::invalid(
+                    OP,
+                    "ddp",
+                    "parameter buffers",
+                    "none (not a distributed-optimizer layout)",
+                )
+            })?;
+            for bucket in &g.layout.buckets {
+                let (lo, hi) = ddp_layout::shard(bucket, dp, rank)?;
+                for &m in &bucket.params {
+                    let slot = g.layout.params[m];
+                    if let Some((a, z)) = ddp_layout::overlap(&slot, (lo, hi)) {
+                        let shape = &b.info(super::ParamId(g.members[m]))?.shape;
+                        segments.push(Segment {
+                            group: gi,
+                            lo: a,
+                            hi: z,
+                            state,
+                            weight_decay: default_weight_decay(&[shape], config.weight_decay)[0],
+                        });
+                        // SAFETY: [a, z) lies in the group's parameter buffer,
+                        // read here while `ddp` is borrowed.
+                        let view = unsafe { view_any(pbuf, a, z - a) }?;
+                        master_host.extend(host_f32(&view)?);
+                        state += z - a;
+                    }
+                }
+                gather.push(AnyBuffer::zeros(dev, g.param_dtype, hi - lo)?);
+            }
+            let master = if master_host.is_empty() {
+                dev.alloc_zeros(0)?
+            } else {
+                dev.upload(&master_host)?
+            };
+            states.push(GroupState {
+                master,
+                m: dev.alloc_zeros(state)?,
+                v: dev.alloc_zeros(state)?,
+            });
+        }
+        Ok(DistributedOptimizer {
+            config,
+            adam,
+            mt: MultiTensor::new(),
+            states,
+            segments,
+            gather,
+            local_norm: dev.alloc_zeros(1)?,
+            norms: dev.alloc_zeros(dp)?,
+            norm: dev.alloc_zeros(1)?,
+        })
+    }
+
+    /// The global gradient L2 norm of the last step (before clipping), `[1]`
+    /// f32 on the device.
+    pub fn grad_norm(&self) -> &DeviceBuffer<f32> {
+        &self.norm
+    }
+
+    /// One optimizer step on `compute`, after `ddp.finish_grad_sync`.
+    /// With `scaler`, the gradient shards are unscaled by it and
+    /// `found_inf` (`[1]` f32, required then; zeroed here) becomes the max
+    /// over ranks, skipping the update on every rank; update the scaler with
+    /// it afterwards. Every rank must call it.
+    pub fn step(
+        &mut self,
+        ddp: &mut DistributedDataParallel<'_>,
+        compute: &Stream,
+        scalars: &mut AdamScalars,
+        scaler: Option<(&DeviceGradScaler, &mut DeviceBuffer<f32>)>,
+    ) -> Result<()> {
+        const STEP: &str = "DistributedOptimizer::step";
+        let comm = ddp.comm();
+        let dev = ddp.buffers.device().clone();
+        dev.check_same(STEP, "compute", compute.device())?;
+        if self.norms.len() != comm.size() || !self.norms.device().same(&dev) {
+            return Err(Error::invalid(
+                STEP,
+                "ddp",
+                "the DistributedDataParallel this optimizer was built from",
+                "another one",
+            ));
+        }
+        if !ddp.grads_synced() {
+            return Err(Error::invalid(
+                STEP,
+                "ddp",
+                "gradients reduced by finish_grad_sync since the last mark_grad_ready / zero_grad_buffer",
+                "gradients not synchronised",
+            ));
+        }
+        let cs = comm.stream();
+        let groups = &ddp.buffers.groups;
+        // Views of this rank's owned gradient, parameter and state segments.
+        let mut grads = Vec::with_capacity(self.segments.len());
+        let mut models = Vec::with_capacity(self.segments.len());
+        for s in &self.segments {
+            let g = &groups[s.group];
+            let pbuf = g
+                .param
+                .as_ref()
+                .ok_or_else(|| Error::invalid(STEP, "ddp", "parameter buffers", "none"))?;
+            // SAFETY: segments lie in their group's buffers (built from the
+            // same layout); the views are used for work enqueued while `ddp`
+            // is borrowed and the buffers' drop is stream-ordered.
+            grads.push(unsafe { view_any(&g.grad, s.lo, s.hi - s.lo) }?);
+            // SAFETY: as above.
+            models.push(unsafe { view_any(pbuf, s.lo, s.hi - s.lo) }?);
+        }
+        let state_views =
+            |pick: fn(&GroupState) -> &DeviceBuffer<f32>| -> Result<Vec<DeviceBuffer<f32>>> {
+                self.segments
+                    .iter()
+                    .map(|s| {
+                        let b = pick(&self.states[s.group]);
+                        // SAFETY: [state, state + len) lies in the group's state
+                        // buffer (sized as the sum of its segments); `self` owns it.
+                        unsafe {
+                            DeviceBuffer::from_raw_parts(
+                                &dev,
+                                b.addr() + 4 * s.state as u64,
+                                s.hi - s.lo,
+                            )
+                        }
+                    })
+                    .collect()
+            };
+        let mut masters = state_views(|g| &g.master)?;
+        let mut ms = state_views(|g| &g.m)?;
+        let mut vs = state_views(|g| &g.v)?;
+
+        // Unscale and agree on found_inf.
+        let mut found: Option<&DeviceBuffer<f32>> = None;
+        if let Some((scaler, flag)) = scaler {
+            compute.fill_bytes(flag, 0)?;
+            let mut list: Vec<GradRef<'_>> =
+                grads.iter_mut().map(grad_ref).collect::<Result<_>>()?;
+            self.mt
+                .unscale_with_scaler(compute, &mut list, scaler, flag)?;
+            cs.wait_event(&compute.record_event()?)?;
+            comm.all_reduce_in_place(cs, flag, ReduceOp::Max)?
+                .wait_on(compute)?;
+            found = Some(flag);
+        }
+
+        // Global norm: sqrt(sum over ranks of shard_norm^2).
+        {
+            let list: Vec<TensorRef<'_>> = grads.iter().map(tensor_ref).collect::<Result<_>>()?;
+            self.mt.l2_norm(compute, &list, &mut self.local_norm)?;
+        }
+        cs.wait_event(&compute.record_event()?)?;
+        comm.all_gather(cs, &self.local_norm, &mut self.norms)?
+            .wait_on(compute)?;
+        self.mt
+            .l2_norm(compute, &[TensorRef::F32(&self.norms)], &mut self.norm)?;
+        if let Some(max) = self.config.max_grad_norm {
+            let mut list: Vec<GradRef<'_>> =
+                grads.iter_mut().map(grad_ref).collect::<Result<_>>()?;
+            self.mt.clip_by_norm(compute, &mut list, &self.norm, max)?;
+        }
+
+        // Adam on the shard, writing the params in their dtype.
+        {
+            let wd: Vec<f32> = self.segments.iter().map(|s| s.weight_decay).collect();
+            let gl: Vec<TensorRef<'_>> = grads.iter().map(tensor_ref).collect::<Result<_>>()?;
+            let mut ml: Vec<GradRef<'_>> =
+                models.iter_mut().map(grad_ref).collect::<Result<_>>()?;
+            let mut pl: Vec<&mut DeviceBuffer<f32>> = masters.iter_mut().collect();
+            let mut al: Vec<&mut DeviceBuffer<f32>> = ms.iter_mut().collect();
+            let mut vl: Vec<&mut DeviceBuffer<f32>> = vs.iter_mut().collect();
+            let mut t = AdamTensors {
+                params: &mut pl,
+                exp_avg: &mut al,
+                exp_avg_sq: &mut vl,
+                grads: &gl,
+                model: Some(&mut ml),
+                weight_decay: &wd,
+            };
+            self.adam
+                .step(compute, &mut t, scalars, found, Unscale::None)?;
+        }
+
+        // All-gather every bucket's parameters.
+        cs.wait_event(&compute.record_event()?)?;
+        let (dp, rank) = (comm.size(), comm.rank());
+        for (i, &bid) in ddp.buckets().iter().enumerate() {
+            let g = &groups[bid.group];
+            let pbuf = g
+                .param
+                .as_ref()
+                .ok_or_else(|| Error::invalid(STEP, "ddp", "parameter buffers", "none"))?;
+            let bucket = ddp.buffers.bucket(bid)?;
+            let (lo, hi) = ddp_layout::shard(bucket, dp, rank)?;
+            // SAFETY: the shard and the bucket lie in the parameter buffer.
+            let mine = unsafe { view_any(pbuf, lo, hi - lo) }?;
+            copy_any(cs, &mine, &mut self.gather[i])?;
+            // SAFETY: as above.
+            let mut whole = unsafe { view_any(pbuf, bucket.start, bucket.numel()) }?;
+            match (&self.gather[i], &mut whole) {
+                (AnyBuffer::F32(a), AnyBuffer::F32(b)) => comm.all_gather(cs, a, b).map(drop),
+                (AnyBuffer::F16(a), AnyBuffer::F16(b)) => comm.all_gather(cs, a, b).map(drop),
+                (AnyBuffer::BF16(a), AnyBuffer::BF16(b)) => comm.all_gather(cs, a, b).map(drop),
+                (a, _) => Err(Error::invalid(STEP, "param", "f32, f16 or bf16", a.dtype())),
+            }?;
+        }
+        compute.wait_event(&cs.record_event()?)
+    }
+}

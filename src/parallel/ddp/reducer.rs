@@ -1,0 +1,433 @@
+//! Bucketed gradient reduction overlapped with backward (Megatron-Core's
+//! `DistributedDataParallel` with `overlap_grad_reduce`): the caller marks
+//! each parameter's gradient ready as backward produces it; once every
+//! parameter of a bucket is ready in the last micro-batch, the bucket's
+//! all-reduce (plain DDP) or reduce-scatter into this rank's shard
+//! (distributed optimizer) is enqueued on the communicator's stream after an
+//! event of the compute stream, while backward goes on.
+//! [`DistributedDataParallel::finish_grad_sync`] makes the compute stream
+//! wait for every bucket.
+
+use crate::backend::{AnyBuffer, Device, Event, Stream};
+use crate::comm::{Communicator, ReduceOp};
+use crate::core::ddp_layout::{self, LayoutConfig};
+use crate::core::{Error, Result};
+use crate::ops::multi_tensor::{GradRef, MultiTensor};
+
+use super::buckets::Readiness;
+use super::buffers::{view_any, BucketId, ParamAndGradBuffers, ParamId, ParamRegistry};
+
+const OP: &str = "DistributedDataParallel";
+
+/// How the sum over data-parallel ranks becomes a mean.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GradAveraging {
+    /// Multiply by `1/dp` before the sum (Megatron's
+    /// `gradient_scaling_factor`), on the communication stream.
+    #[default]
+    PreScale,
+    /// Sum with the collective's average (`ReduceOp::Avg`).
+    Average,
+    /// Sum only (the caller scales).
+    Sum,
+}
+
+/// The data-parallel configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdpConfig {
+    /// Elements per bucket; `None` is Megatron's default
+    /// [`ddp_layout::default_bucket_size`]`(dp)`.
+    pub bucket_size: Option<usize>,
+    /// Reduce-scatter into shards (ZeRO-1) instead of all-reduce, with the
+    /// distributed optimizer's padding.
+    pub distributed_optimizer: bool,
+    pub averaging: GradAveraging,
+    /// Before a bucket's reduction, check every gradient in it for NaN / Inf
+    /// (synchronises the host with the compute stream; an error names the
+    /// parameter).
+    pub check_for_nan_in_grad: bool,
+}
+
+impl Default for DdpConfig {
+    fn default() -> Self {
+        DdpConfig {
+            bucket_size: None,
+            distributed_optimizer: false,
+            averaging: GradAveraging::PreScale,
+            check_for_nan_in_grad: false,
+        }
+    }
+}
+
+/// Data-parallel gradient synchronisation over one data-parallel
+/// communicator. Every rank must register the same parameters in the same
+/// order and mark them ready in the same bucket order.
+pub struct DistributedDataParallel<'c> {
+    comm: &'c Communicator,
+    config: DdpConfig,
+    pub(crate) buffers: ParamAndGradBuffers,
+    readiness: Readiness,
+    /// Per bucket (in [`ParamAndGradBuffers::buckets`] order): the event
+    /// recorded after its reduction, once started this step.
+    events: Vec<Option<Event>>,
+    buckets: Vec<BucketId>,
+    /// Per bucket: the reduce-scatter's output shard (distributed optimizer;
+    /// the in-process backend cannot alias input and output).
+    scratch: Vec<Option<AnyBuffer>>,
+    is_last_microbatch: bool,
+    /// True from `finish_grad_sync` until the next gradient is marked or the
+    /// buffers are zeroed: the shards hold this step's reduced gradients.
+    synced: bool,
+    mt: MultiTensor,
+    /// `[1]` f32: the (unused) found_inf of the pre-scale.
+    found_inf: crate::backend::DeviceBuffer<f32>,
+    /// One found_inf flag per parameter for the NaN check.
+    nan_flags: crate::backend::DeviceBuffer<f32>,
+}
+
+impl std::fmt::Debug for DistributedDataParallel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DistributedDataParallel({:?}, {:?})",
+            self.config, self.buffers
+        )
+    }
+}
+
+impl<'c> DistributedDataParallel<'c> {
+    /// Allocates the buffers of `registry` on the communicator's device, laid
+    /// out for `comm.size()` data-parallel ranks. Errors: an empty registry,
+    /// `bucket_size == Some(0)`.
+    pub fn new(comm: &'c Communicator, registry: ParamRegistry, config: DdpConfig) -> Result<Self> {
+        let dp = comm.size();
+        let bucket_size = config
+            .bucket_size
+            .unwrap_or_else(|| ddp_layout::default_bucket_size(dp));
+        if bucket_size == 0 {
+            return Err(Error::invalid(OP, "bucket_size", "at least 1 element", 0));
+        }
+        let layout = LayoutConfig {
+            bucket_size,
+            dp,
+            distributed_optimizer: config.distributed_optimizer,
+        };
+        let dev: &Device = comm.device();
+        let buffers = ParamAndGradBuffers::new(dev, registry, layout)?;
+        let buckets = buffers.buckets();
+        let mut scratch = Vec::with_capacity(buckets.len());
+        for &b in &buckets {
+            scratch.push(if config.distributed_optimizer {
+                let r = buffers.bucket(b)?;
+                // The layout pads every bucket to a multiple of dp; checked again.
+                let (lo, hi) = ddp_layout::shard(r, dp, comm.rank())?;
+                Some(AnyBuffer::zeros(
+                    dev,
+                    buffers.groups[b.group].grad_dtype,
+                    hi - lo,
+                )?)
+            } else {
+                None
+            });
+        }
+        let readiness = Readiness::new(&buffers);
+        Ok(DistributedDataParallel {
+            comm,
+            config,
+            events: (0..buckets.len()).map(|_| None).collect(),
+            buckets,
+            scratch,
+            readiness,
+            is_last_microbatch: true,
+            synced: false,
+            mt: MultiTensor::new(),
+            found_inf: dev.alloc_zeros(1)?,
+            nan_flags: dev.alloc_zeros(buffers.num_params())?,
+            buffers,
+        })
+    }
+
+    pub fn comm(&self) -> &'c Communicator {
+        self.comm
+    }
+
+    pub fn config(&self) -> &DdpConfig {
+        &self.config
+    }
+
+    /// The contiguous buffers (views of each parameter's gradient).
+    pub fn buffers(&self) -> &ParamAndGradBuffers {
+        &self.buffers
+    }
+
+    /// Every bucket, in reduction order.
+    pub fn buckets(&self) -> &[BucketId] {
+        &self.buckets
+    }
+
+    /// Megatron's `no_sync`: `false` for every micro-batch but the last, whose
+    /// gradients only accumulate locally. Errors if a backward is half done.
+    pub fn set_is_last_microbatch(&mut self, is_last: bool) -> Result<()> {
+        if self.readiness.any_ready() {
+            return Err(Error::invalid(
+                OP,
+                "is_last_microbatch",
+                "a change between backward passes",
+                "a change while some gradients of this backward are marked ready",
+            ));
+        }
+        self.is_last_microbatch = is_last;
+        Ok(())
+    }
+
+    pub fn is_last_microbatch(&self) -> bool {
+        self.is_last_microbatch
+    }
+
+    /// True after [`Self::finish_grad_sync`] until the next
+    /// [`Self::mark_grad_ready`] or [`Self::zero_grad_buffer`].
+    pub fn grads_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The event recorded after bucket `b`'s reduction, once it was started
+    /// in this step (`None` before, and after [`Self::finish_grad_sync`]).
+    pub fn bucket_event(&self, b: BucketId) -> Result<Option<&Event>> {
+        let i = self.bucket_index(b)?;
+        Ok(self.events[i].as_ref())
+    }
+
+    fn bucket_index(&self, b: BucketId) -> Result<usize> {
+        self.buckets
+            .iter()
+            .position(|&x| x == b)
+            .ok_or_else(|| Error::invalid(OP, "bucket", "a bucket of this model", format!("{b:?}")))
+    }
+
+    /// Marks `param`'s gradient as complete on `compute` (everything that
+    /// writes it has been enqueued there). In the last micro-batch, when this
+    /// completes a bucket, the bucket's reduction is enqueued at once on the
+    /// communicator's stream, after the work enqueued on `compute` so far.
+    /// Errors: an unknown parameter; one marked twice in one backward; a NaN
+    /// or Inf gradient (with `check_for_nan_in_grad`).
+    pub fn mark_grad_ready(&mut self, compute: &Stream, param: ParamId) -> Result<()> {
+        const MARK: &str = "DistributedDataParallel::mark_grad_ready";
+        self.buffers.check(MARK, param)?;
+        self.buffers
+            .device()
+            .check_same(MARK, "compute", compute.device())?;
+        let complete = self.readiness.mark(&self.buffers, param)?;
+        self.synced = false;
+        if let Some(b) = complete {
+            if self.is_last_microbatch {
+                self.start_bucket(compute, b)?;
+            }
+        }
+        if self.readiness.all_ready() && !self.is_last_microbatch {
+            // A no_sync backward is over; the next one starts afresh.
+            self.readiness.reset();
+        }
+        Ok(())
+    }
+
+    /// Enqueues bucket `b`'s reduction on the communicator's stream.
+    fn start_bucket(&mut self, compute: &Stream, b: BucketId) -> Result<()> {
+        if self.config.check_for_nan_in_grad {
+            self.check_nan(compute, b)?;
+        }
+        let i = self.bucket_index(b)?;
+        let cs = self.comm.stream();
+        cs.wait_event(&compute.record_event()?)?;
+        let dp = self.comm.size();
+        let (start, end) = self.buffers.bucket_range(b)?;
+        let grp = &self.buffers.groups[b.group];
+        // SAFETY: the bucket lies in the group's buffer, which `self` owns
+        // and keeps alive (drop is stream-ordered) past the enqueued work.
+        let mut bucket = unsafe { view_any(&grp.grad, start, end - start) }?;
+        let op = match self.config.averaging {
+            GradAveraging::PreScale => {
+                if dp > 1 {
+                    let mut list = [grad_ref(&mut bucket)?];
+                    self.mt
+                        .unscale(cs, &mut list, dp as f32, &mut self.found_inf)?;
+                }
+                ReduceOp::Sum
+            }
+            GradAveraging::Average => ReduceOp::Avg,
+            GradAveraging::Sum => ReduceOp::Sum,
+        };
+        match self.scratch[i].as_mut() {
+            None => all_reduce(self.comm, cs, &mut bucket, op)?,
+            Some(shard) => {
+                reduce_scatter(self.comm, cs, &bucket, shard, op)?;
+                let (lo, hi) = ddp_layout::shard(self.buffers.bucket(b)?, dp, self.comm.rank())?;
+                // SAFETY: the shard lies in the bucket (see above).
+                let mut mine = unsafe { view_any(&grp.grad, lo, hi - lo) }?;
+                copy_any(cs, shard, &mut mine)?;
+            }
+        }
+        self.events[i] = Some(cs.record_event()?);
+        Ok(())
+    }
+
+    fn check_nan(&mut self, compute: &Stream, b: BucketId) -> Result<()> {
+        let params = self.buffers.bucket_params(b)?;
+        for &p in &params {
+            let (g, m) = self.buffers.place(p.0);
+            let s = self.buffers.groups[g].layout.params[m];
+            let grp = &self.buffers.groups[g];
+            // SAFETY: the parameter's slot lies in the group's buffer; the
+            // flag is element p of `nan_flags`; both outlive the work.
+            let mut view = unsafe { view_any(&grp.grad, s.start, s.numel) }?;
+            // SAFETY: as above.
+            let mut flag = unsafe {
+                crate::backend::DeviceBuffer::<f32>::from_raw_parts(
+                    compute.device(),
+                    self.nan_flags.addr() + 4 * p.0 as u64,
+                    1,
+                )
+            }?;
+            compute.fill_bytes(&mut flag, 0)?;
+            // Multiplying by 1 is exact: the gradient keeps its bits and the
+            // flag is set iff a value is NaN or infinite.
+            self.mt
+                .unscale(compute, &mut [grad_ref(&mut view)?], 1.0, &mut flag)?;
+        }
+        let mut flags = vec![0f32; self.nan_flags.len()];
+        compute.copy_to_host(&self.nan_flags, &mut flags)?;
+        if let Some(&p) = params.iter().find(|p| flags[p.0] != 0.0) {
+            return Err(Error::invalid(
+                "DistributedDataParallel::mark_grad_ready",
+                "grad",
+                "finite gradient values",
+                format!(
+                    "NaN or Inf in the gradient of '{}' on data-parallel rank {}",
+                    self.buffers.name(p.0),
+                    self.comm.rank()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes `compute` wait for every bucket's reduction (after the last
+    /// micro-batch). Errors, naming them, if some parameters were never
+    /// marked ready, or in a `no_sync` micro-batch. Afterwards the next step
+    /// starts: readiness is cleared.
+    pub fn finish_grad_sync(&mut self, compute: &Stream) -> Result<()> {
+        const FIN: &str = "DistributedDataParallel::finish_grad_sync";
+        self.buffers
+            .device()
+            .check_same(FIN, "compute", compute.device())?;
+        if !self.is_last_microbatch {
+            return Err(Error::invalid(
+                FIN,
+                "is_last_microbatch",
+                "the last micro-batch (set_is_last_microbatch(true))",
+                "a no_sync micro-batch",
+            ));
+        }
+        let missing = self.readiness.not_ready(&self.buffers);
+        if !missing.is_empty() {
+            return Err(Error::invalid(
+                FIN,
+                "params",
+                "every gradient marked ready in the last micro-batch",
+                format!("{} not ready: {}", missing.len(), missing.join(", ")),
+            ));
+        }
+        for ev in self.events.iter_mut() {
+            if let Some(e) = ev.take() {
+                compute.wait_event(&e)?;
+            }
+        }
+        self.readiness.reset();
+        self.synced = true;
+        Ok(())
+    }
+
+    /// Zeroes every gradient buffer on `stream` (after any reduction in
+    /// flight) and starts a new step.
+    pub fn zero_grad_buffer(&mut self, stream: &Stream) -> Result<()> {
+        for ev in self.events.iter_mut() {
+            if let Some(e) = ev.take() {
+                stream.wait_event(&e)?;
+            }
+        }
+        for g in &mut self.buffers.groups {
+            fill_zero(stream, &mut g.grad)?;
+        }
+        self.readiness.reset();
+        self.synced = false;
+        Ok(())
+    }
+}
+
+pub(crate) fn grad_ref(b: &mut AnyBuffer) -> Result<GradRef<'_>> {
+    match b {
+        AnyBuffer::F32(x) => Ok(GradRef::F32(x)),
+        AnyBuffer::F16(x) => Ok(GradRef::F16(x)),
+        AnyBuffer::BF16(x) => Ok(GradRef::BF16(x)),
+        other => Err(Error::invalid(
+            OP,
+            "grad",
+            "f32, f16 or bf16",
+            other.dtype(),
+        )),
+    }
+}
+
+/// Runs `$body` with `$b` the typed buffer of a float AnyBuffer.
+macro_rules! float_any {
+    ($any:expr, $b:ident => $body:expr) => {
+        match $any {
+            AnyBuffer::F32($b) => $body,
+            AnyBuffer::F16($b) => $body,
+            AnyBuffer::BF16($b) => $body,
+            other => Err(Error::invalid(
+                OP,
+                "buffer",
+                "f32, f16 or bf16",
+                other.dtype(),
+            )),
+        }
+    };
+}
+
+fn all_reduce(comm: &Communicator, s: &Stream, b: &mut AnyBuffer, op: ReduceOp) -> Result<()> {
+    float_any!(b, x => comm.all_reduce_in_place(s, x, op).map(drop))
+}
+
+fn reduce_scatter(
+    comm: &Communicator,
+    s: &Stream,
+    send: &AnyBuffer,
+    recv: &mut AnyBuffer,
+    op: ReduceOp,
+) -> Result<()> {
+    match (send, recv) {
+        (AnyBuffer::F32(a), AnyBuffer::F32(b)) => comm.reduce_scatter(s, a, b, op).map(drop),
+        (AnyBuffer::F16(a), AnyBuffer::F16(b)) => comm.reduce_scatter(s, a, b, op).map(drop),
+        (AnyBuffer::BF16(a), AnyBuffer::BF16(b)) => comm.reduce_scatter(s, a, b, op).map(drop),
+        (a, _) => Err(Error::invalid(OP, "grad", "f32, f16 or bf16", a.dtype())),
+    }
+}
+
+/// `dst = src` (same dtype and length) on `s`.
+pub(crate) fn copy_any(s: &Stream, src: &AnyBuffer, dst: &mut AnyBuffer) -> Result<()> {
+    match (src, dst) {
+        (AnyBuffer::F32(a), AnyBuffer::F32(b)) => s.copy_device(a, b),
+        (AnyBuffer::F16(a), AnyBuffer::F16(b)) => s.copy_device(a, b),
+        (AnyBuffer::BF16(a), AnyBuffer::BF16(b)) => s.copy_device(a, b),
+        (a, b) => Err(Error::invalid(
+            OP,
+            "copy",
+            format!("{} to {}", a.dtype(), a.dtype()),
+            b.dtype(),
+        )),
+    }
+}
+
+fn fill_zero(s: &Stream, b: &mut AnyBuffer) -> Result<()> {
+    float_any!(b, x => s.fill_bytes(x, 0))
+}
