@@ -666,11 +666,12 @@ typedef struct {
    */
   int32_t growth_tracker;
   /*
-   Overflows still tolerated before backing off.
+   Overflows still tolerated before backing off (at most
+   `config.hysteresis`; negative after repeated overflows).
    */
   int32_t hysteresis_tracker;
   /*
-   Must be 0.
+   Must be 0 (checked: anything else is ftnInvalidArgument).
    */
   int32_t reserved;
 } ftnGradScalerState_t;
@@ -1523,6 +1524,10 @@ ftnResult_t ftn_grad_scaler_config_default(ftnGradScalerConfig_t *config);
  Host state machine: validates `config` and writes the fresh state
  (scale = initial_scale, growth tracker 0, hysteresis tracker =
  hysteresis) to `state` (whose `size` the caller has set).
+
+ Bad input (ftnInvalidArgument, nothing written): `config` or `state`
+ NULL, misaligned or with a wrong `size`; an invalid config (see
+ `ftnGradScalerConfig_t`).
  */
 ftnResult_t ftn_grad_scaler_host_init(const ftnGradScalerConfig_t *config,
                                       ftnGradScalerState_t *state);
@@ -1530,6 +1535,15 @@ ftnResult_t ftn_grad_scaler_host_init(const ftnGradScalerConfig_t *config,
 /*
  Host state machine: one step of Megatron's `DynamicGradScaler.update`
  with `found_inf` (non-zero: an overflow), in place on `state`.
+
+ Every state this function or the device scaler can reach is accepted
+ (including `scale = +inf` after growing past the fp32 maximum, as in
+ Megatron, and negative hysteresis trackers), and steps exactly as
+ `ftn_grad_scaler_update` does. Bad input (ftnInvalidArgument, `state`
+ unchanged): `config` or `state` NULL (`state` is in/out), misaligned or
+ with a wrong `size`; an invalid config; a state no update can reach
+ (NaN or non-positive scale, growth tracker outside `0..growth_interval`,
+ hysteresis tracker above `hysteresis`, `reserved` non-zero).
  */
 ftnResult_t ftn_grad_scaler_host_update(const ftnGradScalerConfig_t *config,
                                         ftnGradScalerState_t *state,
@@ -1539,6 +1553,12 @@ ftnResult_t ftn_grad_scaler_host_update(const ftnGradScalerConfig_t *config,
  A loss scaler whose state lives in device memory and is stepped by a
  kernel (`ftn_grad_scaler_update`), so a training step never waits for
  the host. `state` may be NULL (fresh state) or a saved state.
+
+ Bad input (ftnInvalidArgument, no handle created): `ctx` NULL, stale or
+ of another kind; `scaler` NULL; `config` NULL or invalid; a `state`
+ that `ftn_grad_scaler_host_update` would reject (`reserved` non-zero,
+ unreachable trackers, NaN or non-positive scale; `+inf` is accepted).
+ The scaler counts as a child of `ctx` until destroyed.
  */
 ftnResult_t ftn_grad_scaler_create(ftnContext_t ctx,
                                    const ftnGradScalerConfig_t *config,
@@ -1546,7 +1566,8 @@ ftnResult_t ftn_grad_scaler_create(ftnContext_t ctx,
                                    ftnGradScaler_t *scaler);
 
 /*
- Destroys a device scaler (waits for the device's work first).
+ Destroys a device scaler (waits for the device's work first). NULL,
+ stale or another kind of handle: ftnInvalidArgument.
  */
 ftnResult_t ftn_grad_scaler_destroy(ftnGradScaler_t scaler);
 
@@ -1563,7 +1584,9 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
 
 /*
  Waits for the device's work and writes the scaler's state (to save
- it, or to read the current scale on the host).
+ it, or to read the current scale on the host). `state` NULL,
+ misaligned or with a wrong `size`: ftnInvalidArgument, checked before
+ waiting.
  */
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
 
@@ -1912,6 +1935,11 @@ ftnResult_t ftn_row_parallel_linear_backward(ftnRowParallelLinear_t layer,
 /*
  Output shape of `mapping`'s forward (`backward == 0`) or backward
  (non-zero) for an input of `[rows, cols]` on `tp` ranks.
+
+ Bad input (ftnInvalidArgument, nothing written): a split dimension that
+ is not a multiple of `tp` (e.g. a scatter of 7 columns over 2 ranks;
+ never truncated), `tp < 1`, negative dims, a gathered dimension that
+ overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
  */
 ftnResult_t ftn_tp_mapping_shape(int mapping,
                                  int backward,
@@ -1925,6 +1953,14 @@ ftnResult_t ftn_tp_mapping_shape(int mapping,
  Forward of `mapping` on `stream`: `output = f(input)`, `input` `[rows,
  cols]` on this rank, `output` of the shape `ftn_tp_mapping_shape` gives
  (`input` and `output` must not overlap). Every rank of `comm` calls it.
+
+ Bad input (ftnInvalidArgument at the call, nothing enqueued): `input`
+ or `output` NULL with a non-empty shape (NULL is allowed only when the
+ shape has no element), misaligned, overlapping each other (`input ==
+ output` included), a split dimension that is not a multiple of the
+ communicator's size; NULL, stale or wrong-kind `comm` / `stream`;
+ `stream` of another device than `comm` is ftnDeviceMismatch. Peers that
+ never arrive fail at the communicator's timeout (at synchronize).
  */
 ftnResult_t ftn_tp_mapping_forward(int mapping,
                                    const void *input,
@@ -1938,7 +1974,8 @@ ftnResult_t ftn_tp_mapping_forward(int mapping,
 /*
  Backward of `mapping` on `stream`: `grad_input = f'(grad_output)`,
  `grad_output` `[rows, cols]` (shaped like the forward's output),
- `grad_input` shaped like the forward's input.
+ `grad_input` shaped like the forward's input. Bad input as for
+ `ftn_tp_mapping_forward`, reported against `grad_output` / `grad_input`.
  */
 ftnResult_t ftn_tp_mapping_backward(int mapping,
                                     const void *grad_output,
@@ -2120,7 +2157,15 @@ ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
 
 /*
  Destroys a context: waits for its work, frees the memory it allocated
- with `ftn_malloc`. Streams and events of it must be destroyed first.
+ with `ftn_malloc` (pointers into it must not be used afterwards).
+
+ Bad input: NULL, a stale (already destroyed) handle or a handle of
+ another kind is `ftnInvalidArgument`. A context that still has live
+ children (streams, events, device grad scalers, communicators created
+ on it, including `ftn_comm_get_stream` handles and split
+ communicators) is not destroyed: `ftnInvalidArgument` listing their
+ counts; destroy them first, then the context. Layers and blocks keep
+ their own memory and need no context.
  */
 ftnResult_t ftn_context_destroy(ftnContext_t ctx);
 

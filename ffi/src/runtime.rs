@@ -1,15 +1,15 @@
 //! The runtime: contexts (devices), streams, events and raw memory.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ferrotron::ops::multi_tensor::MultiTensor;
 use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::enums::{c_enum, parse_enum};
-use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::handles::{check_out, get, handle, take, write_out, Child, ChildKind, Children};
 use crate::abi::views::view;
 
 /// Which backend a context runs on.
@@ -28,14 +28,55 @@ c_enum!(ftnBackend_t: ftnBackendEmu, ftnBackendCuda, ftnBackendAuto);
 
 handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
     dev: Device,
-    allocs: Mutex<HashMap<u64, DeviceBuffer<u8>>>,
+    allocs: Allocs,
+    children: Arc<Children>,
 });
 handle!(ftnStream, ftnStream_t, 0x4654_4e53_544d_0002, "ftnStream_t", {
     stream: Stream,
     mt: Mutex<MultiTensor>,
+    allocs: Option<Allocs>,
+    _child: Child,
 });
+
+/// A context's `ftn_malloc` allocations by base address (shared with its
+/// streams, which check copy lengths against them).
+pub(crate) type Allocs = Arc<Mutex<BTreeMap<u64, DeviceBuffer<u8>>>>;
+
+/// Checks that `bytes` bytes at `ptr` stay inside the `ftn_malloc`
+/// allocation `ptr` points into, if it points into one (other memory,
+/// e.g. the caller's own, cannot be checked).
+fn check_extent(
+    op: &'static str,
+    arg: &'static str,
+    s: &ftnStream,
+    ptr: *const c_void,
+    bytes: usize,
+) -> ferrotron::Result<()> {
+    let Some(allocs) = &s.allocs else {
+        return Ok(());
+    };
+    let a = ptr as u64;
+    let table = allocs.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((&base, buf)) = table.range(..=a).next_back() {
+        let end = base + buf.len() as u64;
+        if a < end && (bytes as u64) > end - a {
+            return Err(invalid(
+                op,
+                arg,
+                format!(
+                    "at most {} bytes (the rest of its ftn_malloc allocation of {} bytes)",
+                    end - a,
+                    buf.len()
+                ),
+                format!("{bytes} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
 handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
     event: Event,
+    _child: Child,
 });
 
 /// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
@@ -60,7 +101,7 @@ pub unsafe extern "C" fn ftn_context_create(
                 Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu())
             }
         };
-        let h = ftnContext::into_raw(dev, Mutex::new(HashMap::new()));
+        let h = ftnContext::into_raw(dev, Arc::default(), Arc::default());
         // SAFETY: checked non-NULL above; valid by the contract.
         unsafe { ctx.write(h) };
         Ok(())
@@ -68,10 +109,28 @@ pub unsafe extern "C" fn ftn_context_create(
 }
 
 /// Destroys a context: waits for its work, frees the memory it allocated
-/// with `ftn_malloc`. Streams and events of it must be destroyed first.
+/// with `ftn_malloc` (pointers into it must not be used afterwards).
+///
+/// Bad input: NULL, a stale (already destroyed) handle or a handle of
+/// another kind is `ftnInvalidArgument`. A context that still has live
+/// children (streams, events, device grad scalers, communicators created
+/// on it, including `ftn_comm_get_stream` handles and split
+/// communicators) is not destroyed: `ftnInvalidArgument` listing their
+/// counts; destroy them first, then the context. Layers and blocks keep
+/// their own memory and need no context.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
     export!(|op| {
+        // SAFETY: handle contract.
+        let live = unsafe { get(op, "ctx", ctx)? }.children.describe();
+        if let Some(live) = live {
+            return Err(invalid(
+                op,
+                "ctx",
+                "a context without live children (destroy its streams, events, grad scalers and communicators first)",
+                format!("a context with {live} still live"),
+            ));
+        }
         // SAFETY: handle contract.
         let c = unsafe { take(op, "ctx", ctx)? };
         let r = c.dev.synchronize();
@@ -214,7 +273,8 @@ pub unsafe extern "C" fn ftn_free_async(
         if ptr.is_null() {
             return Ok(());
         }
-        c.dev.check_same(op, "stream", s.stream.device())?;
+        c.dev
+            .check_same_as(op, "stream", s.stream.device(), "`ctx`")?;
         take_alloc(op, c, ptr)?.free_on(&s.stream)
     })
 }
@@ -230,8 +290,16 @@ pub unsafe extern "C" fn ftn_stream_create(
         let c = unsafe { get(op, "ctx", ctx)? };
         check_out(op, "stream", stream)?;
         let s = c.dev.new_stream()?;
+        let child = Child::new(&c.children, ChildKind::Stream);
         // SAFETY: checked non-NULL.
-        unsafe { stream.write(ftnStream::into_raw(s, Mutex::new(MultiTensor::new()))) };
+        unsafe {
+            stream.write(ftnStream::into_raw(
+                s,
+                Mutex::new(MultiTensor::new()),
+                Some(c.allocs.clone()),
+                child,
+            ))
+        };
         Ok(())
     })
 }
@@ -285,7 +353,9 @@ pub unsafe extern "C" fn ftn_event_create(
         check_out(op, "event", event)?;
         let e = Event::new(&c.dev)?;
         // SAFETY: checked non-NULL.
-        unsafe { event.write(ftnEvent::into_raw(e)) };
+        let child = Child::new(&c.children, ChildKind::Event);
+        // SAFETY: checked non-NULL.
+        unsafe { event.write(ftnEvent::into_raw(e, child)) };
         Ok(())
     })
 }
@@ -343,6 +413,9 @@ pub unsafe extern "C" fn ftn_event_elapsed_ms(
         // SAFETY: handle contracts.
         let (a, b) = unsafe { (get(op, "start", start)?, get(op, "end", end)?) };
         check_out(op, "ms", ms)?;
+        a.event
+            .device()
+            .check_same_as(op, "end", b.event.device(), "`start`")?;
         let v = a.event.elapsed_ms(&b.event)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(op, "ms", ms, v) }
@@ -375,6 +448,7 @@ pub unsafe extern "C" fn ftn_memcpy_htod(
         }
         // SAFETY: pointer contracts (valid for `bytes` bytes).
         let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
+        check_extent(op, "bytes", s, dst, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -406,6 +480,7 @@ pub unsafe extern "C" fn ftn_memcpy_dtoh(
         }
         // SAFETY: pointer contracts.
         let v = unsafe { view::<u8>(&stream_dev(s), op, "src", src, bytes)? };
+        check_extent(op, "bytes", s, src, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -434,6 +509,8 @@ pub unsafe extern "C" fn ftn_memcpy_dtod(
                 view::<u8>(&dev, op, "dst", dst, bytes)?,
             )
         };
+        check_extent(op, "bytes", s, src, bytes)?;
+        check_extent(op, "bytes", s, dst, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -457,6 +534,7 @@ pub unsafe extern "C" fn ftn_memset(
             .map_err(|_| invalid(op, "value", "a byte value in 0..=255", value))?;
         // SAFETY: pointer contract.
         let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
+        check_extent(op, "bytes", s, dst, bytes)?;
         if bytes == 0 {
             return Ok(());
         }

@@ -132,6 +132,8 @@ impl<T: TpElement> TpMlp<T> {
         fc2_bias: &[T],
         options: MlpOptions,
     ) -> Result<Self> {
+        crate::parallel::linear::positive(OP, "hidden", hidden)?;
+        crate::parallel::linear::positive(OP, "ffn", ffn)?;
         if ffn % comm.size() != 0 {
             return Err(Error::invalid(
                 OP,

@@ -260,7 +260,7 @@ pub unsafe extern "C" fn ftn_comm_split_for_grid(
         check_out(op, "newcomm", newcomm)?;
         let sub = c.comm.split_for_grid(&g, &axes_of(op, axes)?)?;
         // SAFETY: checked non-NULL.
-        unsafe { newcomm.write(crate::comm::wrap(sub)) };
+        unsafe { newcomm.write(crate::comm::wrap(sub, c.child.clone())) };
         Ok(())
     })
 }

@@ -13,8 +13,8 @@ use ferrotron::Result;
 
 use crate::abi::args::{dim, mul};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
-use crate::abi::descriptors::Desc;
-use crate::abi::handles::{handle, take, Handle};
+use crate::abi::descriptors::{check_out_desc, Desc};
+use crate::abi::handles::{handle, take};
 use crate::abi::views::{host_slice, view};
 use crate::comm::{ftnComm_t, Call};
 use crate::ops::gelu_of;
@@ -172,6 +172,9 @@ pub unsafe extern "C" fn ftn_tp_mlp_get_params(
     export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
+            // Both out-structs are checked before either is written.
+            check_out_desc(op, "fc1", fc1)?;
+            check_out_desc(op, "fc2", fc2)?;
             with_params(op, "mlp", mlp, |g| {
                 on_typed!(g, m, T => {
                     write_params(op, "fc1", fc1, &m.fc1.weight, m.fc1.bias.as_ref())?;
@@ -369,6 +372,9 @@ pub unsafe extern "C" fn ftn_tp_attention_get_params(
     export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
+            // Both out-structs are checked before either is written.
+            check_out_desc(op, "qkv", qkv)?;
+            check_out_desc(op, "proj", proj)?;
             with_params(op, "attention", attention, |g| {
                 on_typed!(g, a, T => {
                     write_params(op, "qkv", qkv, &a.qkv.weight, a.qkv.bias.as_ref())?;

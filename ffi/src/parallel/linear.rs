@@ -14,7 +14,7 @@ use ferrotron::Result;
 use crate::abi::args::{dim, mul};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::Desc;
-use crate::abi::handles::{handle, take, Handle};
+use crate::abi::handles::{handle, take};
 use crate::abi::views::view;
 use crate::comm::ftnComm_t;
 use crate::parallel::common::{

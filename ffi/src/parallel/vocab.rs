@@ -16,7 +16,7 @@ use crate::abi::args::{dim, mul, to_i64};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::dtype::dispatch_dtype;
-use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::handles::{check_out, get, handle, take, write_out};
 use crate::abi::views::view;
 use crate::comm::{call, ftnComm_t, Call};
 use crate::parallel::common::tp_size;
