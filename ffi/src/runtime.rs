@@ -82,7 +82,10 @@ handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
 /// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
 /// ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
 /// emulator). With `ftnBackendAuto` the emulator is used when no GPU can
-/// be; query which with `ftn_context_get_backend`.
+/// be; query which with `ftn_context_get_backend`. `ctx` NULL or
+/// misaligned, a bad `backend` value or a negative `device`:
+/// ftnInvalidArgument; no usable GPU for `ftnBackendCuda`:
+/// ftnBackendUnavailable.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_create(
     backend: c_int,
@@ -140,6 +143,7 @@ pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
 }
 
 /// The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
+/// `backend` NULL or misaligned: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_get_backend(
     ctx: ftnContext_t,
@@ -158,6 +162,7 @@ pub unsafe extern "C" fn ftn_context_get_backend(
 }
 
 /// Writes the device's name, NUL-terminated and truncated to `len` bytes.
+/// `name` NULL or `len` 0: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_get_name(
     ctx: ftnContext_t,
@@ -183,7 +188,8 @@ pub unsafe extern "C" fn ftn_context_get_name(
 }
 
 /// Waits for all work on every stream of the context; reports the first
-/// failure.
+/// failure (errors of enqueued work come here or at a stream's
+/// synchronize).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult_t {
     export!(|op| {
@@ -193,7 +199,9 @@ pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult
 }
 
 /// Allocates `bytes` zeroed bytes of device memory (host memory on the
-/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0. `ptr`
+/// NULL or misaligned: ftnInvalidArgument; memory that cannot be had (any
+/// size, e.g. 2^62): ftnBackendError, `*ptr` unchanged (never an abort).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_malloc(
     ctx: ftnContext_t,
@@ -243,7 +251,9 @@ fn take_alloc(
 
 /// Frees memory from `ftn_malloc` on the same context. Stream-ordered: the
 /// memory is released once every stream of the context has done the work
-/// enqueued before this call; the caller does not wait. NULL is a no-op.
+/// enqueued before this call; the caller does not wait. NULL is a no-op;
+/// a pointer that is not a live `ftn_malloc` allocation of this context
+/// (freed already, interior, or foreign): ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnResult_t {
     export!(|op| {
@@ -260,7 +270,9 @@ pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnRes
 /// Frees memory from `ftn_malloc` in `stream`'s order only (like
 /// `cudaFreeAsync`): after the work enqueued on `stream` so far, without
 /// waiting for other streams. The caller promises that no other stream's
-/// pending work uses the memory. NULL is a no-op.
+/// pending work uses the memory. NULL is a no-op. `stream` of another
+/// context: ftnDeviceMismatch; a pointer that is not a live allocation of
+/// `ctx`: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free_async(
     ctx: ftnContext_t,
@@ -279,7 +291,9 @@ pub unsafe extern "C" fn ftn_free_async(
     })
 }
 
-/// Creates a stream (an in-order queue of work) on a context.
+/// Creates a stream (an in-order queue of work) on a context; it counts as
+/// a child of the context until destroyed. `stream` NULL or misaligned, or
+/// a NULL / stale `ctx`: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_create(
     ctx: ftnContext_t,
@@ -305,7 +319,9 @@ pub unsafe extern "C" fn ftn_stream_create(
 }
 
 /// Waits for the stream's work, then destroys it. Returns the stream's
-/// pending failure, if any (the stream is destroyed either way).
+/// pending failure, if any (the stream is destroyed either way). NULL, a
+/// stale handle (destroyed before) or another kind: ftnInvalidArgument,
+/// nothing destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t {
     export!(|op| {
@@ -341,7 +357,8 @@ pub unsafe extern "C" fn ftn_stream_wait_event(
 }
 
 /// Creates an event on a context (not yet recorded: waiting on it
-/// returns at once).
+/// returns at once); it counts as a child of the context until destroyed.
+/// `event` NULL or misaligned: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_create(
     ctx: ftnContext_t,
@@ -360,7 +377,9 @@ pub unsafe extern "C" fn ftn_event_create(
     })
 }
 
-/// Destroys an event.
+/// Destroys an event. NULL, a stale handle (destroyed before, even if a new
+/// event has been created since: that one is not touched) or another kind:
+/// ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
     export!(|op| {
@@ -390,6 +409,7 @@ pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t
 }
 
 /// `*complete` = 1 when the event's latest record has been reached, else 0.
+/// `complete` NULL or misaligned: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int) -> ftnResult_t {
     export!(|op| {
@@ -403,6 +423,8 @@ pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int
 }
 
 /// Milliseconds between two completed records (`start` before `end`).
+/// `ms` NULL or misaligned, an event never recorded: ftnInvalidArgument;
+/// events of two contexts: ftnDeviceMismatch.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_elapsed_ms(
     start: ftnEvent_t,
@@ -428,6 +450,13 @@ fn stream_dev(s: &ftnStream) -> Device {
 
 /// Enqueues a copy of `bytes` bytes from host memory `src` to device
 /// memory `dst`. `src` is staged before the call returns.
+///
+/// Bad input (at the call, nothing enqueued): `src` or `dst` NULL with
+/// `bytes > 0` (both may be NULL when `bytes` is 0), `bytes` past the end
+/// of the `ftn_malloc` allocation `dst` points into, or more than `isize`
+/// can hold: ftnInvalidArgument; a staging buffer that cannot be allocated:
+/// ftnBackendError (never an abort). Memory the library did not allocate
+/// is trusted for `bytes`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_htod(
     stream: ftnStream_t,
@@ -459,7 +488,9 @@ pub unsafe extern "C" fn ftn_memcpy_htod(
 }
 
 /// Copies `bytes` bytes from device memory `src` to host memory `dst`
-/// after the stream's earlier work (blocks the caller).
+/// after the stream's earlier work (blocks the caller). Bad input as for
+/// `ftn_memcpy_htod` (`bytes` checked against the allocation `src` points
+/// into); failures of the earlier work are reported here.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_dtoh(
     stream: ftnStream_t,
@@ -491,6 +522,8 @@ pub unsafe extern "C" fn ftn_memcpy_dtoh(
 }
 
 /// Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
+/// Bad input as for `ftn_memcpy_htod` (`bytes` checked against the
+/// allocations `src` and `dst` point into).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_dtod(
     stream: ftnStream_t,
@@ -519,7 +552,9 @@ pub unsafe extern "C" fn ftn_memcpy_dtod(
 }
 
 /// Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
-/// 0xFF makes float buffers NaN).
+/// 0xFF makes float buffers NaN). `value` outside 0..=255, `dst` NULL with
+/// `bytes > 0`, `bytes` past the end of the allocation `dst` points into:
+/// ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memset(
     stream: ftnStream_t,

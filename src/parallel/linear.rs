@@ -151,11 +151,9 @@ fn product(op: &'static str, arg: &'static str, a: usize, b: usize) -> Result<us
         .ok_or_else(|| Error::invalid(op, arg, "a size that fits in usize", "an overflow"))
 }
 
-/// A layer dimension: at least 1 (a zero-sized layer is a caller error,
-/// not an empty layer) and a multiple of `tp`.
-fn divides(op: &'static str, arg: &'static str, v: usize, tp: usize) -> Result<()> {
-    positive(op, arg, v)?;
-    if v % tp != 0 {
+/// `v` is a multiple of `tp`.
+pub(crate) fn divides(op: &'static str, arg: &'static str, v: usize, tp: usize) -> Result<()> {
+    if tp == 0 || v % tp != 0 {
         return Err(Error::invalid(
             op,
             arg,
@@ -166,7 +164,8 @@ fn divides(op: &'static str, arg: &'static str, v: usize, tp: usize) -> Result<(
     Ok(())
 }
 
-/// `v >= 1`, else an error naming `arg`.
+/// `v >= 1`, else an error naming `arg` (a zero-sized layer is a caller
+/// error, not an empty layer).
 pub(crate) fn positive(op: &'static str, arg: &'static str, v: usize) -> Result<()> {
     if v == 0 {
         return Err(Error::invalid(op, arg, "a size >= 1", 0));
@@ -368,6 +367,7 @@ impl<T: TpElement> ColumnParallelLinear<T> {
     ) -> Result<Self> {
         let (tp, r) = (comm.size(), comm.rank());
         positive(COL, "in_features", in_features)?;
+        positive(COL, "out_features", out_features)?;
         divides(COL, "out_features", out_features, tp)?;
         if options.sequence_parallel && options.gather_output {
             return Err(Error::invalid(
@@ -734,6 +734,7 @@ impl<T: TpElement> RowParallelLinear<T> {
         options: RowOptions,
     ) -> Result<Self> {
         let (tp, r) = (comm.size(), comm.rank());
+        positive(ROW, "in_features", in_features)?;
         divides(ROW, "in_features", in_features, tp)?;
         positive(ROW, "out_features", out_features)?;
         if options.sequence_parallel && !options.input_is_parallel {

@@ -209,7 +209,10 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
     })
 }
 
-/// Destroys one rank (waits for its pending operations first).
+/// Destroys one rank (waits for its pending operations first). NULL, stale
+/// or another kind of handle: ftnInvalidArgument. Until destroyed a
+/// communicator (and each handle from `ftn_comm_split*` /
+/// `ftn_comm_get_stream`) keeps its context from being destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
     export!(|op| {

@@ -137,6 +137,7 @@ unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
 /// Megatron (real token ids are below `vocab`). `weight_shard`: this rank's rows
 /// `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
 /// (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
+/// `desc.vocab` or `desc.hidden` 0: ftnInvalidArgument (not a no-op).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
