@@ -60,7 +60,7 @@ fn time_step(sp: bool, overlap: bool, iters: usize) -> Duration {
         let (w1, b1) = (values(FFN * HIDDEN, 1), values(FFN, 2));
         let (w2, b2) = (values(HIDDEN * FFN, 3), values(HIDDEN, 4));
         let mut mlp = TpMlp::from_full(&c, HIDDEN, FFN, &w1, &b1, &w2, &b2, o)?;
-        let rows = mlp.rows(&c, TOKENS);
+        let rows = mlp.rows(&c, TOKENS).unwrap();
         let x = dev.upload(&values(rows * HIDDEN, 5))?;
         let dy = dev.upload(&values(rows * HIDDEN, 6))?;
         let mut y = dev.alloc_zeros::<bf16>(rows * HIDDEN)?;

@@ -666,11 +666,12 @@ typedef struct {
    */
   int32_t growth_tracker;
   /*
-   Overflows still tolerated before backing off.
+   Overflows still tolerated before backing off (at most
+   `config.hysteresis`; negative after repeated overflows).
    */
   int32_t hysteresis_tracker;
   /*
-   Must be 0.
+   Must be 0 (checked: anything else is ftnInvalidArgument).
    */
   int32_t reserved;
 } ftnGradScalerState_t;
@@ -1273,7 +1274,10 @@ ftnResult_t ftn_comm_init_rank(ftnComm_t *comm,
                                int rank);
 
 /*
- Destroys one rank (waits for its pending operations first).
+ Destroys one rank (waits for its pending operations first). NULL, stale
+ or another kind of handle: ftnInvalidArgument. Until destroyed a
+ communicator (and each handle from `ftn_comm_split*` /
+ `ftn_comm_get_stream`) keeps its context from being destroyed.
  */
 ftnResult_t ftn_comm_destroy(ftnComm_t comm);
 
@@ -1438,6 +1442,9 @@ ftnResult_t ftn_comm_split_for_grid(ftnComm_t comm,
 /*
  Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default RANK),
  MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
+ `env` NULL, misaligned or with a wrong `size`, a variable missing or
+ malformed, `WORLD_SIZE` 0, `RANK >= WORLD_SIZE`: ftnInvalidArgument
+ naming the variable; nothing is written on an error.
  */
 ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
 
@@ -1479,6 +1486,12 @@ ftnResult_t ftn_bias_gelu_backward(ftnStream_t stream,
  `dst` on `stream` (`datatype` any ftnDataType_t; the blocks must not
  overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
  cols` elements.
+
+ Bad input (ftnInvalidArgument at the call, nothing enqueued): blocks
+ that share an element (the same buffer with disjoint, e.g. interleaved
+ column, blocks is fine), a pitch below `cols` (for `rows > 1`), negative
+ offsets, pitches or dims, extents that overflow, `src` / `dst` NULL for
+ a non-empty block. `rows` or `cols` 0 is a no-op.
  */
 ftnResult_t ftn_copy_2d(ftnStream_t stream,
                         int datatype,
@@ -1523,6 +1536,10 @@ ftnResult_t ftn_grad_scaler_config_default(ftnGradScalerConfig_t *config);
  Host state machine: validates `config` and writes the fresh state
  (scale = initial_scale, growth tracker 0, hysteresis tracker =
  hysteresis) to `state` (whose `size` the caller has set).
+
+ Bad input (ftnInvalidArgument, nothing written): `config` or `state`
+ NULL, misaligned or with a wrong `size`; an invalid config (see
+ `ftnGradScalerConfig_t`).
  */
 ftnResult_t ftn_grad_scaler_host_init(const ftnGradScalerConfig_t *config,
                                       ftnGradScalerState_t *state);
@@ -1530,6 +1547,15 @@ ftnResult_t ftn_grad_scaler_host_init(const ftnGradScalerConfig_t *config,
 /*
  Host state machine: one step of Megatron's `DynamicGradScaler.update`
  with `found_inf` (non-zero: an overflow), in place on `state`.
+
+ Every state this function or the device scaler can reach is accepted
+ (including `scale = +inf` after growing past the fp32 maximum, as in
+ Megatron, and negative hysteresis trackers), and steps exactly as
+ `ftn_grad_scaler_update` does. Bad input (ftnInvalidArgument, `state`
+ unchanged): `config` or `state` NULL (`state` is in/out), misaligned or
+ with a wrong `size`; an invalid config; a state no update can reach
+ (NaN or non-positive scale, growth tracker outside `0..growth_interval`,
+ hysteresis tracker above `hysteresis`, `reserved` non-zero).
  */
 ftnResult_t ftn_grad_scaler_host_update(const ftnGradScalerConfig_t *config,
                                         ftnGradScalerState_t *state,
@@ -1539,6 +1565,12 @@ ftnResult_t ftn_grad_scaler_host_update(const ftnGradScalerConfig_t *config,
  A loss scaler whose state lives in device memory and is stepped by a
  kernel (`ftn_grad_scaler_update`), so a training step never waits for
  the host. `state` may be NULL (fresh state) or a saved state.
+
+ Bad input (ftnInvalidArgument, no handle created): `ctx` NULL, stale or
+ of another kind; `scaler` NULL; `config` NULL or invalid; a `state`
+ that `ftn_grad_scaler_host_update` would reject (`reserved` non-zero,
+ unreachable trackers, NaN or non-positive scale; `+inf` is accepted).
+ The scaler counts as a child of `ctx` until destroyed.
  */
 ftnResult_t ftn_grad_scaler_create(ftnContext_t ctx,
                                    const ftnGradScalerConfig_t *config,
@@ -1546,7 +1578,8 @@ ftnResult_t ftn_grad_scaler_create(ftnContext_t ctx,
                                    ftnGradScaler_t *scaler);
 
 /*
- Destroys a device scaler (waits for the device's work first).
+ Destroys a device scaler (waits for the device's work first). NULL,
+ stale or another kind of handle: ftnInvalidArgument.
  */
 ftnResult_t ftn_grad_scaler_destroy(ftnGradScaler_t scaler);
 
@@ -1563,7 +1596,9 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
 
 /*
  Waits for the device's work and writes the scaler's state (to save
- it, or to read the current scale on the host).
+ it, or to read the current scale on the host). `state` NULL,
+ misaligned or with a wrong `size`: ftnInvalidArgument, checked before
+ waiting.
  */
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
 
@@ -1685,6 +1720,8 @@ ftnResult_t ftn_softmax_backward(ftnStream_t stream,
  Creates this rank's shard of the MLP block from the full host
  parameters: fc1 weight `[ffn, hidden]` and bias `[ffn]`, fc2 weight
  `[hidden, ffn]` and bias `[hidden]` (Megatron's `[out, in]` layout).
+ `hidden` or `ffn` 0, or `ffn` not a multiple of the communicator's size:
+ ftnInvalidArgument (a zero-sized block is an error, not an empty one).
  */
 ftnResult_t ftn_tp_mlp_create(ftnComm_t comm,
                               const ftnTpMlpDesc_t *desc,
@@ -1702,7 +1739,8 @@ ftnResult_t ftn_tp_mlp_destroy(ftnTpMlp_t mlp);
 /*
  This rank's parameters in device memory (owned by the block): fc1
  weight `[ffn/tp, hidden]` and bias `[ffn/tp]`, fc2 weight `[hidden,
- ffn/tp]` and the replicated bias `[hidden]`.
+ ffn/tp]` and the replicated bias `[hidden]`. `fc1` and `fc2` are both
+ checked (non-NULL, aligned, `size` set) before either is written.
  */
 ftnResult_t ftn_tp_mlp_get_params(ftnTpMlp_t mlp, ftnLinearParams_t *fc1, ftnLinearParams_t *fc2);
 
@@ -1757,6 +1795,7 @@ ftnResult_t ftn_tp_attention_destroy(ftnTpAttention_t attention);
  This rank's parameters in device memory (owned by the block): QKV
  weight `[3*hp*d, hidden]` and bias `[3*hp*d]` (`hp = heads/tp` whole
  heads), projection weight `[hidden, hp*d]` and the replicated bias.
+ `qkv` and `proj` are both checked before either is written.
  */
 ftnResult_t ftn_tp_attention_get_params(ftnTpAttention_t attention,
                                         ftnLinearParams_t *qkv,
@@ -1798,6 +1837,8 @@ ftnResult_t ftn_tp_attention_backward(ftnTpAttention_t attention,
  in_features]`) and bias `full_bias` (host, `[out_features]`; NULL iff
  `desc->bias` is 0). Every rank passes the same full parameters. The
  layer keeps its shard in device memory (`ftn_column_parallel_linear_get_params`).
+ `in_features` or `out_features` 0, or `out_features` not a multiple of
+ the communicator's size: ftnInvalidArgument (never an empty layer).
  */
 ftnResult_t ftn_column_parallel_linear_create(ftnComm_t comm,
                                               const ftnColumnParallelLinearDesc_t *desc,
@@ -1857,6 +1898,8 @@ ftnResult_t ftn_column_parallel_linear_backward(ftnColumnParallelLinear_t layer,
  Creates this rank's shard of a row-parallel layer from the full weight
  (host, row-major `[out_features, in_features]`) and bias (host,
  `[out_features]`, replicated; NULL iff `desc->bias` is 0).
+ `in_features` or `out_features` 0, or `in_features` not a multiple of
+ the communicator's size: ftnInvalidArgument (never an empty layer).
  */
 ftnResult_t ftn_row_parallel_linear_create(ftnComm_t comm,
                                            const ftnRowParallelLinearDesc_t *desc,
@@ -1912,6 +1955,11 @@ ftnResult_t ftn_row_parallel_linear_backward(ftnRowParallelLinear_t layer,
 /*
  Output shape of `mapping`'s forward (`backward == 0`) or backward
  (non-zero) for an input of `[rows, cols]` on `tp` ranks.
+
+ Bad input (ftnInvalidArgument, nothing written): a split dimension that
+ is not a multiple of `tp` (e.g. a scatter of 7 columns over 2 ranks;
+ never truncated), `tp < 1`, negative dims, a gathered dimension that
+ overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
  */
 ftnResult_t ftn_tp_mapping_shape(int mapping,
                                  int backward,
@@ -1925,6 +1973,14 @@ ftnResult_t ftn_tp_mapping_shape(int mapping,
  Forward of `mapping` on `stream`: `output = f(input)`, `input` `[rows,
  cols]` on this rank, `output` of the shape `ftn_tp_mapping_shape` gives
  (`input` and `output` must not overlap). Every rank of `comm` calls it.
+
+ Bad input (ftnInvalidArgument at the call, nothing enqueued): `input`
+ or `output` NULL with a non-empty shape (NULL is allowed only when the
+ shape has no element), misaligned, overlapping each other (`input ==
+ output` included), a split dimension that is not a multiple of the
+ communicator's size; NULL, stale or wrong-kind `comm` / `stream`;
+ `stream` of another device than `comm` is ftnDeviceMismatch. Peers that
+ never arrive fail at the communicator's timeout (at synchronize).
  */
 ftnResult_t ftn_tp_mapping_forward(int mapping,
                                    const void *input,
@@ -1938,7 +1994,8 @@ ftnResult_t ftn_tp_mapping_forward(int mapping,
 /*
  Backward of `mapping` on `stream`: `grad_input = f'(grad_output)`,
  `grad_output` `[rows, cols]` (shaped like the forward's output),
- `grad_input` shaped like the forward's input.
+ `grad_input` shaped like the forward's input. Bad input as for
+ `ftn_tp_mapping_forward`, reported against `grad_output` / `grad_input`.
  */
 ftnResult_t ftn_tp_mapping_backward(int mapping,
                                     const void *grad_output,
@@ -2050,6 +2107,7 @@ ftnResult_t ftn_vocab_range(int64_t vocab, int tp, int rank, int64_t *start, int
  Megatron (real token ids are below `vocab`). `weight_shard`: this rank's rows
  `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
  (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
+ `desc.vocab` or `desc.hidden` 0: ftnInvalidArgument (not a no-op).
  */
 ftnResult_t ftn_vocab_parallel_embedding_forward(const ftnVocabEmbeddingDesc_t *desc,
                                                  ftnComm_t comm,
@@ -2114,42 +2172,60 @@ ftnResult_t ftn_cross_entropy_saved_destroy(ftnCrossEntropySaved_t saved);
  Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
  ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
  emulator). With `ftnBackendAuto` the emulator is used when no GPU can
- be; query which with `ftn_context_get_backend`.
+ be; query which with `ftn_context_get_backend`. `ctx` NULL or
+ misaligned, a bad `backend` value or a negative `device`:
+ ftnInvalidArgument; no usable GPU for `ftnBackendCuda`:
+ ftnBackendUnavailable.
  */
 ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
 
 /*
  Destroys a context: waits for its work, frees the memory it allocated
- with `ftn_malloc`. Streams and events of it must be destroyed first.
+ with `ftn_malloc` (pointers into it must not be used afterwards).
+
+ Bad input: NULL, a stale (already destroyed) handle or a handle of
+ another kind is `ftnInvalidArgument`. A context that still has live
+ children (streams, events, device grad scalers, communicators created
+ on it, including `ftn_comm_get_stream` handles and split
+ communicators) is not destroyed: `ftnInvalidArgument` listing their
+ counts; destroy them first, then the context. Layers and blocks keep
+ their own memory and need no context.
  */
 ftnResult_t ftn_context_destroy(ftnContext_t ctx);
 
 /*
  The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
+ `backend` NULL or misaligned: ftnInvalidArgument.
  */
 ftnResult_t ftn_context_get_backend(ftnContext_t ctx, int *backend);
 
 /*
  Writes the device's name, NUL-terminated and truncated to `len` bytes.
+ `name` NULL or `len` 0: ftnInvalidArgument.
  */
 ftnResult_t ftn_context_get_name(ftnContext_t ctx, char *name, size_t len);
 
 /*
  Waits for all work on every stream of the context; reports the first
- failure.
+ failure (errors of enqueued work come here or at a stream's
+ synchronize).
  */
 ftnResult_t ftn_context_synchronize(ftnContext_t ctx);
 
 /*
  Allocates `bytes` zeroed bytes of device memory (host memory on the
- emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+ emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0. `ptr`
+ NULL or misaligned: ftnInvalidArgument; memory that cannot be had (any
+ size, e.g. 2^62): ftnBackendError, `*ptr` unchanged (never an abort).
  */
 ftnResult_t ftn_malloc(ftnContext_t ctx, void **ptr, size_t bytes);
 
 /*
  Frees memory from `ftn_malloc` on the same context. Stream-ordered: the
  memory is released once every stream of the context has done the work
- enqueued before this call; the caller does not wait. NULL is a no-op.
+ enqueued before this call; the caller does not wait. NULL is a no-op;
+ a pointer that is not a live `ftn_malloc` allocation of this context
+ (freed already, interior, or foreign): ftnInvalidArgument.
  */
 ftnResult_t ftn_free(ftnContext_t ctx, void *ptr);
 
@@ -2157,18 +2233,24 @@ ftnResult_t ftn_free(ftnContext_t ctx, void *ptr);
  Frees memory from `ftn_malloc` in `stream`'s order only (like
  `cudaFreeAsync`): after the work enqueued on `stream` so far, without
  waiting for other streams. The caller promises that no other stream's
- pending work uses the memory. NULL is a no-op.
+ pending work uses the memory. NULL is a no-op. `stream` of another
+ context: ftnDeviceMismatch; a pointer that is not a live allocation of
+ `ctx`: ftnInvalidArgument.
  */
 ftnResult_t ftn_free_async(ftnContext_t ctx, void *ptr, ftnStream_t stream);
 
 /*
- Creates a stream (an in-order queue of work) on a context.
+ Creates a stream (an in-order queue of work) on a context; it counts as
+ a child of the context until destroyed. `stream` NULL or misaligned, or
+ a NULL / stale `ctx`: ftnInvalidArgument.
  */
 ftnResult_t ftn_stream_create(ftnContext_t ctx, ftnStream_t *stream);
 
 /*
  Waits for the stream's work, then destroys it. Returns the stream's
- pending failure, if any (the stream is destroyed either way).
+ pending failure, if any (the stream is destroyed either way). NULL, a
+ stale handle (destroyed before) or another kind: ftnInvalidArgument,
+ nothing destroyed.
  */
 ftnResult_t ftn_stream_destroy(ftnStream_t stream);
 
@@ -2185,12 +2267,15 @@ ftnResult_t ftn_stream_wait_event(ftnStream_t stream, ftnEvent_t event);
 
 /*
  Creates an event on a context (not yet recorded: waiting on it
- returns at once).
+ returns at once); it counts as a child of the context until destroyed.
+ `event` NULL or misaligned: ftnInvalidArgument.
  */
 ftnResult_t ftn_event_create(ftnContext_t ctx, ftnEvent_t *event);
 
 /*
- Destroys an event.
+ Destroys an event. NULL, a stale handle (destroyed before, even if a new
+ event has been created since: that one is not touched) or another kind:
+ ftnInvalidArgument.
  */
 ftnResult_t ftn_event_destroy(ftnEvent_t event);
 
@@ -2206,34 +2291,50 @@ ftnResult_t ftn_event_synchronize(ftnEvent_t event);
 
 /*
  `*complete` = 1 when the event's latest record has been reached, else 0.
+ `complete` NULL or misaligned: ftnInvalidArgument.
  */
 ftnResult_t ftn_event_query(ftnEvent_t event, int *complete);
 
 /*
  Milliseconds between two completed records (`start` before `end`).
+ `ms` NULL or misaligned, an event never recorded: ftnInvalidArgument;
+ events of two contexts: ftnDeviceMismatch.
  */
 ftnResult_t ftn_event_elapsed_ms(ftnEvent_t start, ftnEvent_t end, float *ms);
 
 /*
  Enqueues a copy of `bytes` bytes from host memory `src` to device
  memory `dst`. `src` is staged before the call returns.
+
+ Bad input (at the call, nothing enqueued): `src` or `dst` NULL with
+ `bytes > 0` (both may be NULL when `bytes` is 0), `bytes` past the end
+ of the `ftn_malloc` allocation `dst` points into, or more than `isize`
+ can hold: ftnInvalidArgument; a staging buffer that cannot be allocated:
+ ftnBackendError (never an abort). Memory the library did not allocate
+ is trusted for `bytes`.
  */
 ftnResult_t ftn_memcpy_htod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
 
 /*
  Copies `bytes` bytes from device memory `src` to host memory `dst`
- after the stream's earlier work (blocks the caller).
+ after the stream's earlier work (blocks the caller). Bad input as for
+ `ftn_memcpy_htod` (`bytes` checked against the allocation `src` points
+ into); failures of the earlier work are reported here.
  */
 ftnResult_t ftn_memcpy_dtoh(ftnStream_t stream, void *dst, const void *src, size_t bytes);
 
 /*
  Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
+ Bad input as for `ftn_memcpy_htod` (`bytes` checked against the
+ allocations `src` and `dst` point into).
  */
 ftnResult_t ftn_memcpy_dtod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
 
 /*
  Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
- 0xFF makes float buffers NaN).
+ 0xFF makes float buffers NaN). `value` outside 0..=255, `dst` NULL with
+ `bytes > 0`, `bytes` past the end of the allocation `dst` points into:
+ ftnInvalidArgument.
  */
 ftnResult_t ftn_memset(ftnStream_t stream, void *dst, int value, size_t bytes);
 

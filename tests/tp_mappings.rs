@@ -34,13 +34,13 @@ fn apply(
                 _ => (rows, cols),
             };
             assert_eq!(
-                m.backward_shape(rows, cols, tp),
+                m.backward_shape(rows, cols, tp).unwrap(),
                 shape,
                 "{m:?} backward shape"
             );
             shape
         } else {
-            m.forward_shape(rows, cols, tp)
+            m.forward_shape(rows, cols, tp).unwrap()
         };
         let mut y = dev.alloc_zeros::<f32>(shape.0 * shape.1).unwrap();
         if backward {

@@ -1,15 +1,15 @@
 //! The runtime: contexts (devices), streams, events and raw memory.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ferrotron::ops::multi_tensor::MultiTensor;
 use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::enums::{c_enum, parse_enum};
-use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::handles::{check_out, get, handle, take, write_out, Child, ChildKind, Children};
 use crate::abi::views::view;
 
 /// Which backend a context runs on.
@@ -28,20 +28,64 @@ c_enum!(ftnBackend_t: ftnBackendEmu, ftnBackendCuda, ftnBackendAuto);
 
 handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
     dev: Device,
-    allocs: Mutex<HashMap<u64, DeviceBuffer<u8>>>,
+    allocs: Allocs,
+    children: Arc<Children>,
 });
 handle!(ftnStream, ftnStream_t, 0x4654_4e53_544d_0002, "ftnStream_t", {
     stream: Stream,
     mt: Mutex<MultiTensor>,
+    allocs: Option<Allocs>,
+    _child: Child,
 });
+
+/// A context's `ftn_malloc` allocations by base address (shared with its
+/// streams, which check copy lengths against them).
+pub(crate) type Allocs = Arc<Mutex<BTreeMap<u64, DeviceBuffer<u8>>>>;
+
+/// Checks that `bytes` bytes at `ptr` stay inside the `ftn_malloc`
+/// allocation `ptr` points into, if it points into one (other memory,
+/// e.g. the caller's own, cannot be checked).
+fn check_extent(
+    op: &'static str,
+    arg: &'static str,
+    s: &ftnStream,
+    ptr: *const c_void,
+    bytes: usize,
+) -> ferrotron::Result<()> {
+    let Some(allocs) = &s.allocs else {
+        return Ok(());
+    };
+    let a = ptr as u64;
+    let table = allocs.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((&base, buf)) = table.range(..=a).next_back() {
+        let end = base + buf.len() as u64;
+        if a < end && (bytes as u64) > end - a {
+            return Err(invalid(
+                op,
+                arg,
+                format!(
+                    "at most {} bytes (the rest of its ftn_malloc allocation of {} bytes)",
+                    end - a,
+                    buf.len()
+                ),
+                format!("{bytes} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
 handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
     event: Event,
+    _child: Child,
 });
 
 /// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
 /// ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
 /// emulator). With `ftnBackendAuto` the emulator is used when no GPU can
-/// be; query which with `ftn_context_get_backend`.
+/// be; query which with `ftn_context_get_backend`. `ctx` NULL or
+/// misaligned, a bad `backend` value or a negative `device`:
+/// ftnInvalidArgument; no usable GPU for `ftnBackendCuda`:
+/// ftnBackendUnavailable.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_create(
     backend: c_int,
@@ -60,7 +104,7 @@ pub unsafe extern "C" fn ftn_context_create(
                 Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu())
             }
         };
-        let h = ftnContext::into_raw(dev, Mutex::new(HashMap::new()));
+        let h = ftnContext::into_raw(dev, Arc::default(), Arc::default());
         // SAFETY: checked non-NULL above; valid by the contract.
         unsafe { ctx.write(h) };
         Ok(())
@@ -68,10 +112,28 @@ pub unsafe extern "C" fn ftn_context_create(
 }
 
 /// Destroys a context: waits for its work, frees the memory it allocated
-/// with `ftn_malloc`. Streams and events of it must be destroyed first.
+/// with `ftn_malloc` (pointers into it must not be used afterwards).
+///
+/// Bad input: NULL, a stale (already destroyed) handle or a handle of
+/// another kind is `ftnInvalidArgument`. A context that still has live
+/// children (streams, events, device grad scalers, communicators created
+/// on it, including `ftn_comm_get_stream` handles and split
+/// communicators) is not destroyed: `ftnInvalidArgument` listing their
+/// counts; destroy them first, then the context. Layers and blocks keep
+/// their own memory and need no context.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
     export!(|op| {
+        // SAFETY: handle contract.
+        let live = unsafe { get(op, "ctx", ctx)? }.children.describe();
+        if let Some(live) = live {
+            return Err(invalid(
+                op,
+                "ctx",
+                "a context without live children (destroy its streams, events, grad scalers and communicators first)",
+                format!("a context with {live} still live"),
+            ));
+        }
         // SAFETY: handle contract.
         let c = unsafe { take(op, "ctx", ctx)? };
         let r = c.dev.synchronize();
@@ -81,6 +143,7 @@ pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
 }
 
 /// The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
+/// `backend` NULL or misaligned: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_get_backend(
     ctx: ftnContext_t,
@@ -99,6 +162,7 @@ pub unsafe extern "C" fn ftn_context_get_backend(
 }
 
 /// Writes the device's name, NUL-terminated and truncated to `len` bytes.
+/// `name` NULL or `len` 0: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_get_name(
     ctx: ftnContext_t,
@@ -124,7 +188,8 @@ pub unsafe extern "C" fn ftn_context_get_name(
 }
 
 /// Waits for all work on every stream of the context; reports the first
-/// failure.
+/// failure (errors of enqueued work come here or at a stream's
+/// synchronize).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult_t {
     export!(|op| {
@@ -134,7 +199,9 @@ pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult
 }
 
 /// Allocates `bytes` zeroed bytes of device memory (host memory on the
-/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0. `ptr`
+/// NULL or misaligned: ftnInvalidArgument; memory that cannot be had (any
+/// size, e.g. 2^62): ftnBackendError, `*ptr` unchanged (never an abort).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_malloc(
     ctx: ftnContext_t,
@@ -184,7 +251,9 @@ fn take_alloc(
 
 /// Frees memory from `ftn_malloc` on the same context. Stream-ordered: the
 /// memory is released once every stream of the context has done the work
-/// enqueued before this call; the caller does not wait. NULL is a no-op.
+/// enqueued before this call; the caller does not wait. NULL is a no-op;
+/// a pointer that is not a live `ftn_malloc` allocation of this context
+/// (freed already, interior, or foreign): ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnResult_t {
     export!(|op| {
@@ -201,7 +270,9 @@ pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnRes
 /// Frees memory from `ftn_malloc` in `stream`'s order only (like
 /// `cudaFreeAsync`): after the work enqueued on `stream` so far, without
 /// waiting for other streams. The caller promises that no other stream's
-/// pending work uses the memory. NULL is a no-op.
+/// pending work uses the memory. NULL is a no-op. `stream` of another
+/// context: ftnDeviceMismatch; a pointer that is not a live allocation of
+/// `ctx`: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free_async(
     ctx: ftnContext_t,
@@ -214,12 +285,15 @@ pub unsafe extern "C" fn ftn_free_async(
         if ptr.is_null() {
             return Ok(());
         }
-        c.dev.check_same(op, "stream", s.stream.device())?;
+        c.dev
+            .check_same_as(op, "stream", s.stream.device(), "`ctx`")?;
         take_alloc(op, c, ptr)?.free_on(&s.stream)
     })
 }
 
-/// Creates a stream (an in-order queue of work) on a context.
+/// Creates a stream (an in-order queue of work) on a context; it counts as
+/// a child of the context until destroyed. `stream` NULL or misaligned, or
+/// a NULL / stale `ctx`: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_create(
     ctx: ftnContext_t,
@@ -230,14 +304,24 @@ pub unsafe extern "C" fn ftn_stream_create(
         let c = unsafe { get(op, "ctx", ctx)? };
         check_out(op, "stream", stream)?;
         let s = c.dev.new_stream()?;
+        let child = Child::new(&c.children, ChildKind::Stream);
         // SAFETY: checked non-NULL.
-        unsafe { stream.write(ftnStream::into_raw(s, Mutex::new(MultiTensor::new()))) };
+        unsafe {
+            stream.write(ftnStream::into_raw(
+                s,
+                Mutex::new(MultiTensor::new()),
+                Some(c.allocs.clone()),
+                child,
+            ))
+        };
         Ok(())
     })
 }
 
 /// Waits for the stream's work, then destroys it. Returns the stream's
-/// pending failure, if any (the stream is destroyed either way).
+/// pending failure, if any (the stream is destroyed either way). NULL, a
+/// stale handle (destroyed before) or another kind: ftnInvalidArgument,
+/// nothing destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t {
     export!(|op| {
@@ -273,7 +357,8 @@ pub unsafe extern "C" fn ftn_stream_wait_event(
 }
 
 /// Creates an event on a context (not yet recorded: waiting on it
-/// returns at once).
+/// returns at once); it counts as a child of the context until destroyed.
+/// `event` NULL or misaligned: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_create(
     ctx: ftnContext_t,
@@ -285,12 +370,16 @@ pub unsafe extern "C" fn ftn_event_create(
         check_out(op, "event", event)?;
         let e = Event::new(&c.dev)?;
         // SAFETY: checked non-NULL.
-        unsafe { event.write(ftnEvent::into_raw(e)) };
+        let child = Child::new(&c.children, ChildKind::Event);
+        // SAFETY: checked non-NULL.
+        unsafe { event.write(ftnEvent::into_raw(e, child)) };
         Ok(())
     })
 }
 
-/// Destroys an event.
+/// Destroys an event. NULL, a stale handle (destroyed before, even if a new
+/// event has been created since: that one is not touched) or another kind:
+/// ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
     export!(|op| {
@@ -320,6 +409,7 @@ pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t
 }
 
 /// `*complete` = 1 when the event's latest record has been reached, else 0.
+/// `complete` NULL or misaligned: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int) -> ftnResult_t {
     export!(|op| {
@@ -333,6 +423,8 @@ pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int
 }
 
 /// Milliseconds between two completed records (`start` before `end`).
+/// `ms` NULL or misaligned, an event never recorded: ftnInvalidArgument;
+/// events of two contexts: ftnDeviceMismatch.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_elapsed_ms(
     start: ftnEvent_t,
@@ -343,6 +435,9 @@ pub unsafe extern "C" fn ftn_event_elapsed_ms(
         // SAFETY: handle contracts.
         let (a, b) = unsafe { (get(op, "start", start)?, get(op, "end", end)?) };
         check_out(op, "ms", ms)?;
+        a.event
+            .device()
+            .check_same_as(op, "end", b.event.device(), "`start`")?;
         let v = a.event.elapsed_ms(&b.event)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(op, "ms", ms, v) }
@@ -355,6 +450,13 @@ fn stream_dev(s: &ftnStream) -> Device {
 
 /// Enqueues a copy of `bytes` bytes from host memory `src` to device
 /// memory `dst`. `src` is staged before the call returns.
+///
+/// Bad input (at the call, nothing enqueued): `src` or `dst` NULL with
+/// `bytes > 0` (both may be NULL when `bytes` is 0), `bytes` past the end
+/// of the `ftn_malloc` allocation `dst` points into, or more than `isize`
+/// can hold: ftnInvalidArgument; a staging buffer that cannot be allocated:
+/// ftnBackendError (never an abort). Memory the library did not allocate
+/// is trusted for `bytes`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_htod(
     stream: ftnStream_t,
@@ -375,6 +477,7 @@ pub unsafe extern "C" fn ftn_memcpy_htod(
         }
         // SAFETY: pointer contracts (valid for `bytes` bytes).
         let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
+        check_extent(op, "bytes", s, dst, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -385,7 +488,9 @@ pub unsafe extern "C" fn ftn_memcpy_htod(
 }
 
 /// Copies `bytes` bytes from device memory `src` to host memory `dst`
-/// after the stream's earlier work (blocks the caller).
+/// after the stream's earlier work (blocks the caller). Bad input as for
+/// `ftn_memcpy_htod` (`bytes` checked against the allocation `src` points
+/// into); failures of the earlier work are reported here.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_dtoh(
     stream: ftnStream_t,
@@ -406,6 +511,7 @@ pub unsafe extern "C" fn ftn_memcpy_dtoh(
         }
         // SAFETY: pointer contracts.
         let v = unsafe { view::<u8>(&stream_dev(s), op, "src", src, bytes)? };
+        check_extent(op, "bytes", s, src, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -416,6 +522,8 @@ pub unsafe extern "C" fn ftn_memcpy_dtoh(
 }
 
 /// Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
+/// Bad input as for `ftn_memcpy_htod` (`bytes` checked against the
+/// allocations `src` and `dst` point into).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_dtod(
     stream: ftnStream_t,
@@ -434,6 +542,8 @@ pub unsafe extern "C" fn ftn_memcpy_dtod(
                 view::<u8>(&dev, op, "dst", dst, bytes)?,
             )
         };
+        check_extent(op, "bytes", s, src, bytes)?;
+        check_extent(op, "bytes", s, dst, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -442,7 +552,9 @@ pub unsafe extern "C" fn ftn_memcpy_dtod(
 }
 
 /// Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
-/// 0xFF makes float buffers NaN).
+/// 0xFF makes float buffers NaN). `value` outside 0..=255, `dst` NULL with
+/// `bytes > 0`, `bytes` past the end of the allocation `dst` points into:
+/// ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memset(
     stream: ftnStream_t,
@@ -457,6 +569,7 @@ pub unsafe extern "C" fn ftn_memset(
             .map_err(|_| invalid(op, "value", "a byte value in 0..=255", value))?;
         // SAFETY: pointer contract.
         let mut d = unsafe { view::<u8>(&stream_dev(s), op, "dst", dst, bytes)? };
+        check_extent(op, "bytes", s, dst, bytes)?;
         if bytes == 0 {
             return Ok(());
         }

@@ -133,7 +133,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// not the whole device), and kernel errors stay with their streams; use
     /// [`Stream::copy_to_host`] to order after one stream only.
     pub fn to_host(&self) -> Result<Vec<T>> {
-        let mut out = vec![T::zeroed(); self.len];
+        let mut out = try_host_zeroed::<T>("DeviceBuffer::to_host", self.len)?;
         let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
         match &self.device.inner.imp {
             DeviceImpl::Emu(e) => {
@@ -207,7 +207,7 @@ impl<T: Element> DeviceBuffer<T> {
         let dst = self.addr();
         match &*stream.imp {
             StreamImpl::Emu(s) => {
-                let staged = src.to_vec();
+                let staged = try_host_copy("Stream::copy_from_host", src)?;
                 let dst = emu::SendCell(dst as *mut u8);
                 s.enqueue(Box::new(move || {
                     let dst = dst;
@@ -297,4 +297,32 @@ impl<T: Element> Drop for DeviceBuffer<T> {
             _ => {}
         }
     }
+}
+
+/// The error of a host allocation that failed (reported, never an abort).
+fn host_alloc_failed(op: &'static str, bytes: usize) -> Error {
+    Error::Backend {
+        backend: "host",
+        message: format!("{op}: cannot allocate {bytes} bytes of host memory"),
+    }
+}
+
+/// `len` zeroed elements in a new host vector, or an error when the host
+/// allocation fails (instead of the abort of `vec![..]`).
+pub(crate) fn try_host_zeroed<T: Element>(op: &'static str, len: usize) -> Result<Vec<T>> {
+    let bytes = len.saturating_mul(T::DTYPE.size());
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| host_alloc_failed(op, bytes))?;
+    v.resize(len, T::zeroed());
+    Ok(v)
+}
+
+/// A host copy of `src`, or an error when the host allocation fails.
+pub(crate) fn try_host_copy(op: &'static str, src: &[u8]) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(src.len())
+        .map_err(|_| host_alloc_failed(op, src.len()))?;
+    v.extend_from_slice(src);
+    Ok(v)
 }

@@ -205,11 +205,24 @@ impl Device {
 
     /// `Err(DeviceMismatch)` naming `op` and `arg` unless `other` is this
     /// very device (the same handle, not merely the same GPU).
+    /// (This device is the stream's: the error says "than the stream".)
     pub fn check_same(&self, op: &'static str, arg: &'static str, other: &Device) -> Result<()> {
+        self.check_same_as(op, arg, other, "the stream")
+    }
+
+    /// As [`check_same`](Self::check_same), naming what this device is
+    /// (`than`, e.g. "the communicator" or "`ctx`") in the error.
+    pub fn check_same_as(
+        &self,
+        op: &'static str,
+        arg: &'static str,
+        other: &Device,
+        than: &'static str,
+    ) -> Result<()> {
         if self.same(other) {
             Ok(())
         } else {
-            Err(Error::DeviceMismatch { op, arg })
+            Err(Error::DeviceMismatch { op, arg, than })
         }
     }
 }

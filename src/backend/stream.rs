@@ -95,6 +95,7 @@ impl Stream {
             _ => Err(Error::DeviceMismatch {
                 op: "Stream::record",
                 arg: "event",
+                than: "the stream",
             }),
         }
     }
@@ -115,6 +116,7 @@ impl Stream {
             _ => Err(Error::DeviceMismatch {
                 op: "Stream::wait_event",
                 arg: "event",
+                than: "the stream",
             }),
         }
     }
@@ -226,6 +228,7 @@ impl Stream {
             _ => Err(Error::DeviceMismatch {
                 op: "Stream::launch",
                 arg: "stream",
+                than: "the device it was created on",
             }),
         }
     }
@@ -285,6 +288,11 @@ impl Event {
     }
 
     /// Milliseconds between this event and `later`, both completed.
+    /// The device this event belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
         match (&self.imp, &later.imp) {
             (EventImpl::Emu(a), EventImpl::Emu(b)) => {
@@ -308,6 +316,7 @@ impl Event {
             _ => Err(Error::DeviceMismatch {
                 op: "Event::elapsed_ms",
                 arg: "later",
+                than: "the earlier event",
             }),
         }
     }

@@ -233,7 +233,8 @@ impl Communicator {
     }
 
     fn check_stream(&self, op: &'static str, stream: &Stream) -> Result<()> {
-        self.device.check_same(op, "stream", stream.device())
+        self.device
+            .check_same_as(op, "stream", stream.device(), "the communicator")
     }
 
     fn check_len<T: CommElement>(
@@ -244,7 +245,8 @@ impl Communicator {
         want: usize,
         rule: &str,
     ) -> Result<()> {
-        self.device.check_same(op, arg, buf.device())?;
+        self.device
+            .check_same_as(op, arg, buf.device(), "the communicator")?;
         if buf.len() != want {
             return Err(Error::invalid(
                 op,
@@ -264,7 +266,8 @@ impl Communicator {
         (big_arg, big): (&'static str, &DeviceBuffer<T>),
         rule: &str,
     ) -> Result<()> {
-        self.device.check_same(op, small_arg, small.device())?;
+        self.device
+            .check_same_as(op, small_arg, small.device(), "the communicator")?;
         let want = small.len().checked_mul(self.size).ok_or_else(|| {
             Error::invalid(
                 op,
@@ -337,7 +340,8 @@ impl Communicator {
         const OP: &str = "all_reduce";
         self.check_stream(OP, stream)?;
         self.check_len(OP, "recv", recv, send.len(), "recv.len() == send.len()")?;
-        self.device.check_same(OP, "send", send.device())?;
+        self.device
+            .check_same_as(OP, "send", send.device(), "the communicator")?;
         self.collective::<T>(
             stream,
             OpKind::AllReduce(op),
@@ -355,8 +359,12 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<CommHandle> {
         self.check_stream("all_reduce_in_place", stream)?;
-        self.device
-            .check_same("all_reduce_in_place", "buf", buf.device())?;
+        self.device.check_same_as(
+            "all_reduce_in_place",
+            "buf",
+            buf.device(),
+            "the communicator",
+        )?;
         self.collective::<T>(
             stream,
             OpKind::AllReduce(op),
@@ -425,7 +433,8 @@ impl Communicator {
     ) -> Result<CommHandle> {
         const OP: &str = "broadcast";
         self.check_stream(OP, stream)?;
-        self.device.check_same(OP, "buf", buf.device())?;
+        self.device
+            .check_same_as(OP, "buf", buf.device(), "the communicator")?;
         if root >= self.size {
             return Err(Error::invalid(
                 OP,
@@ -488,7 +497,8 @@ impl Communicator {
             match op {
                 P2p::Send(b, peer) => {
                     self.check_peer(OP, "send peer", *peer)?;
-                    self.device.check_same(OP, "send buffer", b.device())?;
+                    self.device
+                        .check_same_as(OP, "send buffer", b.device(), "the communicator")?;
                     plan.push(in_process::P2pPlan {
                         send: true,
                         peer: *peer,
@@ -499,7 +509,8 @@ impl Communicator {
                 }
                 P2p::Recv(b, peer) => {
                     self.check_peer(OP, "recv peer", *peer)?;
-                    self.device.check_same(OP, "recv buffer", b.device())?;
+                    self.device
+                        .check_same_as(OP, "recv buffer", b.device(), "the communicator")?;
                     plan.push(in_process::P2pPlan {
                         send: false,
                         peer: *peer,

@@ -62,7 +62,10 @@ impl JobEnv {
         } else {
             rank
         };
-        if world_size == 0 || rank >= world_size {
+        if world_size == 0 {
+            return Err(Error::invalid("JobEnv", "WORLD_SIZE", "at least 1", 0));
+        }
+        if rank >= world_size {
             return Err(Error::invalid(
                 "JobEnv",
                 "RANK",
@@ -300,6 +303,20 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         JobEnv::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn bad_sizes_name_their_variable() {
+        let base = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            env_of(&v).unwrap_err().to_string()
+        };
+        let e = with(&[("RANK", "0"), ("WORLD_SIZE", "0")]);
+        assert!(e.contains("`WORLD_SIZE`"), "{e}");
+        let e = with(&[("RANK", "2"), ("WORLD_SIZE", "2")]);
+        assert!(e.contains("`RANK`"), "{e}");
     }
 
     #[test]

@@ -24,8 +24,13 @@ pub enum Error {
     KernelFailed { kernel: String, message: String },
     /// A launch configuration the device cannot run.
     InvalidLaunch { kernel: String, message: String },
-    /// Buffers from two different devices were mixed in one call.
-    DeviceMismatch { op: &'static str, arg: &'static str },
+    /// Buffers from two different devices were mixed in one call: `arg`
+    /// lives on another device than `than` (e.g. "the stream").
+    DeviceMismatch {
+        op: &'static str,
+        arg: &'static str,
+        than: &'static str,
+    },
     /// Any other error reported by a backend (driver errors, allocation).
     Backend {
         backend: &'static str,
@@ -68,10 +73,10 @@ impl fmt::Display for Error {
             Error::InvalidLaunch { kernel, message } => {
                 write!(f, "kernel {kernel}: invalid launch: {message}")
             }
-            Error::DeviceMismatch { op, arg } => {
+            Error::DeviceMismatch { op, arg, than } => {
                 write!(
                     f,
-                    "{op}: argument `{arg}` lives on a different device than the stream"
+                    "{op}: argument `{arg}` lives on a different device than {than}"
                 )
             }
             Error::Backend { backend, message } => write!(f, "{backend}: {message}"),

@@ -118,9 +118,12 @@ impl DynamicGradScaler {
     }
 
     /// A scaler resumed from saved state (Megatron's `load_state_dict`).
-    /// `scale` must be finite and > 0 and `0 <= growth_tracker <
-    /// growth_interval`; `hysteresis_tracker` may be anything (it goes
-    /// negative on repeated overflows).
+    /// Accepted: every state [`update`](Self::update) can reach, and no
+    /// other: `scale` > 0 and not NaN (`+inf` is reachable: growth has no
+    /// maximum, as in Megatron; the device scaler continues from it too),
+    /// `0 <= growth_tracker < growth_interval`, `hysteresis_tracker <=
+    /// hysteresis` (it goes negative on repeated overflows, down to
+    /// `i32::MIN`).
     pub fn from_state(
         config: GradScalerConfig,
         scale: f32,
@@ -128,11 +131,11 @@ impl DynamicGradScaler {
         hysteresis_tracker: i32,
     ) -> Result<Self> {
         config.validate()?;
-        if !(scale.is_finite() && scale > 0.0) {
+        if scale.is_nan() || scale <= 0.0 {
             return Err(Error::invalid(
                 OP,
                 "scale",
-                "a finite value > 0",
+                "a value > 0 (+inf included), not NaN",
                 format!("{scale:?}"),
             ));
         }
@@ -142,6 +145,14 @@ impl DynamicGradScaler {
                 "growth_tracker",
                 format!("0 ..= {}", config.growth_interval - 1),
                 growth_tracker,
+            ));
+        }
+        if hysteresis_tracker > config.hysteresis as i32 {
+            return Err(Error::invalid(
+                OP,
+                "hysteresis_tracker",
+                format!("at most config.hysteresis ({})", config.hysteresis),
+                hysteresis_tracker,
             ));
         }
         Ok(DynamicGradScaler {
@@ -223,6 +234,44 @@ mod tests {
 
     fn state(s: &DynamicGradScaler) -> (f32, i32, i32) {
         (s.scale(), s.growth_tracker(), s.hysteresis_tracker())
+    }
+
+    #[test]
+    fn every_reachable_state_can_be_resumed() {
+        // Growth past fp32 max reaches +inf; from there it continues.
+        let mut s = DynamicGradScaler::new(GradScalerConfig {
+            initial_scale: f32::MAX,
+            growth_interval: 1,
+            ..GradScalerConfig::default()
+        })
+        .unwrap();
+        s.update(false);
+        assert_eq!(s.scale(), f32::INFINITY);
+        let r = DynamicGradScaler::from_state(
+            *s.config(),
+            s.scale(),
+            s.growth_tracker(),
+            s.hysteresis_tracker(),
+        )
+        .unwrap();
+        assert_eq!(r, s);
+        for _ in 0..5 {
+            s.update(true);
+        }
+        assert!(s.hysteresis_tracker() < 0);
+        let r = DynamicGradScaler::from_state(
+            *s.config(),
+            s.scale(),
+            s.growth_tracker(),
+            s.hysteresis_tracker(),
+        )
+        .unwrap();
+        assert_eq!(r, s);
+        let c = GradScalerConfig::default();
+        assert!(DynamicGradScaler::from_state(c, f32::NAN, 0, 2).is_err());
+        assert!(DynamicGradScaler::from_state(c, 0.0, 0, 2).is_err());
+        assert!(DynamicGradScaler::from_state(c, 1.0, 0, 3).is_err());
+        assert!(DynamicGradScaler::from_state(c, 1.0, 0, i32::MIN).is_ok());
     }
 
     #[test]

@@ -70,7 +70,42 @@ fn check<T: Element>(
     Ok(())
 }
 
-/// Copies the `[rows, cols]` block at `src_at` in `src` to `dst_at` in `dst`.
+/// Rejects a copy whose source and destination blocks share a byte: rows
+/// of `row_bytes` bytes at `start + i * pitch` (`pitch >= row_bytes`, so
+/// each block's rows are sorted and disjoint; a merge walk finds any
+/// overlap in `O(rows)`, after an `O(1)` test of the two spans).
+fn check_disjoint(
+    (s, sp): (u64, u64),
+    (d, dp): (u64, u64),
+    rows: u64,
+    row_bytes: u64,
+) -> Result<()> {
+    let span = |start: u64, pitch: u64| start..start + (rows - 1) * pitch + row_bytes;
+    let (a, b) = (span(s, sp), span(d, dp));
+    if a.end <= b.start || b.end <= a.start {
+        return Ok(());
+    }
+    let (mut i, mut k) = (0, 0);
+    while i < rows && k < rows {
+        let (x, y) = (s + i * sp, d + k * dp);
+        if x + row_bytes <= y {
+            i += 1;
+        } else if y + row_bytes <= x {
+            k += 1;
+        } else {
+            return Err(Error::invalid(
+                OP,
+                "dst",
+                "a block that does not overlap the source block",
+                format!("row {k} overlapping source row {i}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Copies the `[rows, cols]` block at `src_at` in `src` to `dst_at` in `dst`
+/// (the blocks must not overlap: an error otherwise).
 pub fn copy_2d<T: Element>(
     stream: &Stream,
     src: &DeviceBuffer<T>,
@@ -97,6 +132,18 @@ pub fn copy_2d<T: Element>(
         (src_at, dst_at)
     };
     let es = T::DTYPE.size() as u64;
+    check_disjoint(
+        (
+            src.addr() + src_at.offset as u64 * es,
+            src_at.pitch as u64 * es,
+        ),
+        (
+            dst.addr() + dst_at.offset as u64 * es,
+            dst_at.pitch as u64 * es,
+        ),
+        rows as u64,
+        cols as u64 * es,
+    )?;
     let (s, d) = (
         src.addr() + src_at.offset as u64 * es,
         dst.addr() + dst_at.offset as u64 * es,

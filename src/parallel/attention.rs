@@ -222,6 +222,9 @@ impl<T: TpElement> TpAttention<T> {
         if head_dim == 0 {
             return Err(Error::invalid(OP, "head_dim", "a positive size", head_dim));
         }
+        if hidden == 0 {
+            return Err(Error::invalid(OP, "hidden", "a positive size", hidden));
+        }
         let proj_in = mul("heads", heads, head_dim)?;
         let co = ColumnOptions {
             sequence_parallel: options.sequence_parallel,

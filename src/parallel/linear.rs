@@ -151,14 +151,24 @@ fn product(op: &'static str, arg: &'static str, a: usize, b: usize) -> Result<us
         .ok_or_else(|| Error::invalid(op, arg, "a size that fits in usize", "an overflow"))
 }
 
-fn divides(op: &'static str, arg: &'static str, v: usize, tp: usize) -> Result<()> {
-    if v % tp != 0 {
+/// `v` is a multiple of `tp`.
+pub(crate) fn divides(op: &'static str, arg: &'static str, v: usize, tp: usize) -> Result<()> {
+    if tp == 0 || v % tp != 0 {
         return Err(Error::invalid(
             op,
             arg,
             format!("a multiple of the tensor-parallel size {tp}"),
             v,
         ));
+    }
+    Ok(())
+}
+
+/// `v >= 1`, else an error naming `arg` (a zero-sized layer is a caller
+/// error, not an empty layer).
+pub(crate) fn positive(op: &'static str, arg: &'static str, v: usize) -> Result<()> {
+    if v == 0 {
+        return Err(Error::invalid(op, arg, "a size >= 1", 0));
     }
     Ok(())
 }
@@ -356,6 +366,8 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         options: ColumnOptions,
     ) -> Result<Self> {
         let (tp, r) = (comm.size(), comm.rank());
+        positive(COL, "in_features", in_features)?;
+        positive(COL, "out_features", out_features)?;
         divides(COL, "out_features", out_features, tp)?;
         if options.sequence_parallel && options.gather_output {
             return Err(Error::invalid(
@@ -722,7 +734,9 @@ impl<T: TpElement> RowParallelLinear<T> {
         options: RowOptions,
     ) -> Result<Self> {
         let (tp, r) = (comm.size(), comm.rank());
+        positive(ROW, "in_features", in_features)?;
         divides(ROW, "in_features", in_features, tp)?;
+        positive(ROW, "out_features", out_features)?;
         if options.sequence_parallel && !options.input_is_parallel {
             return Err(Error::invalid(
                 ROW,

@@ -44,15 +44,44 @@ enum Step {
 }
 
 impl Step {
-    /// `(rows, cols)` of the output for an input of `(rows, cols)` on `tp` ranks.
-    fn out_shape(self, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
-        match self {
-            Step::Identity | Step::AllReduce => (rows, cols),
-            Step::SplitLast => (rows, cols / tp),
-            Step::GatherLast => (rows, cols * tp),
-            Step::SplitFirst | Step::ReduceScatterFirst => (rows / tp, cols),
-            Step::GatherFirst => (rows * tp, cols),
+    /// `(rows, cols)` of the output for an input of `(rows, cols)` on `tp`
+    /// ranks; an error (never a truncated shape) when a split dimension is
+    /// not a multiple of `tp`, `tp` is 0, or a grown one overflows.
+    fn out_shape(self, rows: usize, cols: usize, tp: usize) -> Result<(usize, usize)> {
+        if tp == 0 {
+            return Err(Error::invalid(OP, "tp", "a tensor-parallel size >= 1", 0));
         }
+        let split = |arg: &'static str, v: usize| {
+            if v % tp == 0 {
+                Ok(v / tp)
+            } else {
+                Err(Error::invalid(
+                    OP,
+                    arg,
+                    format!("a multiple of the tensor-parallel size {tp} for {self:?}"),
+                    v,
+                ))
+            }
+        };
+        let grow = |arg: &'static str, v: usize| {
+            v.checked_mul(tp).ok_or_else(|| {
+                Error::invalid(
+                    OP,
+                    arg,
+                    format!(
+                        "a size whose product with the tensor-parallel size {tp} fits in usize"
+                    ),
+                    v,
+                )
+            })
+        };
+        Ok(match self {
+            Step::Identity | Step::AllReduce => (rows, cols),
+            Step::SplitLast => (rows, split("cols", cols)?),
+            Step::GatherLast => (rows, grow("cols", cols)?),
+            Step::SplitFirst | Step::ReduceScatterFirst => (split("rows", rows)?, cols),
+            Step::GatherFirst => (grow("rows", rows)?, cols),
+        })
     }
 }
 
@@ -69,14 +98,17 @@ impl Mapping {
         }
     }
 
-    /// Output shape of the forward for an input `[rows, cols]`.
-    pub fn forward_shape(self, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
+    /// Output shape of the forward for an input `[rows, cols]`: an error
+    /// when a split dimension is not a multiple of `tp` (never truncated),
+    /// `tp` is 0, or a gathered dimension overflows.
+    pub fn forward_shape(self, rows: usize, cols: usize, tp: usize) -> Result<(usize, usize)> {
         self.steps().0.out_shape(rows, cols, tp)
     }
 
     /// Output shape of the backward for a gradient `[rows, cols]` (shaped
-    /// like the forward's output): the forward's input shape.
-    pub fn backward_shape(self, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
+    /// like the forward's output): the forward's input shape. Errors as
+    /// [`forward_shape`](Self::forward_shape).
+    pub fn backward_shape(self, rows: usize, cols: usize, tp: usize) -> Result<(usize, usize)> {
         self.steps().1.out_shape(rows, cols, tp)
     }
 
@@ -90,7 +122,16 @@ impl Mapping {
         output: &mut DeviceBuffer<T>,
         (rows, cols): (usize, usize),
     ) -> Result<()> {
-        run(self.steps().0, comm, stream, input, output, rows, cols)
+        run(
+            self.steps().0,
+            ("input", "output"),
+            comm,
+            stream,
+            input,
+            output,
+            rows,
+            cols,
+        )
     }
 
     /// Backward: `grad_input = f'(grad_output)`, `grad_output` shaped like the
@@ -105,6 +146,7 @@ impl Mapping {
     ) -> Result<()> {
         run(
             self.steps().1,
+            ("grad_output", "grad_input"),
             comm,
             stream,
             grad_output,
@@ -117,8 +159,10 @@ impl Mapping {
 
 const OP: &str = "tensor-parallel mapping";
 
+#[allow(clippy::too_many_arguments)]
 fn run<T: CommElement>(
     step: Step,
+    (in_name, out_name): (&'static str, &'static str),
     comm: &Communicator,
     stream: &Stream,
     input: &DeviceBuffer<T>,
@@ -126,6 +170,8 @@ fn run<T: CommElement>(
     rows: usize,
     cols: usize,
 ) -> Result<()> {
+    comm.device()
+        .check_same_as(OP, "stream", stream.device(), "the communicator")?;
     let tp = comm.size();
     let n = rows.checked_mul(cols).ok_or_else(|| {
         Error::invalid(
@@ -138,39 +184,34 @@ fn run<T: CommElement>(
     if input.len() != n {
         return Err(Error::invalid(
             OP,
-            "input",
+            in_name,
             format!("exactly {rows}x{cols} = {n} elements"),
             input.len(),
         ));
     }
-    let divisible = match step {
-        Step::SplitLast => cols % tp == 0,
-        Step::SplitFirst | Step::ReduceScatterFirst => rows % tp == 0,
-        _ => true,
-    };
-    if !divisible {
-        let what = if step == Step::SplitLast {
-            ("cols", cols)
-        } else {
-            ("rows", rows)
-        };
-        return Err(Error::invalid(
-            OP,
-            what.0,
-            format!("a multiple of the tensor-parallel size {tp} for {step:?}"),
-            what.1,
-        ));
-    }
-    let (orows, ocols) = step.out_shape(rows, cols, tp);
+    let (orows, ocols) = step.out_shape(rows, cols, tp)?;
     let on = orows
         .checked_mul(ocols)
-        .ok_or_else(|| Error::invalid(OP, "output", "a size that fits in usize", "an overflow"))?;
+        .ok_or_else(|| Error::invalid(OP, out_name, "a size that fits in usize", "an overflow"))?;
     if output.len() != on {
         return Err(Error::invalid(
             OP,
-            "output",
+            out_name,
             format!("exactly {orows}x{ocols} = {on} elements ({step:?} on {tp} ranks)"),
             output.len(),
+        ));
+    }
+    let bytes = |b: &DeviceBuffer<T>| b.addr()..b.addr() + (b.len() * T::DTYPE.size()) as u64;
+    let (bi, bo) = (bytes(input), bytes(output));
+    if n > 0 && on > 0 && bi.start < bo.end && bo.start < bi.end {
+        return Err(Error::invalid(
+            OP,
+            out_name,
+            format!("a buffer that does not overlap `{in_name}`"),
+            format!(
+                "bytes {:#x}..{:#x} overlapping {in_name}'s {:#x}..{:#x}",
+                bo.start, bo.end, bi.start, bi.end
+            ),
         ));
     }
     let r = comm.rank();

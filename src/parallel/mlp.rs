@@ -132,6 +132,8 @@ impl<T: TpElement> TpMlp<T> {
         fc2_bias: &[T],
         options: MlpOptions,
     ) -> Result<Self> {
+        crate::parallel::linear::positive(OP, "hidden", hidden)?;
+        crate::parallel::linear::positive(OP, "ffn", ffn)?;
         if ffn % comm.size() != 0 {
             return Err(Error::invalid(
                 OP,
@@ -174,12 +176,15 @@ impl<T: TpElement> TpMlp<T> {
         self.saved.as_ref().map(|s| s.0)
     }
 
-    /// Rows of the input and output on this rank.
-    pub fn rows(&self, comm: &Communicator, tokens: usize) -> usize {
+    /// Rows of the input and output on this rank: `tokens / tp` with
+    /// sequence parallelism (an error, never truncated, when `tokens` is
+    /// not a multiple of `tp`), else `tokens`.
+    pub fn rows(&self, comm: &Communicator, tokens: usize) -> Result<usize> {
         if self.options.sequence_parallel {
-            tokens / comm.size().max(1)
+            crate::parallel::linear::divides(OP, "tokens", tokens, comm.size())?;
+            Ok(tokens / comm.size())
         } else {
-            tokens
+            Ok(tokens)
         }
     }
 

@@ -138,6 +138,14 @@ impl VocabParallelEmbedding {
     }
 
     fn layout(&self, op: &'static str, comm: &Communicator) -> Result<(usize, usize)> {
+        // An empty table is a caller error, not an embedding (Megatron
+        // cannot build one either): never a silent no-op.
+        if self.vocab == 0 {
+            return Err(Error::invalid(op, "vocab", "a vocabulary size >= 1", 0));
+        }
+        if self.hidden == 0 {
+            return Err(Error::invalid(op, "hidden", "a hidden size >= 1", 0));
+        }
         let (start, rows) = self.shard(comm.size(), comm.rank()).ok_or_else(|| {
             Error::invalid(
                 op,

@@ -28,3 +28,15 @@ pub(crate) fn mul(op: &'static str, arg: &'static str, a: usize, b: usize) -> Re
 pub(crate) fn to_i64(op: &'static str, arg: &'static str, v: usize) -> Result<i64> {
     i64::try_from(v).map_err(|_| invalid(op, arg, "a result that fits in int64_t", v))
 }
+
+/// An empty vector with room for `n` entries of `arg`, or an error (never
+/// an abort) when the host allocation fails.
+pub(crate) fn try_vec<T>(op: &'static str, arg: &'static str, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| ferrotron::Error::Backend {
+            backend: "host",
+            message: format!("{op}: cannot allocate host memory for {n} entries of `{arg}`"),
+        })?;
+    Ok(v)
+}

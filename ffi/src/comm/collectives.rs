@@ -260,7 +260,7 @@ pub struct ftnP2pOp_t {
 }
 
 unsafe fn group_t<T: CommElement>(op: &'static str, c: &Call, ops: &[ftnP2pOp_t]) -> Result<()> {
-    let mut views = Vec::with_capacity(ops.len());
+    let mut views = crate::abi::args::try_vec(op, "ops", ops.len())?;
     for (i, o) in ops.iter().enumerate() {
         let peer = usize::try_from(o.peer).map_err(|_| {
             invalid(

@@ -260,7 +260,7 @@ pub unsafe extern "C" fn ftn_comm_split_for_grid(
         check_out(op, "newcomm", newcomm)?;
         let sub = c.comm.split_for_grid(&g, &axes_of(op, axes)?)?;
         // SAFETY: checked non-NULL.
-        unsafe { newcomm.write(crate::comm::wrap(sub)) };
+        unsafe { newcomm.write(crate::comm::wrap(sub, c.child.clone())) };
         Ok(())
     })
 }
@@ -290,6 +290,9 @@ fn small(op: &'static str, arg: &'static str, v: usize) -> Result<i32> {
 
 /// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default RANK),
 /// MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
+/// `env` NULL, misaligned or with a wrong `size`, a variable missing or
+/// malformed, `WORLD_SIZE` 0, `RANK >= WORLD_SIZE`: ftnInvalidArgument
+/// naming the variable; nothing is written on an error.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_job_env_from_environment(env: *mut ftnJobEnv_t) -> ftnResult_t {
     export!(|op| {

@@ -10,7 +10,7 @@ pub(crate) mod job;
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::enums::c_enum;
-use crate::abi::handles::{check_out, get, take, Handle};
+use crate::abi::handles::{check_out, get, handle, take, Child, ChildKind};
 use crate::runtime::{ftnContext, ftnContext_t, ftnStream, ftnStream_t};
 
 /// Reductions.
@@ -41,30 +41,14 @@ pub struct ftnUniqueId_t {
     pub internal: [u8; FTN_UNIQUE_ID_BYTES],
 }
 
-/// One rank of a communicator.
-#[repr(C)]
-pub struct ftnComm {
-    magic: u64,
-    pub(crate) comm: Communicator,
-}
-#[allow(non_camel_case_types)]
-pub type ftnComm_t = *mut ftnComm;
-impl Handle for ftnComm {
-    const MAGIC: u64 = 0x4654_4e43_4f4d_0005;
-    const KIND: &'static str = "ftnComm_t";
-    fn magic(&self) -> u64 {
-        self.magic
-    }
-    fn clear_magic(&mut self) {
-        self.magic = 0;
-    }
-}
+handle!(ftnComm, ftnComm_t, 0x4654_4e43_4f4d_0005, "ftnComm_t", {
+    comm: Communicator,
+    child: Child,
+});
 
-pub(crate) fn wrap(comm: Communicator) -> ftnComm_t {
-    Box::into_raw(Box::new(ftnComm {
-        magic: ftnComm::MAGIC,
-        comm,
-    }))
+/// A new handle for `comm`, a child of the context `child` counts in.
+pub(crate) fn wrap(comm: Communicator, child: Child) -> ftnComm_t {
+    ftnComm::into_raw(comm, child)
 }
 
 /// Creates `nranks` ranks of one in-process communicator (emulator
@@ -139,15 +123,21 @@ unsafe fn init_all(
     }
     // SAFETY: ctxs holds nranks handles by the contract.
     let handles = unsafe { std::slice::from_raw_parts(ctxs, n) };
-    let mut devs: Vec<Device> = Vec::with_capacity(n);
+    let mut devs: Vec<Device> = Vec::new();
+    let mut children = Vec::new();
+    devs.try_reserve_exact(n)
+        .and_then(|()| children.try_reserve_exact(n))
+        .map_err(|_| invalid(op, "nranks", "a rank count whose tables fit in memory", n))?;
     for &h in handles {
         // SAFETY: handle contract.
-        devs.push(unsafe { get::<ftnContext>(op, "ctxs[i]", h)? }.dev.clone());
+        let c = unsafe { get::<ftnContext>(op, "ctxs[i]", h)? };
+        devs.push(c.dev.clone());
+        children.push(Child::new(&c.children, ChildKind::Comm));
     }
     let made = Communicator::in_process_with_timeout(&devs, timeout)?;
-    for (i, c) in made.into_iter().enumerate() {
+    for (i, (c, child)) in made.into_iter().zip(children).enumerate() {
         // SAFETY: comms holds nranks slots by the contract.
-        unsafe { comms.add(i).write(wrap(c)) };
+        unsafe { comms.add(i).write(wrap(c, child)) };
     }
     Ok(())
 }
@@ -205,7 +195,7 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
             let bytes = unsafe { (*id).internal };
             let made = Communicator::nccl(&c.dev, r, n, &bytes)?;
             // SAFETY: checked non-NULL.
-            unsafe { comm.write(wrap(made)) };
+            unsafe { comm.write(wrap(made, Child::new(&c.children, ChildKind::Comm))) };
             Ok(())
         }
         #[cfg(not(feature = "cuda"))]
@@ -219,7 +209,10 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
     })
 }
 
-/// Destroys one rank (waits for its pending operations first).
+/// Destroys one rank (waits for its pending operations first). NULL, stale
+/// or another kind of handle: ftnInvalidArgument. Until destroyed a
+/// communicator (and each handle from `ftn_comm_split*` /
+/// `ftn_comm_get_stream`) keeps its context from being destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
     export!(|op| {
@@ -285,7 +278,7 @@ pub unsafe extern "C" fn ftn_comm_split(
         let key = usize::try_from(key).map_err(|_| invalid(op, "key", "a key >= 0", key))?;
         let sub = c.comm.split(color, key)?;
         // SAFETY: checked non-NULL.
-        unsafe { newcomm.write(sub.map_or(std::ptr::null_mut(), wrap)) };
+        unsafe { newcomm.write(sub.map_or(std::ptr::null_mut(), |s| wrap(s, c.child.clone()))) };
         Ok(())
     })
 }
@@ -327,6 +320,8 @@ pub unsafe extern "C" fn ftn_comm_get_stream(
         let s = ftnStream::into_raw(
             c.comm.stream().clone(),
             std::sync::Mutex::new(ferrotron::ops::multi_tensor::MultiTensor::new()),
+            None,
+            c.child.sibling(ChildKind::Stream),
         );
         // SAFETY: checked non-NULL.
         unsafe { stream.write(s) };

@@ -2,7 +2,7 @@
 //! scaler behind `ftnGradScaler_t`.
 
 use crate::abi::descriptors::check_out_desc;
-use crate::abi::handles::{check_out, get, take, Handle};
+use crate::abi::handles::{check_out, get, handle, take, Child, ChildKind};
 use crate::runtime::ftnContext_t;
 use ferrotron::core::loss_scaler::{DynamicGradScaler, GradScalerConfig};
 use ferrotron::ops::multi_tensor::DeviceGradScaler;
@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use ferrotron::Result;
 
-use crate::abi::boundary::{export, ftnResult_t};
+use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::views::view;
 use crate::ops::stream_of;
@@ -55,9 +55,10 @@ pub struct ftnGradScalerState_t {
     pub scale: f32,
     /// Clean steps since the last overflow or growth.
     pub growth_tracker: i32,
-    /// Overflows still tolerated before backing off.
+    /// Overflows still tolerated before backing off (at most
+    /// `config.hysteresis`; negative after repeated overflows).
     pub hysteresis_tracker: i32,
-    /// Must be 0.
+    /// Must be 0 (checked: anything else is ftnInvalidArgument).
     pub reserved: i32,
 }
 // SAFETY: repr(C), size_t first, integer/float fields, explicit padding.
@@ -91,6 +92,9 @@ unsafe fn host_scaler(
     }
     // SAFETY: descriptor contract.
     let st = unsafe { read_desc(op, "state", state)? };
+    if st.reserved != 0 {
+        return Err(invalid(op, "state.reserved", "0", st.reserved));
+    }
     DynamicGradScaler::from_state(c, st.scale, st.growth_tracker, st.hysteresis_tracker)
 }
 
@@ -132,6 +136,10 @@ pub unsafe extern "C" fn ftn_grad_scaler_config_default(
 /// Host state machine: validates `config` and writes the fresh state
 /// (scale = initial_scale, growth tracker 0, hysteresis tracker =
 /// hysteresis) to `state` (whose `size` the caller has set).
+///
+/// Bad input (ftnInvalidArgument, nothing written): `config` or `state`
+/// NULL, misaligned or with a wrong `size`; an invalid config (see
+/// `ftnGradScalerConfig_t`).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_host_init(
     config: *const ftnGradScalerConfig_t,
@@ -150,6 +158,15 @@ pub unsafe extern "C" fn ftn_grad_scaler_host_init(
 
 /// Host state machine: one step of Megatron's `DynamicGradScaler.update`
 /// with `found_inf` (non-zero: an overflow), in place on `state`.
+///
+/// Every state this function or the device scaler can reach is accepted
+/// (including `scale = +inf` after growing past the fp32 maximum, as in
+/// Megatron, and negative hysteresis trackers), and steps exactly as
+/// `ftn_grad_scaler_update` does. Bad input (ftnInvalidArgument, `state`
+/// unchanged): `config` or `state` NULL (`state` is in/out), misaligned or
+/// with a wrong `size`; an invalid config; a state no update can reach
+/// (NaN or non-positive scale, growth tracker outside `0..growth_interval`,
+/// hysteresis tracker above `hysteresis`, `reserved` non-zero).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_host_update(
     config: *const ftnGradScalerConfig_t,
@@ -159,6 +176,8 @@ pub unsafe extern "C" fn ftn_grad_scaler_host_update(
     export!(|op| {
         // SAFETY: descriptor contracts.
         unsafe {
+            // `state` is in/out: NULL must not fall back to a fresh state.
+            check_out_desc(op, "state", state)?;
             let mut s = host_scaler(op, config, state)?;
             s.update(found_inf != 0);
             write_state(state, &s);
@@ -167,28 +186,20 @@ pub unsafe extern "C" fn ftn_grad_scaler_host_update(
     })
 }
 
-/// The device-side loss scaler behind `ftnGradScaler_t`.
-#[repr(C)]
-pub struct ftnGradScaler {
-    magic: u64,
-    pub(crate) scaler: Mutex<DeviceGradScaler>,
-}
-#[allow(non_camel_case_types)]
-pub type ftnGradScaler_t = *mut ftnGradScaler;
-impl Handle for ftnGradScaler {
-    const MAGIC: u64 = 0x4654_4e47_5343_0004;
-    const KIND: &'static str = "ftnGradScaler_t";
-    fn magic(&self) -> u64 {
-        self.magic
-    }
-    fn clear_magic(&mut self) {
-        self.magic = 0;
-    }
-}
+handle!(ftnGradScaler, ftnGradScaler_t, 0x4654_4e47_5343_0004, "ftnGradScaler_t", {
+    scaler: Mutex<DeviceGradScaler>,
+    _child: Child,
+});
 
 /// A loss scaler whose state lives in device memory and is stepped by a
 /// kernel (`ftn_grad_scaler_update`), so a training step never waits for
 /// the host. `state` may be NULL (fresh state) or a saved state.
+///
+/// Bad input (ftnInvalidArgument, no handle created): `ctx` NULL, stale or
+/// of another kind; `scaler` NULL; `config` NULL or invalid; a `state`
+/// that `ftn_grad_scaler_host_update` would reject (`reserved` non-zero,
+/// unreachable trackers, NaN or non-positive scale; `+inf` is accepted).
+/// The scaler counts as a child of `ctx` until destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_create(
     ctx: ftnContext_t,
@@ -203,17 +214,18 @@ pub unsafe extern "C" fn ftn_grad_scaler_create(
         // SAFETY: descriptor contracts.
         let host = unsafe { host_scaler(op, config, state)? };
         let dev = DeviceGradScaler::from_host(&c.dev, &host)?;
-        let h = Box::into_raw(Box::new(ftnGradScaler {
-            magic: ftnGradScaler::MAGIC,
-            scaler: Mutex::new(dev),
-        }));
+        let h = ftnGradScaler::into_raw(
+            Mutex::new(dev),
+            Child::new(&c.children, ChildKind::GradScaler),
+        );
         // SAFETY: checked non-NULL.
         unsafe { scaler.write(h) };
         Ok(())
     })
 }
 
-/// Destroys a device scaler (waits for the device's work first).
+/// Destroys a device scaler (waits for the device's work first). NULL,
+/// stale or another kind of handle: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_destroy(scaler: ftnGradScaler_t) -> ftnResult_t {
     export!(|op| {
@@ -246,7 +258,9 @@ pub unsafe extern "C" fn ftn_grad_scaler_update(
 }
 
 /// Waits for the device's work and writes the scaler's state (to save
-/// it, or to read the current scale on the host).
+/// it, or to read the current scale on the host). `state` NULL,
+/// misaligned or with a wrong `size`: ftnInvalidArgument, checked before
+/// waiting.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_get_state(
     scaler: ftnGradScaler_t,

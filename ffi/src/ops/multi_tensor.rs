@@ -102,7 +102,7 @@ unsafe fn tensor_list(
         // SAFETY: non-NULL, aligned, `n` entries by the contract.
         unsafe { std::slice::from_raw_parts(tensors, n) }
     };
-    let mut views = Vec::with_capacity(n);
+    let mut views = crate::abi::args::try_vec(op, "tensors", n)?;
     for (i, t) in list.iter().enumerate() {
         let numel = usize::try_from(t.numel).map_err(|_| {
             invalid(

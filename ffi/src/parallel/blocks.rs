@@ -13,8 +13,8 @@ use ferrotron::Result;
 
 use crate::abi::args::{dim, mul};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
-use crate::abi::descriptors::Desc;
-use crate::abi::handles::{handle, take, Handle};
+use crate::abi::descriptors::{check_out_desc, Desc};
+use crate::abi::handles::{handle, take};
 use crate::abi::views::{host_slice, view};
 use crate::comm::{ftnComm_t, Call};
 use crate::ops::gelu_of;
@@ -117,6 +117,8 @@ unsafe fn host_params<'a, T: TpElement>(
 /// Creates this rank's shard of the MLP block from the full host
 /// parameters: fc1 weight `[ffn, hidden]` and bias `[ffn]`, fc2 weight
 /// `[hidden, ffn]` and bias `[hidden]` (Megatron's `[out, in]` layout).
+/// `hidden` or `ffn` 0, or `ffn` not a multiple of the communicator's size:
+/// ftnInvalidArgument (a zero-sized block is an error, not an empty one).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_create(
     comm: ftnComm_t,
@@ -162,7 +164,8 @@ pub unsafe extern "C" fn ftn_tp_mlp_destroy(mlp: ftnTpMlp_t) -> ftnResult_t {
 
 /// This rank's parameters in device memory (owned by the block): fc1
 /// weight `[ffn/tp, hidden]` and bias `[ffn/tp]`, fc2 weight `[hidden,
-/// ffn/tp]` and the replicated bias `[hidden]`.
+/// ffn/tp]` and the replicated bias `[hidden]`. `fc1` and `fc2` are both
+/// checked (non-NULL, aligned, `size` set) before either is written.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_get_params(
     mlp: ftnTpMlp_t,
@@ -172,6 +175,9 @@ pub unsafe extern "C" fn ftn_tp_mlp_get_params(
     export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
+            // Both out-structs are checked before either is written.
+            check_out_desc(op, "fc1", fc1)?;
+            check_out_desc(op, "fc2", fc2)?;
             with_params(op, "mlp", mlp, |g| {
                 on_typed!(g, m, T => {
                     write_params(op, "fc1", fc1, &m.fc1.weight, m.fc1.bias.as_ref())?;
@@ -190,7 +196,7 @@ unsafe fn mlp_forward_t<T: TpElement>(
     output: *mut c_void,
     tokens: usize,
 ) -> Result<()> {
-    let n = mul(op, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    let n = mul(op, "tokens", m.rows(c.comm, tokens)?, m.hidden)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
     let (x, mut y) = unsafe {
         (
@@ -249,7 +255,7 @@ unsafe fn mlp_backward_t<T: TpElement>(
             tokens,
         ));
     }
-    let n = mul(op, "tokens", m.rows(c.comm, tokens), m.hidden)?;
+    let n = mul(op, "tokens", m.rows(c.comm, tokens)?, m.hidden)?;
     let fp = m.fc1.out_per_rank();
     let nw = mul(op, "weight", fp, m.hidden)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
@@ -360,6 +366,7 @@ pub unsafe extern "C" fn ftn_tp_attention_destroy(attention: ftnTpAttention_t) -
 /// This rank's parameters in device memory (owned by the block): QKV
 /// weight `[3*hp*d, hidden]` and bias `[3*hp*d]` (`hp = heads/tp` whole
 /// heads), projection weight `[hidden, hp*d]` and the replicated bias.
+/// `qkv` and `proj` are both checked before either is written.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_get_params(
     attention: ftnTpAttention_t,
@@ -369,6 +376,9 @@ pub unsafe extern "C" fn ftn_tp_attention_get_params(
     export!(|op| {
         // SAFETY: handle and out-struct contracts.
         unsafe {
+            // Both out-structs are checked before either is written.
+            check_out_desc(op, "qkv", qkv)?;
+            check_out_desc(op, "proj", proj)?;
             with_params(op, "attention", attention, |g| {
                 on_typed!(g, a, T => {
                     write_params(op, "qkv", qkv, &a.qkv.weight, a.qkv.bias.as_ref())?;
@@ -390,7 +400,7 @@ fn attention_rows<T: TpElement>(
     let seq = dim(op, "seq", seq)?;
     let batch = dim(op, "batch", batch)?;
     let tokens = mul(op, "seq * batch", seq, batch)?;
-    let rows = local_rows(tokens, tp, a.options.sequence_parallel);
+    let rows = local_rows(op, tokens, tp, a.options.sequence_parallel)?;
     Ok((seq, batch, mul(op, "seq * batch", rows, a.hidden)?))
 }
 

@@ -189,14 +189,26 @@ pub(crate) fn tp_size(op: &'static str, tp: std::ffi::c_int) -> Result<usize> {
         .ok_or_else(|| invalid(op, "tp", "at least 1", tp))
 }
 
-/// `rows` of a sequence-parallel tensor on `tp` ranks (`tokens / tp`; the
-/// layer rejects a `tokens` that is not a multiple).
-pub(crate) fn local_rows(tokens: usize, tp: usize, sequence_parallel: bool) -> usize {
-    if sequence_parallel {
-        tokens / tp.max(1)
-    } else {
-        tokens
+/// `rows` of a sequence-parallel tensor on `tp` ranks (`tokens / tp`): an
+/// error naming `tokens`, never a truncated size, when it does not divide.
+pub(crate) fn local_rows(
+    op: &'static str,
+    tokens: usize,
+    tp: usize,
+    sequence_parallel: bool,
+) -> Result<usize> {
+    if !sequence_parallel {
+        return Ok(tokens);
     }
+    if tp == 0 || tokens % tp != 0 {
+        return Err(invalid(
+            op,
+            "tokens",
+            format!("a multiple of the tensor-parallel size {tp} (sequence parallelism)"),
+            tokens,
+        ));
+    }
+    Ok(tokens / tp)
 }
 
 enum WeightView<T: TpElement> {

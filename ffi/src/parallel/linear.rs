@@ -14,7 +14,7 @@ use ferrotron::Result;
 use crate::abi::args::{dim, mul};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::Desc;
-use crate::abi::handles::{handle, take, Handle};
+use crate::abi::handles::{handle, take};
 use crate::abi::views::view;
 use crate::comm::ftnComm_t;
 use crate::parallel::common::{
@@ -139,6 +139,8 @@ unsafe fn column_new<T: TpElement>(
 /// in_features]`) and bias `full_bias` (host, `[out_features]`; NULL iff
 /// `desc->bias` is 0). Every rank passes the same full parameters. The
 /// layer keeps its shard in device memory (`ftn_column_parallel_linear_get_params`).
+/// `in_features` or `out_features` 0, or `out_features` not a multiple of
+/// the communicator's size: ftnInvalidArgument (never an empty layer).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_create(
     comm: ftnComm_t,
@@ -202,7 +204,7 @@ fn column_sizes<T: TpElement>(
     tp: usize,
 ) -> Result<(usize, usize, usize)> {
     let o = &l.options;
-    let rows = local_rows(tokens, tp, o.sequence_parallel);
+    let rows = local_rows(op, tokens, tp, o.sequence_parallel)?;
     let cols = if o.gather_output {
         l.out_features
     } else {
@@ -380,6 +382,8 @@ unsafe fn row_new<T: TpElement>(
 /// Creates this rank's shard of a row-parallel layer from the full weight
 /// (host, row-major `[out_features, in_features]`) and bias (host,
 /// `[out_features]`, replicated; NULL iff `desc->bias` is 0).
+/// `in_features` or `out_features` 0, or `in_features` not a multiple of
+/// the communicator's size: ftnInvalidArgument (never an empty layer).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_create(
     comm: ftnComm_t,
@@ -447,7 +451,7 @@ fn row_sizes<T: TpElement>(
     } else {
         l.in_features
     };
-    let rows = local_rows(tokens, tp, o.sequence_parallel);
+    let rows = local_rows(op, tokens, tp, o.sequence_parallel)?;
     Ok((
         mul(op, "tokens", tokens, cols)?,
         mul(op, "tokens", rows, l.out_features)?,

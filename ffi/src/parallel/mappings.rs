@@ -9,10 +9,10 @@ use ferrotron::parallel::mappings::Mapping;
 use ferrotron::Result;
 
 use crate::abi::args::{dim, mul, to_i64};
-use crate::abi::boundary::{export, ftnResult_t, invalid};
+use crate::abi::boundary::{export, ftnResult_t};
 use crate::abi::dtype::dispatch_dtype;
 use crate::abi::enums::{c_enum, parse_enum};
-use crate::abi::handles::write_out;
+use crate::abi::handles::{check_out, write_out};
 use crate::abi::views::view;
 use crate::comm::{call, ftnComm_t, Call};
 use crate::parallel::common::tp_size;
@@ -71,16 +71,29 @@ enum Direction {
 }
 
 impl Direction {
-    fn shape(self, m: Mapping, rows: usize, cols: usize, tp: usize) -> (usize, usize) {
+    fn shape(self, m: Mapping, rows: usize, cols: usize, tp: usize) -> Result<(usize, usize)> {
         match self {
             Direction::Forward => m.forward_shape(rows, cols, tp),
             Direction::Backward => m.backward_shape(rows, cols, tp),
+        }
+    }
+
+    /// The C names of the input and output pointers of this direction.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Direction::Forward => ("input", "output"),
+            Direction::Backward => ("grad_output", "grad_input"),
         }
     }
 }
 
 /// Output shape of `mapping`'s forward (`backward == 0`) or backward
 /// (non-zero) for an input of `[rows, cols]` on `tp` ranks.
+///
+/// Bad input (ftnInvalidArgument, nothing written): a split dimension that
+/// is not a multiple of `tp` (e.g. a scatter of 7 columns over 2 ranks;
+/// never truncated), `tp < 1`, negative dims, a gathered dimension that
+/// overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mapping_shape(
     mapping: c_int,
@@ -100,16 +113,12 @@ pub unsafe extern "C" fn ftn_tp_mapping_shape(
         } else {
             Direction::Forward
         };
-        // Growing directions must not overflow.
-        mul(op, "rows * tp", r, tp)?;
-        mul(op, "cols * tp", c, tp)?;
-        let (orows, ocols) = dir.shape(m, r, c, tp);
+        check_out(op, "out_rows", out_rows)?;
+        check_out(op, "out_cols", out_cols)?;
+        let (orows, ocols) = dir.shape(m, r, c, tp)?;
         let (orows, ocols) = (to_i64(op, "rows", orows)?, to_i64(op, "cols", ocols)?);
         // SAFETY: out-pointer contracts.
         unsafe {
-            if out_cols.is_null() {
-                return Err(invalid(op, "out_cols", "a non-NULL pointer", "NULL"));
-            }
             write_out(op, "out_rows", out_rows, orows)?;
             write_out(op, "out_cols", out_cols, ocols)
         }
@@ -125,16 +134,15 @@ unsafe fn mapping_t<T: CommElement>(
     (rows, cols): (usize, usize),
 ) -> Result<()> {
     let tp = c.comm.size();
-    mul(op, "rows * tp", rows, tp)?;
-    mul(op, "cols * tp", cols, tp)?;
+    let (in_name, out_name) = dir.names();
     let nin = mul(op, "rows * cols", rows, cols)?;
-    let (orows, ocols) = dir.shape(m, rows, cols, tp);
-    let nout = mul(op, "output", orows, ocols)?;
+    let (orows, ocols) = dir.shape(m, rows, cols, tp)?;
+    let nout = mul(op, out_name, orows, ocols)?;
     // SAFETY: pointer contracts: `[rows, cols]` in, the mapping's shape out.
     let (x, mut y) = unsafe {
         (
-            view::<T>(&c.dev, op, "input", input, nin)?,
-            view::<T>(&c.dev, op, "output", output, nout)?,
+            view::<T>(&c.dev, op, in_name, input, nin)?,
+            view::<T>(&c.dev, op, out_name, output, nout)?,
         )
     };
     match dir {
@@ -166,6 +174,14 @@ unsafe fn run_mapping(
 /// Forward of `mapping` on `stream`: `output = f(input)`, `input` `[rows,
 /// cols]` on this rank, `output` of the shape `ftn_tp_mapping_shape` gives
 /// (`input` and `output` must not overlap). Every rank of `comm` calls it.
+///
+/// Bad input (ftnInvalidArgument at the call, nothing enqueued): `input`
+/// or `output` NULL with a non-empty shape (NULL is allowed only when the
+/// shape has no element), misaligned, overlapping each other (`input ==
+/// output` included), a split dimension that is not a multiple of the
+/// communicator's size; NULL, stale or wrong-kind `comm` / `stream`;
+/// `stream` of another device than `comm` is ftnDeviceMismatch. Peers that
+/// never arrive fail at the communicator's timeout (at synchronize).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mapping_forward(
     mapping: c_int,
@@ -198,7 +214,8 @@ pub unsafe extern "C" fn ftn_tp_mapping_forward(
 
 /// Backward of `mapping` on `stream`: `grad_input = f'(grad_output)`,
 /// `grad_output` `[rows, cols]` (shaped like the forward's output),
-/// `grad_input` shaped like the forward's input.
+/// `grad_input` shaped like the forward's input. Bad input as for
+/// `ftn_tp_mapping_forward`, reported against `grad_output` / `grad_input`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mapping_backward(
     mapping: c_int,

@@ -16,7 +16,7 @@ use crate::abi::args::{dim, mul, to_i64};
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{read_desc, Desc};
 use crate::abi::dtype::dispatch_dtype;
-use crate::abi::handles::{check_out, get, handle, take, write_out, Handle};
+use crate::abi::handles::{check_out, get, handle, take, write_out};
 use crate::abi::views::view;
 use crate::comm::{call, ftnComm_t, Call};
 use crate::parallel::common::tp_size;
@@ -137,6 +137,7 @@ unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
 /// Megatron (real token ids are below `vocab`). `weight_shard`: this rank's rows
 /// `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
 /// (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
+/// `desc.vocab` or `desc.hidden` 0: ftnInvalidArgument (not a no-op).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(

@@ -2,6 +2,7 @@
  * every exposed op on the emulator and checks it against its own reference,
  * then feeds bad input through the ABI and checks the statuses and messages.
  * Usage: consumer SEED. Exit 0 on success. */
+#define _POSIX_C_SOURCE 200809L /* setenv under -std=c99 */
 #include "check.h"
 
 static float *rand_vec(size_t n) {
@@ -666,6 +667,234 @@ static void test_bad_input(ftnContext_t ctx, ftnStream_t s) {
   CHECK(ftn_stream_synchronize(s));
 }
 
+/* Hardening regressions, one block per defect class: NULL out-pointers,
+ * no abort on huge sizes, parents with live children, stale handles,
+ * inconsistent input, truncating shapes, the +inf loss scale, and the
+ * names errors give. */
+static void test_hardening(ftnContext_t ctx, ftnStream_t s) {
+  float buf[64];
+  memset(buf, 0, sizeof buf);
+  ftnGradScalerConfig_t c;
+  memset(&c, 0, sizeof c);
+  c.size = sizeof c;
+  CHECK(ftn_grad_scaler_config_default(&c));
+  ftnGradScalerState_t st;
+  memset(&st, 0, sizeof st);
+  st.size = sizeof st;
+  CHECK(ftn_grad_scaler_host_init(&c, &st));
+
+  /* 1. every out-pointer is checked (NULL and misaligned) before any write */
+  expect_error(ftn_grad_scaler_host_update(&c, NULL, 1), ftnInvalidArgument, "host_update NULL state", "`state`",
+               "NULL");
+  expect_error(ftn_grad_scaler_get_state(NULL, NULL), ftnInvalidArgument, "get_state NULL", "scaler", "NULL");
+  expect_error(ftn_context_create(ftnBackendEmu, 0, NULL), ftnInvalidArgument, "context_create NULL", "`ctx`", "NULL");
+  expect_error(ftn_context_get_backend(ctx, NULL), ftnInvalidArgument, "get_backend NULL", "`backend`", "NULL");
+  expect_error(ftn_context_get_name(ctx, NULL, 8), ftnInvalidArgument, "get_name NULL", "`name`", "NULL");
+  expect_error(ftn_malloc(ctx, NULL, 16), ftnInvalidArgument, "malloc NULL", "`ptr`", "NULL");
+  expect_error(ftn_stream_create(ctx, NULL), ftnInvalidArgument, "stream_create NULL", "`stream`", "NULL");
+  expect_error(ftn_event_create(ctx, NULL), ftnInvalidArgument, "event_create NULL", "`event`", "NULL");
+  expect_error(ftn_grad_scaler_create(ctx, &c, NULL, NULL), ftnInvalidArgument, "scaler_create NULL", "`scaler`",
+               "NULL");
+  int64_t r64 = 0, c64 = 0;
+  expect_error(ftn_tp_mapping_shape(ftnCopyToTp, 0, 4, 4, 1, &r64, NULL), ftnInvalidArgument, "shape NULL cols",
+               "`out_cols`", "NULL");
+  expect_error(ftn_tp_mapping_shape(ftnCopyToTp, 0, 4, 4, 1, NULL, &c64), ftnInvalidArgument, "shape NULL rows",
+               "`out_rows`", "NULL");
+  expect_error(ftn_vocab_padded_size(100, 1, NULL), ftnInvalidArgument, "padded NULL", "`padded`", "NULL");
+  expect_error(ftn_vocab_range(100, 1, 0, NULL, &r64), ftnInvalidArgument, "range NULL start", "`start`", "NULL");
+  expect_error(ftn_get_version((int *)((char *)buf + 1)), ftnInvalidArgument, "misaligned version", "`version`",
+               "aligned");
+  ftnEvent_t ev;
+  CHECK(ftn_event_create(ctx, &ev));
+  CHECK(ftn_event_record(ev, s));
+  CHECK(ftn_stream_synchronize(s));
+  expect_error(ftn_event_query(ev, NULL), ftnInvalidArgument, "query NULL", "`complete`", "NULL");
+  expect_error(ftn_event_elapsed_ms(ev, ev, NULL), ftnInvalidArgument, "elapsed NULL", "`ms`", "NULL");
+  ftnComm_t comm;
+  CHECK(ftn_comm_init_all(&comm, 1, &ctx));
+  expect_error(ftn_comm_count(comm, NULL), ftnInvalidArgument, "comm_count NULL", "`count`", "NULL");
+  expect_error(ftn_comm_user_rank(comm, NULL), ftnInvalidArgument, "user_rank NULL", "`rank`", "NULL");
+  expect_error(ftn_comm_split(comm, 0, 0, NULL), ftnInvalidArgument, "split NULL", "`newcomm`", "NULL");
+  expect_error(ftn_comm_get_stream(comm, NULL), ftnInvalidArgument, "get_stream NULL", "`stream`", "NULL");
+  expect_error(ftn_comm_init_all(NULL, 1, &ctx), ftnInvalidArgument, "init_all NULL", "`comms`", "NULL");
+
+  /* 2. huge sizes are errors, never an abort */
+  void *small = NULL;
+  CHECK(ftn_malloc(ctx, &small, 16));
+  expect_error(ftn_memcpy_htod(s, small, buf, (size_t)1 << 62), ftnInvalidArgument, "htod past allocation",
+               "`bytes`", "ftn_malloc allocation of 16");
+  expect_error(ftn_memcpy_htod(s, (char *)small + 8, buf, 9), ftnInvalidArgument, "htod past the end", "`bytes`",
+               "at most 8");
+  expect_error(ftn_memcpy_dtoh(s, buf, small, 17), ftnInvalidArgument, "dtoh past allocation", "`bytes`", NULL);
+  expect_error(ftn_memset(s, small, 0, 17), ftnInvalidArgument, "memset past allocation", "`bytes`", NULL);
+  expect_error(ftn_memcpy_dtod(s, small, small, 32), ftnInvalidArgument, "dtod past allocation", "`bytes`", NULL);
+  /* memory the library did not allocate: the host staging allocation fails with an error */
+  expect_error(ftn_memcpy_htod(s, buf, buf, (size_t)1 << 62), ftnBackendError, "htod staging", "cannot allocate",
+               NULL);
+  void *huge = NULL;
+  EXPECT(ftn_malloc(ctx, &huge, (size_t)1 << 62) != ftnSuccess && huge == NULL, "malloc of 2^62 bytes fails");
+  CHECK(ftn_stream_synchronize(s));
+
+  /* 3. a context with live children is not destroyed */
+  ftnContext_t c2;
+  ftnStream_t s2;
+  ftnEvent_t e2;
+  ftnGradScaler_t sc2;
+  ftnComm_t cm2;
+  CHECK(ftn_context_create(ftnBackendEmu, 0, &c2));
+  CHECK(ftn_stream_create(c2, &s2));
+  CHECK(ftn_event_create(c2, &e2));
+  CHECK(ftn_grad_scaler_create(c2, &c, NULL, &sc2));
+  CHECK(ftn_comm_init_all(&cm2, 1, &c2));
+  expect_error(ftn_context_destroy(c2), ftnInvalidArgument, "destroy with children", "1 streams, 1 events",
+               "1 communicators, 1 grad scalers");
+  CHECK(ftn_stream_synchronize(s2)); /* still alive: nothing was freed */
+  CHECK(ftn_stream_destroy(s2));
+  CHECK(ftn_event_destroy(e2));
+  CHECK(ftn_grad_scaler_destroy(sc2));
+  ftnStream_t cs2;
+  CHECK(ftn_comm_get_stream(cm2, &cs2));
+  CHECK(ftn_comm_destroy(cm2));
+  expect_error(ftn_context_destroy(c2), ftnInvalidArgument, "destroy with a comm stream", "1 streams", NULL);
+  CHECK(ftn_stream_destroy(cs2));
+  CHECK(ftn_context_destroy(c2));
+  expect_error(ftn_context_destroy(c2), ftnInvalidArgument, "context destroyed twice", "stale", NULL);
+
+  /* 4. stale handles are detected, never aliased to a newer handle */
+  ftnEvent_t old, young;
+  CHECK(ftn_event_create(ctx, &old));
+  CHECK(ftn_event_destroy(old));
+  CHECK(ftn_event_create(ctx, &young));
+  EXPECT(old != young, "a new handle never reuses a destroyed one's value");
+  expect_error(ftn_event_destroy(old), ftnInvalidArgument, "stale destroy", "stale", NULL);
+  expect_error(ftn_event_record(old, s), ftnInvalidArgument, "stale record", "`event`", "stale");
+  CHECK(ftn_event_record(young, s)); /* the new event survived */
+  CHECK(ftn_event_synchronize(young));
+  CHECK(ftn_event_destroy(young));
+  expect_error(ftn_event_synchronize((ftnEvent_t)(void *)s), ftnInvalidArgument, "stream as event", "ftnEvent_t",
+               "ftnStream_t");
+
+  /* 5. inconsistent input is rejected */
+  ftnGradScaler_t bad_sc = NULL;
+  st.reserved = 1;
+  expect_error(ftn_grad_scaler_create(ctx, &c, &st, &bad_sc), ftnInvalidArgument, "state.reserved",
+               "state.reserved", NULL);
+  expect_error(ftn_grad_scaler_host_update(&c, &st, 0), ftnInvalidArgument, "host state.reserved", "state.reserved",
+               NULL);
+  st.reserved = 0;
+  st.hysteresis_tracker = (int32_t)c.hysteresis + 1;
+  expect_error(ftn_grad_scaler_create(ctx, &c, &st, &bad_sc), ftnInvalidArgument, "hysteresis above config",
+               "hysteresis_tracker", NULL);
+  st.hysteresis_tracker = -3; /* reachable after repeated overflows */
+  CHECK(ftn_grad_scaler_create(ctx, &c, &st, &bad_sc));
+  CHECK(ftn_grad_scaler_destroy(bad_sc));
+  st.scale = NAN;
+  expect_error(ftn_grad_scaler_host_update(&c, &st, 0), ftnInvalidArgument, "NaN scale", "scale", NULL);
+  CHECK(ftn_grad_scaler_host_init(&c, &st));
+  ftnBlock2d_t blk = {0, 4};
+  expect_error(ftn_copy_2d(s, ftnFloat32, buf, blk, buf, blk, 2, 4), ftnInvalidArgument, "copy_2d same block",
+               "overlap", NULL);
+  ftnBlock2d_t shifted = {2, 4};
+  expect_error(ftn_copy_2d(s, ftnFloat32, buf, blk, buf, shifted, 2, 4), ftnInvalidArgument, "copy_2d overlap",
+               "overlap", NULL);
+  ftnBlock2d_t left = {0, 8}, right = {4, 8}; /* interleaved, disjoint column blocks */
+  CHECK(ftn_copy_2d(s, ftnFloat32, buf, left, buf, right, 2, 4));
+  expect_error(ftn_tp_mapping_forward(ftnCopyToTp, buf, buf, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
+               "mapping in place", "`output`", "overlap");
+  expect_error(ftn_tp_mapping_backward(ftnCopyToTp, buf, buf + 4, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
+               "mapping backward overlap", "`grad_input`", "overlap");
+  CHECK(ftn_tp_mapping_forward(ftnCopyToTp, buf, buf + 8, 2, 4, ftnFloat32, comm, s));
+  CHECK(ftn_stream_synchronize(s));
+
+  /* 6. shapes that do not divide are errors, never truncated */
+  expect_error(ftn_tp_mapping_shape(ftnScatterToTp, 0, 4, 7, 2, &r64, &c64), ftnInvalidArgument, "scatter 7 / 2",
+               "`cols`", "multiple");
+  expect_error(ftn_tp_mapping_shape(ftnGatherFromTp, 1, 4, 7, 2, &r64, &c64), ftnInvalidArgument,
+               "gather backward 7 / 2", "`cols`", "multiple");
+  expect_error(ftn_tp_mapping_shape(ftnScatterToSp, 0, 5, 4, 2, &r64, &c64), ftnInvalidArgument, "sp scatter 5 / 2",
+               "`rows`", "multiple");
+  expect_error(ftn_tp_mapping_shape(ftnReduceScatterToSp, 0, 5, 4, 2, &r64, &c64), ftnInvalidArgument,
+               "reduce-scatter 5 / 2", "`rows`", "multiple");
+  expect_error(ftn_tp_mapping_shape(ftnGatherFromSp, 1, 3, 4, 2, &r64, &c64), ftnInvalidArgument,
+               "gather sp backward 3 / 2", "`rows`", "multiple");
+  CHECK(ftn_tp_mapping_shape(ftnScatterToTp, 0, 4, 8, 2, &r64, &c64));
+  EXPECT(r64 == 4 && c64 == 4, "scatter 8 / 2: %lld x %lld", (long long)r64, (long long)c64);
+
+  /* 7. host and device scalers agree on every reachable state: +inf too */
+  ftnGradScalerConfig_t big = c;
+  big.initial_scale = 3.0e38f;
+  big.growth_interval = 1;
+  ftnGradScalerState_t hs, ds;
+  memset(&hs, 0, sizeof hs);
+  hs.size = sizeof hs;
+  memset(&ds, 0, sizeof ds);
+  ds.size = sizeof ds;
+  CHECK(ftn_grad_scaler_host_init(&big, &hs));
+  ftnGradScaler_t dsc;
+  CHECK(ftn_grad_scaler_create(ctx, &big, NULL, &dsc));
+  float *fi = NULL;
+  CHECK(ftn_malloc(ctx, (void **)&fi, sizeof(float)));
+  const int steps[] = {0, 0, 1, 1, 1, 0, 0};
+  for (int i = 0; i < (int)(sizeof steps / sizeof steps[0]); i++) {
+    float v = (float)steps[i];
+    CHECK(ftn_memcpy_htod(s, fi, &v, sizeof v));
+    CHECK(ftn_grad_scaler_update(dsc, s, fi, 1));
+    CHECK(ftn_grad_scaler_host_update(&big, &hs, steps[i]));
+    CHECK(ftn_grad_scaler_get_state(dsc, &ds));
+    EXPECT(hs.scale == ds.scale && hs.growth_tracker == ds.growth_tracker &&
+               hs.hysteresis_tracker == ds.hysteresis_tracker,
+           "step %d: host (%g %d %d) vs device (%g %d %d)", i, hs.scale, hs.growth_tracker, hs.hysteresis_tracker,
+           ds.scale, ds.growth_tracker, ds.hysteresis_tracker);
+    if (i == 0) EXPECT(isinf(hs.scale) && hs.scale > 0, "grew past fp32 max to +inf (got %g)", hs.scale);
+  }
+  /* a device scaler resumes from the +inf state the host reached */
+  ftnGradScaler_t resumed;
+  CHECK(ftn_grad_scaler_create(ctx, &big, &hs, &resumed));
+  CHECK(ftn_grad_scaler_get_state(resumed, &ds));
+  EXPECT(ds.scale == hs.scale, "resumed scale %g vs %g", ds.scale, hs.scale);
+  CHECK(ftn_grad_scaler_destroy(resumed));
+  CHECK(ftn_grad_scaler_destroy(dsc));
+
+  /* 8. errors name the right argument */
+  expect_error(ftn_tp_mapping_backward(ftnCopyToTp, NULL, buf, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
+               "backward NULL grad_output", "`grad_output`", "NULL");
+  expect_error(ftn_tp_mapping_backward(ftnCopyToTp, buf, NULL, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
+               "backward NULL grad_input", "`grad_input`", "NULL");
+  ftnContext_t c3;
+  ftnStream_t s3;
+  CHECK(ftn_context_create(ftnBackendEmu, 0, &c3));
+  CHECK(ftn_stream_create(c3, &s3));
+  expect_error(ftn_free_async(ctx, small, s3), ftnDeviceMismatch, "free_async other stream", "`stream`",
+               "than `ctx`");
+  expect_error(ftn_tp_mapping_forward(ftnCopyToTp, buf, buf + 8, 2, 4, ftnFloat32, comm, s3), ftnDeviceMismatch,
+               "mapping other stream", "`stream`", "than the communicator");
+  ftnEvent_t e3;
+  CHECK(ftn_event_create(c3, &e3));
+  expect_error(ftn_event_elapsed_ms(ev, e3, (float *)buf), ftnDeviceMismatch, "elapsed across contexts", "`end`",
+               "than `start`");
+  CHECK(ftn_event_destroy(e3));
+  CHECK(ftn_stream_destroy(s3));
+  CHECK(ftn_context_destroy(c3));
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "0", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  ftnJobEnv_t env;
+  memset(&env, 0, sizeof env);
+  env.size = sizeof env;
+  expect_error(ftn_job_env_from_environment(&env), ftnInvalidArgument, "WORLD_SIZE=0", "`WORLD_SIZE`", "at least 1");
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
+
+  CHECK(ftn_free(ctx, small));
+  CHECK(ftn_free(ctx, fi));
+  CHECK(ftn_event_destroy(ev));
+  CHECK(ftn_comm_destroy(comm));
+  CHECK(ftn_stream_synchronize(s));
+}
+
 int main(int argc, char **argv) {
   g_seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
   g_state = g_seed * 0x9E3779B97F4A7C15ULL + 1;
@@ -689,6 +918,7 @@ int main(int argc, char **argv) {
   test_scaler(ctx, s);
   test_collectives();
   test_bad_input(ctx, s);
+  test_hardening(ctx, s);
   CHECK(ftn_stream_destroy(s));
   CHECK(ftn_context_destroy(ctx));
   if (g_failures) {

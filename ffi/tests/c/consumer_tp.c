@@ -890,7 +890,7 @@ static void test_mappings(World *w) {
   BAD(ftn_tp_mapping_forward(ftnCopyToTp, NULL, obuf, 4, 6, ftnFloat32, w->comm[0], w->st[0]), ftnInvalidArgument,
       "input", "NULL");
   BAD(ftn_tp_mapping_backward(ftnCopyToTp, buf, NULL, 4, 6, ftnFloat32, w->comm[0], w->st[0]), ftnInvalidArgument,
-      "output", "NULL");
+      "grad_input", "NULL");
   BAD(ftn_tp_mapping_forward(ftnCopyToTp, buf, obuf, -1, 6, ftnFloat32, w->comm[0], w->st[0]), ftnInvalidArgument,
       "rows", NULL);
   BAD(ftn_tp_mapping_forward(ftnCopyToTp, buf, obuf, 4, 6, ftnFloat32, NULL, w->st[0]), ftnInvalidArgument, "comm",
@@ -1178,6 +1178,13 @@ static void test_linear_bad_input(World *w) {
   e = d;
   e.out_features = 15;
   BAD(ftn_column_parallel_linear_create(cm, &e, W, b, &l), ftnInvalidArgument, "out_features", "15");
+  /* zero-sized layers are errors, not empty layers */
+  e = d;
+  e.in_features = 0;
+  BAD(ftn_column_parallel_linear_create(cm, &e, W, b, &l), ftnInvalidArgument, "in_features", ">= 1");
+  e = d;
+  e.out_features = 0;
+  BAD(ftn_column_parallel_linear_create(cm, &e, W, b, &l), ftnInvalidArgument, "out_features", ">= 1");
   e = d;
   e.in_features = -16;
   BAD(ftn_column_parallel_linear_create(cm, &e, W, b, &l), ftnInvalidArgument, "desc.in_features", NULL);
@@ -1269,6 +1276,12 @@ static void test_linear_bad_input(World *w) {
   re = rd;
   re.in_features = 15;
   BAD(ftn_row_parallel_linear_create(cm, &re, W, b, &rl), ftnInvalidArgument, "in_features", "15");
+  re = rd;
+  re.in_features = 0;
+  BAD(ftn_row_parallel_linear_create(cm, &re, W, b, &rl), ftnInvalidArgument, "in_features", ">= 1");
+  re = rd;
+  re.out_features = 0;
+  BAD(ftn_row_parallel_linear_create(cm, &re, W, b, &rl), ftnInvalidArgument, "out_features", ">= 1");
   re = rd;
   re.dtype = ftnInt32;
   BAD(ftn_row_parallel_linear_create(cm, &re, W, b, &rl), ftnInvalidArgument, "desc.dtype", NULL);
@@ -1477,6 +1490,14 @@ static void test_mlp_bad_input(World *w) {
   BAD(ftn_tp_mlp_create(cm, &d, W1, NULL, W2, b2, &m), ftnInvalidArgument, "fc1_bias", "NULL");
   BAD(ftn_tp_mlp_create(cm, &d, W1, b1, NULL, b2, &m), ftnInvalidArgument, "fc2_weight", "NULL");
   BAD(ftn_tp_mlp_create(cm, &d, W1, b1, W2, b2, NULL), ftnInvalidArgument, "mlp", "NULL");
+  {
+    ftnTpMlpDesc_t z = d;
+    z.ffn = 0;
+    BAD(ftn_tp_mlp_create(cm, &z, W1, b1, W2, b2, &m), ftnInvalidArgument, "ffn", ">= 1");
+    z = d;
+    z.hidden = 0;
+    BAD(ftn_tp_mlp_create(cm, &z, W1, b1, W2, b2, &m), ftnInvalidArgument, "hidden", ">= 1");
+  }
   BAD(ftn_tp_mlp_create(NULL, &d, W1, b1, W2, b2, &m), ftnInvalidArgument, "comm", "NULL");
   ftnTpMlpDesc_t e = d;
   e.size = sizeof d - 8;
@@ -1947,6 +1968,16 @@ static void test_embedding(World *w, int dtype, int id_dtype) {
   e.dtype = ftnInt64;
   BAD(ftn_vocab_parallel_embedding_backward(&e, cm, s, c.ids, c.dy, c.dw[0], tokens, 0), ftnInvalidArgument,
       "desc.dtype", NULL);
+  e = c.d;
+  e.hidden = 0;
+  BAD(ftn_vocab_parallel_embedding_forward(&e, cm, s, c.ids, c.shard[0], c.out[0], tokens), ftnInvalidArgument,
+      "hidden", ">= 1");
+  BAD(ftn_vocab_parallel_embedding_backward(&e, cm, s, c.ids, c.dy, c.dw[0], tokens, 0), ftnInvalidArgument,
+      "hidden", ">= 1");
+  e = c.d;
+  e.vocab = 0;
+  BAD(ftn_vocab_parallel_embedding_forward(&e, cm, s, c.ids, c.shard[0], c.out[0], tokens), ftnInvalidArgument,
+      "vocab", ">= 1");
   e = c.d;
   e.vocab = -5;
   BAD(ftn_vocab_parallel_embedding_forward(&e, cm, s, c.ids, c.shard[0], c.out[0], tokens), ftnInvalidArgument,

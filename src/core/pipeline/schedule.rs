@@ -254,7 +254,23 @@ pub fn interleaved_table(microbatches: usize, vp: usize, group: usize) -> Vec<(u
 pub fn schedule(cfg: &PipelineConfig) -> Result<Vec<Vec<Op>>> {
     cfg.validate()?;
     let (pp, m) = (cfg.pp, cfg.microbatches);
-    let mut out = Vec::with_capacity(pp);
+    // Host memory for the result: an error, never an abort, when it cannot
+    // be had (validate() bounds the count by usize only). The per-rank probe
+    // reserves one rank's worst case (3 passes per chunk and micro-batch).
+    let per_rank = 3 * cfg.vp() * m;
+    let no_memory = || {
+        Error::invalid(
+            OP,
+            "microbatches",
+            "a schedule whose operations fit in host memory",
+            format!("{pp} ranks of up to {per_rank} operations"),
+        )
+    };
+    let mut out = Vec::new();
+    out.try_reserve_exact(pp).map_err(|_| no_memory())?;
+    Vec::<Op>::new()
+        .try_reserve_exact(per_rank.saturating_mul(pp))
+        .map_err(|_| no_memory())?;
     for rank in 0..pp {
         let ops = match cfg.kind {
             ScheduleKind::NoPipelining => {
@@ -394,6 +410,17 @@ fn op(pass: Pass, microbatch: usize, chunk: usize, rank: usize, pp: usize, vp: u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schedule_too_big_for_memory_is_an_error_not_an_abort() {
+        let cfg = PipelineConfig {
+            pp: 1 << 20,
+            microbatches: 1 << 40,
+            kind: ScheduleKind::OneFOneB,
+        };
+        let e = schedule(&cfg).unwrap_err().to_string();
+        assert!(e.contains("host memory"), "{e}");
+    }
 
     fn kinds(pass: &[Op]) -> Vec<(char, usize, usize)> {
         pass.iter()
