@@ -275,6 +275,27 @@ impl ParamAndGradBuffers {
         &self.device
     }
 
+    /// Bytes of device memory the buffers own: every group's gradient
+    /// buffer and (distributed optimizer) parameter buffer, padding
+    /// included.
+    pub fn memory_bytes(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| {
+                g.grad.len() * g.grad_dtype.size()
+                    + g.param
+                        .as_ref()
+                        .map_or(0, |p| p.len() * g.param_dtype.size())
+            })
+            .sum()
+    }
+
+    /// Elements of every group's buffer, padding included (the sum over
+    /// groups of the layout's length).
+    pub fn padded_elements(&self) -> usize {
+        self.groups.iter().map(|g| g.layout.numel).sum()
+    }
+
     pub fn config(&self) -> LayoutConfig {
         self.config
     }

@@ -49,19 +49,21 @@ impl Default for DistOptConfig {
 /// The part of one parameter this rank owns: elements `[lo, hi)` of its
 /// group's buffer, at `state` in the group's optimizer-state buffers.
 #[derive(Clone, Copy, Debug)]
-struct Segment {
-    group: usize,
-    lo: usize,
-    hi: usize,
-    state: usize,
+pub(super) struct Segment {
+    pub(super) group: usize,
+    /// The global id of the parameter the segment belongs to.
+    pub(super) param: usize,
+    pub(super) lo: usize,
+    pub(super) hi: usize,
+    pub(super) state: usize,
     weight_decay: f32,
 }
 
 /// fp32 master weights and moments of one group's owned shards.
-struct GroupState {
-    master: DeviceBuffer<f32>,
-    m: DeviceBuffer<f32>,
-    v: DeviceBuffer<f32>,
+pub(super) struct GroupState {
+    pub(super) master: DeviceBuffer<f32>,
+    pub(super) m: DeviceBuffer<f32>,
+    pub(super) v: DeviceBuffer<f32>,
 }
 
 /// The ZeRO-1 optimizer of one data-parallel rank.
@@ -69,8 +71,8 @@ pub struct DistributedOptimizer {
     config: DistOptConfig,
     adam: FusedAdam,
     mt: MultiTensor,
-    states: Vec<GroupState>,
-    segments: Vec<Segment>,
+    pub(super) states: Vec<GroupState>,
+    pub(super) segments: Vec<Segment>,
     /// Per bucket (the reducer's order): the all-gather's input shard.
     gather: Vec<AnyBuffer>,
     local_norm: DeviceBuffer<f32>,
@@ -172,6 +174,7 @@ impl DistributedOptimizer {
                         let shape = &b.info(super::ParamId(g.members[m]))?.shape;
                         segments.push(Segment {
                             group: gi,
+                            param: g.members[m],
                             lo: a,
                             hi: z,
                             state,
@@ -208,6 +211,54 @@ impl DistributedOptimizer {
             norms: dev.alloc_zeros(dp)?,
             norm: dev.alloc_zeros(1)?,
         })
+    }
+
+    /// Bytes of device memory this optimizer owns: the fp32 master weights
+    /// and Adam moments of this rank's segments (12 bytes per owned
+    /// element), one all-gather input shard per bucket (parameter dtype,
+    /// `1/dp` of the bucket) and the norm scalars (`4 * (dp + 2)`). Kernel
+    /// workspace inside `MultiTensor` / `FusedAdam` is not counted.
+    pub fn memory_bytes(&self) -> usize {
+        let states: usize = self
+            .states
+            .iter()
+            .map(|s| 4 * (s.master.len() + s.m.len() + s.v.len()))
+            .sum();
+        let gather: usize = self.gather.iter().map(|b| b.len() * b.dtype().size()).sum();
+        states + gather + 4 * (self.local_norm.len() + self.norms.len() + self.norm.len())
+    }
+
+    /// Errors unless this optimizer was built from `ddp` (same device,
+    /// data-parallel size and group layout).
+    pub(super) fn check_built_from(
+        &self,
+        op: &'static str,
+        ddp: &DistributedDataParallel<'_>,
+    ) -> Result<()> {
+        let b = &ddp.buffers;
+        let ok = self.norms.len() == ddp.comm().size()
+            && self.norms.device().same(b.device())
+            && self.states.len() == b.groups.len()
+            && self
+                .segments
+                .iter()
+                .all(|s| s.param < b.num_params() && b.place(s.param).0 == s.group);
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                op,
+                "ddp",
+                "the DistributedDataParallel this optimizer was built from",
+                "another one",
+            ))
+        }
+    }
+
+    /// The elements of parameters this rank owns (the sum of its segments;
+    /// summed over ranks, every parameter element exactly once).
+    pub fn owned_elements(&self) -> usize {
+        self.segments.iter().map(|s| s.hi - s.lo).sum()
     }
 
     /// The global gradient L2 norm of the last step (before clipping), `[1]`

@@ -6,10 +6,14 @@
 
 mod buckets;
 pub mod buffers;
+#[cfg(feature = "checkpoint")]
+pub mod checkpoint;
 pub mod dist_opt;
 pub mod reducer;
 
 pub use crate::core::ddp_layout::{bytes_per_param, default_bucket_size, BytesPerParam};
 pub use buffers::{BucketId, BufferView, ParamAndGradBuffers, ParamId, ParamInfo, ParamRegistry};
+#[cfg(feature = "checkpoint")]
+pub use checkpoint::{load_checkpoint, save_checkpoint, CHECKPOINT_FORMAT};
 pub use dist_opt::{DistOptConfig, DistributedOptimizer};
 pub use reducer::{DdpConfig, DistributedDataParallel, GradAveraging};

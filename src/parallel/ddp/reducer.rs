@@ -160,6 +160,21 @@ impl<'c> DistributedDataParallel<'c> {
         &self.buffers
     }
 
+    /// Bytes of device memory this object owns: the buffers
+    /// ([`ParamAndGradBuffers::memory_bytes`]), the reduce-scatter scratch
+    /// shards (distributed optimizer: gradient dtype, `1/dp` of each
+    /// bucket) and the flags (`4 * (1 + num_params)`: pre-scale found_inf
+    /// and one NaN flag per parameter).
+    pub fn memory_bytes(&self) -> usize {
+        let scratch: usize = self
+            .scratch
+            .iter()
+            .flatten()
+            .map(|b| b.len() * b.dtype().size())
+            .sum();
+        self.buffers.memory_bytes() + scratch + 4 * (self.found_inf.len() + self.nan_flags.len())
+    }
+
     /// Every bucket, in reduction order.
     pub fn buckets(&self) -> &[BucketId] {
         &self.buckets

@@ -1,0 +1,431 @@
+//! Checkpoints of the distributed optimizer (feature `checkpoint`, on by
+//! default): the model parameters, the fp32 master weights, the Adam moments
+//! and the step count, as one [safetensors](https://crates.io/crates/safetensors)
+//! file of **per-parameter tensors** named by parameter name. The file does
+//! not depend on the data-parallel size or the bucket size it was saved
+//! with: a checkpoint saved at dp = 4 loads at dp = 2 with other buckets.
+//!
+//! Tensors (`<name>` a registered parameter name, `<shape>` its registered
+//! shape):
+//!
+//! | tensor | dtype | shape |
+//! | --- | --- | --- |
+//! | `model/<name>` | the parameter dtype | `<shape>` |
+//! | `optimizer/master/<name>` | F32 | `<shape>` |
+//! | `optimizer/exp_avg/<name>` | F32 | `<shape>` |
+//! | `optimizer/exp_avg_sq/<name>` | F32 | `<shape>` |
+//! | `optimizer/step` | I64 | `[1]` |
+//!
+//! Saving: every rank's shard of every bucket (master, m, v packed) is
+//! all-gathered over the data-parallel communicator, bucket by bucket; rank 0
+//! cuts the gathered buckets at parameter boundaries, writes the file
+//! (through a temporary file renamed into place) and broadcasts whether that
+//! worked, so every rank returns the same verdict. Loading: every rank reads
+//! the file, checks it against its model, and takes the slices of its own
+//! segments (a scatter through the shared file system; no collective).
+//! Values are stored little-endian.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::backend::{AnyBuffer, Stream};
+use crate::core::ddp_layout;
+use crate::core::dtype::{bf16, f16};
+use crate::core::{DType, Error, Result};
+use crate::ops::adam::AdamScalars;
+
+use super::buffers::{view_any, ParamId};
+use super::dist_opt::DistributedOptimizer;
+use super::reducer::DistributedDataParallel;
+
+const SAVE: &str = "save_checkpoint";
+const LOAD: &str = "load_checkpoint";
+
+/// The format tag written into the file's metadata.
+pub const CHECKPOINT_FORMAT: &str = "ferrotron-dist-opt-v1";
+
+const STATE: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
+const STEP_TENSOR: &str = "optimizer/step";
+
+fn model_name(name: &str) -> String {
+    format!("model/{name}")
+}
+
+fn state_name(kind: &str, name: &str) -> String {
+    format!("optimizer/{kind}/{name}")
+}
+
+fn st_dtype(d: DType) -> Result<Dtype> {
+    Ok(match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        other => return Err(Error::invalid(SAVE, "param", "f32, f16 or bf16", other)),
+    })
+}
+
+/// The raw little-endian bytes of a float buffer (waits for the device).
+fn any_to_le(b: &AnyBuffer) -> Result<Vec<u8>> {
+    Ok(match b {
+        AnyBuffer::F32(x) => x.to_host()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        AnyBuffer::F16(x) => x
+            .to_host()?
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .collect(),
+        AnyBuffer::BF16(x) => x
+            .to_host()?
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .collect(),
+        other => {
+            return Err(Error::invalid(
+                SAVE,
+                "param",
+                "f32, f16 or bf16",
+                other.dtype(),
+            ))
+        }
+    })
+}
+
+/// Writes little-endian `bytes` into a float buffer on `stream`.
+fn le_to_any(stream: &Stream, bytes: &[u8], dst: &mut AnyBuffer) -> Result<()> {
+    let u16s = || {
+        bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+    };
+    match dst {
+        AnyBuffer::F32(x) => {
+            let v: Vec<f32> = f32s(bytes);
+            stream.copy_from_host(&v, x)
+        }
+        AnyBuffer::F16(x) => {
+            let v: Vec<f16> = u16s().map(f16::from_bits).collect();
+            stream.copy_from_host(&v, x)
+        }
+        AnyBuffer::BF16(x) => {
+            let v: Vec<bf16> = u16s().map(bf16::from_bits).collect();
+            stream.copy_from_host(&v, x)
+        }
+        other => Err(Error::invalid(
+            LOAD,
+            "param",
+            "f32, f16 or bf16",
+            other.dtype(),
+        )),
+    }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn io_error(op: &'static str, path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::invalid(op, "path", what, format!("'{}': {e}", path.display()))
+}
+
+/// Saves `ddp`'s parameters and `opt`'s state (master weights, Adam `m`,
+/// `v`) and `scalars`' step count to `path` as per-parameter tensors (see
+/// the module docs). Every data-parallel rank must call it (collectives);
+/// only rank 0 writes. Call it between steps: it synchronises `compute`
+/// first. Errors: `opt` not built from `ddp`; the file cannot be written
+/// (on every rank: rank 0 broadcasts the outcome).
+pub fn save_checkpoint(
+    ddp: &DistributedDataParallel<'_>,
+    opt: &DistributedOptimizer,
+    scalars: &AdamScalars,
+    compute: &Stream,
+    path: &Path,
+) -> Result<()> {
+    opt.check_built_from(SAVE, ddp)?;
+    let b = &ddp.buffers;
+    let dev = b.device().clone();
+    dev.check_same(SAVE, "compute", compute.device())?;
+    let comm = ddp.comm();
+    let (dp, rank) = (comm.size(), comm.rank());
+    let cs = comm.stream();
+    compute.synchronize()?;
+    let step = scalars.step()?;
+
+    // This rank's optimizer state, on the host.
+    let states: Vec<[Vec<f32>; 3]> = opt
+        .states
+        .iter()
+        .map(|s| Ok([s.master.to_host()?, s.m.to_host()?, s.v.to_host()?]))
+        .collect::<Result<_>>()?;
+
+    // Per parameter (rank 0 only): master, m, v of the whole tensor.
+    let mut full: Vec<[Vec<f32>; 3]> = if rank == 0 {
+        (0..b.num_params())
+            .map(|p| {
+                let n = b.info(ParamId(p)).map(|i| i.numel).unwrap_or(0);
+                [vec![0f32; n], vec![0f32; n], vec![0f32; n]]
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    for &bid in ddp.buckets() {
+        let bucket = b.bucket(bid)?;
+        let (lo, hi) = ddp_layout::shard(bucket, dp, rank)?;
+        let sz = hi - lo;
+        // [master | m | v] of this rank's shard, zero in the padding.
+        let mut send = vec![0f32; 3 * sz];
+        for s in opt
+            .segments
+            .iter()
+            .filter(|s| s.group == bid.group && s.lo >= lo && s.hi <= hi)
+        {
+            let n = s.hi - s.lo;
+            for (k, st) in states[s.group].iter().enumerate() {
+                send[k * sz + s.lo - lo..k * sz + s.hi - lo]
+                    .copy_from_slice(&st[s.state..s.state + n]);
+            }
+        }
+        let send = dev.upload(&send)?;
+        let mut recv = dev.alloc_zeros::<f32>(dp * 3 * sz)?;
+        comm.all_gather(cs, &send, &mut recv)?.synchronize()?;
+        if rank != 0 {
+            continue;
+        }
+        let recv = recv.to_host()?;
+        let members = &b.groups[bid.group].members;
+        for r in 0..dp {
+            let (rlo, rhi) = ddp_layout::shard(bucket, dp, r)?;
+            let base = r * 3 * sz;
+            for &m in &bucket.params {
+                let slot = b.groups[bid.group].layout.params[m];
+                if let Some((a, z)) = ddp_layout::overlap(&slot, (rlo, rhi)) {
+                    let p = members[m];
+                    for (k, dst) in full[p].iter_mut().enumerate() {
+                        dst[a - slot.start..z - slot.start].copy_from_slice(
+                            &recv[base + k * sz + a - rlo..base + k * sz + z - rlo],
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    let written = if rank == 0 {
+        write_file(ddp, &full, step, path)
+    } else {
+        Ok(())
+    };
+    // Every rank learns whether rank 0 wrote the file.
+    let mut flag = dev.upload(&[if written.is_ok() { 1f32 } else { 0f32 }])?;
+    comm.broadcast(cs, &mut flag, 0)?.synchronize()?;
+    written?;
+    if flag.to_host()?[0] != 1.0 {
+        return Err(io_error(
+            SAVE,
+            path,
+            "a file rank 0 can write",
+            "rank 0 could not write it",
+        ));
+    }
+    Ok(())
+}
+
+fn write_file(
+    ddp: &DistributedDataParallel<'_>,
+    full: &[[Vec<f32>; 3]],
+    step: i32,
+    path: &Path,
+) -> Result<()> {
+    let b = &ddp.buffers;
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (p, st) in full.iter().enumerate() {
+        let id = ParamId(p);
+        let info = b.info(id)?;
+        let (g, _) = b.place(p);
+        let pbuf = b.groups[g].param.as_ref().ok_or_else(|| {
+            Error::invalid(SAVE, "ddp", "parameter buffers", "gradient-only buffers")
+        })?;
+        let (start, end) = b.param_range(id)?;
+        // SAFETY: the parameter's slot lies in its group's parameter buffer,
+        // read (host-synchronously) while `ddp` is borrowed.
+        let view = unsafe { view_any(pbuf, start, end - start) }?;
+        tensors.push((
+            model_name(&info.name),
+            st_dtype(info.param_dtype)?,
+            info.shape.clone(),
+            any_to_le(&view)?,
+        ));
+        for (k, kind) in STATE.iter().enumerate() {
+            tensors.push((
+                state_name(kind, &info.name),
+                Dtype::F32,
+                info.shape.clone(),
+                st[k].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ));
+        }
+    }
+    tensors.push((
+        STEP_TENSOR.to_string(),
+        Dtype::I64,
+        vec![1],
+        (step as i64).to_le_bytes().to_vec(),
+    ));
+    let views = tensors
+        .iter()
+        .map(|(n, d, s, bytes)| {
+            TensorView::new(*d, s.clone(), bytes)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| Error::invalid(SAVE, "param", "a tensor safetensors accepts", e))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let cfg = ddp.buffers.config();
+    let meta: HashMap<String, String> = [
+        ("format", CHECKPOINT_FORMAT.to_string()),
+        ("saved_dp", cfg.dp.to_string()),
+        ("saved_bucket_size", cfg.bucket_size.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let bytes = safetensors::serialize(views, &Some(meta))
+        .map_err(|e| io_error(SAVE, path, "a checkpoint safetensors can serialise", e))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, &bytes).map_err(|e| io_error(SAVE, path, "a writable file", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io_error(SAVE, path, "a writable file", e))
+}
+
+/// Checks that `t` exists in `st` with `dtype` and `shape`.
+fn expect<'a>(
+    st: &'a SafeTensors<'a>,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+) -> Result<TensorView<'a>> {
+    let t = st.tensor(name).map_err(|_| {
+        Error::invalid(
+            LOAD,
+            "checkpoint",
+            format!("a checkpoint of this model (a tensor '{name}')"),
+            format!("missing tensor '{name}' (a checkpoint of another model?)"),
+        )
+    })?;
+    if t.dtype() != dtype {
+        return Err(Error::invalid(
+            LOAD,
+            "checkpoint",
+            format!("tensor '{name}' of dtype {dtype:?}"),
+            format!("dtype {:?} (a checkpoint of another model?)", t.dtype()),
+        ));
+    }
+    if t.shape() != shape {
+        return Err(Error::invalid(
+            LOAD,
+            "checkpoint",
+            format!("tensor '{name}' of shape {shape:?}"),
+            format!("shape {:?} (a checkpoint of another model?)", t.shape()),
+        ));
+    }
+    Ok(t)
+}
+
+/// Loads a checkpoint written by [`save_checkpoint`] (at any data-parallel
+/// size and bucket size) into `ddp`'s parameter buffer, `opt`'s state for
+/// this rank's segments and `scalars`' step count, enqueued on `compute`.
+/// Call it between steps, after building `opt` from `ddp`. Every rank reads
+/// the whole file. Errors, before anything is written: an unreadable file or
+/// not a safetensors file (`path`); a checkpoint of another model — a
+/// missing or extra tensor, a wrong shape or dtype (`checkpoint`, naming the
+/// tensor); `opt` not built from `ddp`.
+pub fn load_checkpoint(
+    ddp: &mut DistributedDataParallel<'_>,
+    opt: &mut DistributedOptimizer,
+    scalars: &mut AdamScalars,
+    compute: &Stream,
+    path: &Path,
+) -> Result<()> {
+    opt.check_built_from(LOAD, ddp)?;
+    let b = &ddp.buffers;
+    b.device().check_same(LOAD, "compute", compute.device())?;
+    let bytes =
+        std::fs::read(path).map_err(|e| io_error(LOAD, path, "a readable checkpoint file", e))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| io_error(LOAD, path, "a safetensors file", e))?;
+
+    // Validate everything first.
+    let mut known: HashSet<String> = HashSet::new();
+    let mut model = Vec::with_capacity(b.num_params());
+    let mut state: Vec<[TensorView<'_>; 3]> = Vec::with_capacity(b.num_params());
+    for p in 0..b.num_params() {
+        let info = b.info(ParamId(p))?;
+        let mn = model_name(&info.name);
+        model.push(expect(&st, &mn, st_dtype(info.param_dtype)?, &info.shape)?);
+        known.insert(mn);
+        let mut k3 = Vec::with_capacity(3);
+        for kind in STATE {
+            let n = state_name(kind, &info.name);
+            k3.push(expect(&st, &n, Dtype::F32, &info.shape)?);
+            known.insert(n);
+        }
+        let [a, m, v]: [TensorView<'_>; 3] = k3
+            .try_into()
+            .map_err(|_| Error::invalid(LOAD, "checkpoint", "three optimizer tensors", "fewer"))?;
+        state.push([a, m, v]);
+    }
+    let step_t = expect(&st, STEP_TENSOR, Dtype::I64, &[1])?;
+    known.insert(STEP_TENSOR.to_string());
+    let mut names: Vec<&str> = st.names().into_iter().map(|s| s.as_str()).collect();
+    names.sort_unstable();
+    if let Some(extra) = names.iter().find(|n| !known.contains(**n)) {
+        return Err(Error::invalid(
+            LOAD,
+            "checkpoint",
+            "a checkpoint of this model (only its tensors)",
+            format!("extra tensor '{extra}' (a checkpoint of another model?)"),
+        ));
+    }
+    let sd = step_t.data();
+    let step = i64::from_le_bytes([sd[0], sd[1], sd[2], sd[3], sd[4], sd[5], sd[6], sd[7]]);
+    let step = i32::try_from(step)
+        .ok()
+        .filter(|s| *s >= 0)
+        .ok_or_else(|| Error::invalid(LOAD, "checkpoint", "a step count in 0..=i32::MAX", step))?;
+
+    // This rank's segments of master, m, v.
+    for (g, gs) in opt.states.iter_mut().enumerate() {
+        let len = gs.master.len();
+        let mut host = [vec![0f32; len], vec![0f32; len], vec![0f32; len]];
+        for s in opt.segments.iter().filter(|s| s.group == g) {
+            let (start, _) = b.param_range(ParamId(s.param))?;
+            let (a, z) = (s.lo - start, s.hi - start);
+            for (k, h) in host.iter_mut().enumerate() {
+                let data = &state[s.param][k].data()[4 * a..4 * z];
+                h[s.state..s.state + (z - a)].copy_from_slice(&f32s(data));
+            }
+        }
+        let [hm, ha, hv] = host;
+        compute.copy_from_host(&hm, &mut gs.master)?;
+        compute.copy_from_host(&ha, &mut gs.m)?;
+        compute.copy_from_host(&hv, &mut gs.v)?;
+    }
+    // The (replicated) parameters.
+    for (p, t) in model.iter().enumerate() {
+        let (g, _) = b.place(p);
+        let pbuf = b.groups[g]
+            .param
+            .as_ref()
+            .ok_or_else(|| Error::invalid(LOAD, "ddp", "parameter buffers", "none"))?;
+        let (start, end) = b.param_range(ParamId(p))?;
+        // SAFETY: the slot lies in the group's parameter buffer; the copy is
+        // enqueued on `compute` while `ddp` is borrowed and the buffers'
+        // drop is stream-ordered.
+        let mut view = unsafe { view_any(pbuf, start, end - start) }?;
+        le_to_any(compute, t.data(), &mut view)?;
+    }
+    scalars.set_step(compute, step)
+}
