@@ -28,6 +28,38 @@ impl ParamId {
     }
 }
 
+/// How a parameter's gradient relates to the tensor-parallel group, i.e.
+/// whether [`crate::parallel::ddp::DistributedDataParallel::finalize_model_grads`]
+/// must still all-reduce it over the tensor-parallel ranks. Every gradient
+/// must be summed over the TP group **exactly once**; which layers already
+/// did it:
+///
+/// | ferrotron layer | parameter | gradient as the layer returns it | kind |
+/// | --- | --- | --- | --- |
+/// | `ColumnParallelLinear` | weight, bias shard | complete for this rank's shard | `Local` |
+/// | `RowParallelLinear` | weight shard | complete for this rank's shard | `Local` |
+/// | `RowParallelLinear` | replicated bias, **with** sequence parallelism | **already summed over TP** (column sums of the all-gathered `dY`) | `Local` |
+/// | `RowParallelLinear` | replicated bias, without sequence parallelism | complete (every rank sees every token) | `Local` |
+/// | `TpMlp` | fc1 / fc2 as above (fc2's bias already summed under SP) | | `Local` |
+/// | `LayerNorm` / `RmsNorm` on sequence-parallel rows | gamma, beta (replicated) | partial: this rank's `tokens / tp` rows only | `TpDuplicated` |
+/// | any replicated parameter used only on this rank's sequence shard | | partial | `TpDuplicated` |
+///
+/// (Megatron-Core leaves the row-parallel bias gradient as a per-rank
+/// partial under sequence parallelism and all-reduces it with the
+/// LayerNorm gradients; ferrotron's row-parallel layer already returns the
+/// sum, so registering it `TpDuplicated` would double it.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ParamKind {
+    /// The gradient is complete on this TP rank (TP-sharded parameters, or
+    /// replicated ones whose layer already summed it over TP). Default.
+    #[default]
+    Local,
+    /// Replicated over the TP group, gradient a per-rank partial sum
+    /// (sequence parallelism): all-reduced (sum) over the TP group by
+    /// `finalize_model_grads`. Megatron's `sequence_parallel` attribute.
+    TpDuplicated,
+}
+
 /// What was registered for one parameter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamInfo {
@@ -36,6 +68,7 @@ pub struct ParamInfo {
     pub numel: usize,
     pub param_dtype: DType,
     pub grad_dtype: DType,
+    pub kind: ParamKind,
 }
 
 /// Parameters in registration order (forward order), before allocation.
@@ -73,6 +106,21 @@ impl ParamRegistry {
         param_dtype: DType,
         grad_dtype: DType,
     ) -> Result<ParamId> {
+        self.register_kind(name, shape, param_dtype, grad_dtype, ParamKind::Local)
+    }
+
+    /// Registers a parameter with its gradient dtype and [`ParamKind`]
+    /// (`TpDuplicated`: a replicated parameter whose gradient
+    /// `finalize_model_grads` all-reduces over the TP group). Errors as
+    /// [`Self::register_with_grad`].
+    pub fn register_kind(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        param_dtype: DType,
+        grad_dtype: DType,
+        kind: ParamKind,
+    ) -> Result<ParamId> {
         const REG: &str = "ParamRegistry::register";
         if self.names.contains_key(name) {
             return Err(Error::invalid(
@@ -102,6 +150,7 @@ impl ParamRegistry {
             numel,
             param_dtype,
             grad_dtype,
+            kind,
         });
         self.names.insert(name.to_string(), id);
         Ok(ParamId(id))

@@ -12,7 +12,9 @@ pub mod dist_opt;
 pub mod reducer;
 
 pub use crate::core::ddp_layout::{bytes_per_param, default_bucket_size, BytesPerParam};
-pub use buffers::{BucketId, BufferView, ParamAndGradBuffers, ParamId, ParamInfo, ParamRegistry};
+pub use buffers::{
+    BucketId, BufferView, ParamAndGradBuffers, ParamId, ParamInfo, ParamKind, ParamRegistry,
+};
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{load_checkpoint, save_checkpoint, CHECKPOINT_FORMAT};
 pub use dist_opt::{DistOptConfig, DistributedOptimizer};

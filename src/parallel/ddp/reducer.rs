@@ -15,7 +15,7 @@ use crate::core::{Error, Result};
 use crate::ops::multi_tensor::{GradRef, MultiTensor};
 
 use super::buckets::Readiness;
-use super::buffers::{view_any, BucketId, ParamAndGradBuffers, ParamId, ParamRegistry};
+use super::buffers::{view_any, BucketId, ParamAndGradBuffers, ParamId, ParamKind, ParamRegistry};
 
 const OP: &str = "DistributedDataParallel";
 
@@ -359,6 +359,53 @@ impl<'c> DistributedDataParallel<'c> {
         self.readiness.reset();
         self.synced = true;
         Ok(())
+    }
+
+    /// Megatron's `finalize_model_grads` for one model chunk:
+    /// [`Self::finish_grad_sync`] (the data-parallel reduction), then every
+    /// gradient registered [`ParamKind::TpDuplicated`] is all-reduced (sum)
+    /// over `tp_comm` (the tensor-parallel group of this rank), on
+    /// `tp_comm`'s stream after `compute`'s work; `compute` waits for it.
+    /// Gradients registered [`ParamKind::Local`] are not touched: see
+    /// [`ParamKind`] for which ferrotron layers return gradients already
+    /// summed over TP (the row-parallel bias under sequence parallelism).
+    /// With the distributed optimizer the whole gradient of each duplicated
+    /// parameter is reduced; only this rank's shard of it is used. Every
+    /// rank of `tp_comm` must call it (same registry, so the same
+    /// collectives in the same order). Errors: `tp_comm` on another device;
+    /// as `finish_grad_sync`.
+    pub fn finalize_model_grads(&mut self, compute: &Stream, tp_comm: &Communicator) -> Result<()> {
+        const FIN: &str = "DistributedDataParallel::finalize_model_grads";
+        self.buffers
+            .device()
+            .check_same(FIN, "tp_comm", tp_comm.device())?;
+        self.finish_grad_sync(compute)?;
+        if tp_comm.size() == 1 {
+            return Ok(());
+        }
+        let dup: Vec<usize> = (0..self.buffers.num_params())
+            .filter(|&p| {
+                self.buffers
+                    .info(ParamId(p))
+                    .is_ok_and(|i| i.kind == ParamKind::TpDuplicated)
+            })
+            .collect();
+        if dup.is_empty() {
+            return Ok(());
+        }
+        let ts = tp_comm.stream();
+        ts.wait_event(&compute.record_event()?)?;
+        for p in dup {
+            let (g, m) = self.buffers.place(p);
+            let grp = &self.buffers.groups[g];
+            let s = grp.layout.params[m];
+            // SAFETY: the parameter's slot lies in its group's gradient
+            // buffer, which `self` owns; `compute` waits for the collective
+            // below before this call returns.
+            let mut view = unsafe { view_any(&grp.grad, s.start, s.numel) }?;
+            all_reduce(tp_comm, ts, &mut view, ReduceOp::Sum)?;
+        }
+        compute.wait_event(&ts.record_event()?)
     }
 
     /// Zeroes every gradient buffer on `stream` (after any reduction in
