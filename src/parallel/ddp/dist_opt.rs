@@ -283,14 +283,7 @@ impl DistributedOptimizer {
         let comm = ddp.comm();
         let dev = ddp.buffers.device().clone();
         dev.check_same(STEP, "compute", compute.device())?;
-        if self.norms.len() != comm.size() || !self.norms.device().same(&dev) {
-            return Err(Error::invalid(
-                STEP,
-                "ddp",
-                "the DistributedDataParallel this optimizer was built from",
-                "another one",
-            ));
-        }
+        self.check_built_from(STEP, ddp)?;
         if !ddp.grads_synced() {
             return Err(Error::invalid(
                 STEP,
