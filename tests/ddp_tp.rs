@@ -344,3 +344,33 @@ fn every_gradient_is_reduced_exactly_once_at_tp2_dp2() {
     twice[5] = TpDuplicated;
     assert_eq!(mismatches(&m, &full, &twice), vec!["fc2.bias"]);
 }
+
+#[test]
+fn finalize_model_grads_rejects_a_tp_communicator_on_another_device() {
+    let other = Communicator::in_process(&[ferrotron::Device::emu()])
+        .unwrap()
+        .pop()
+        .unwrap();
+    run_ranks_with_timeout(1, Duration::from_secs(60), |comm| {
+        let mut reg = ParamRegistry::new();
+        let id = reg
+            .register_kind(
+                "ln.weight",
+                &[H],
+                DType::BF16,
+                DType::F32,
+                ParamKind::TpDuplicated,
+            )
+            .unwrap();
+        let mut ddp = DistributedDataParallel::new(&comm, reg, DdpConfig::default()).unwrap();
+        let s = comm.device().new_stream().unwrap();
+        ddp.mark_grad_ready(&s, id).unwrap();
+        match ddp.finalize_model_grads(&s, &other).unwrap_err() {
+            ferrotron::Error::DeviceMismatch { arg, .. } => assert_eq!(arg, "tp_comm"),
+            e => panic!("{e:?}"),
+        }
+        // With its own (size 1) communicator it is finish_grad_sync.
+        ddp.finalize_model_grads(&s, &comm).unwrap();
+        assert!(ddp.grads_synced());
+    });
+}

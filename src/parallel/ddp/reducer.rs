@@ -376,9 +376,12 @@ impl<'c> DistributedDataParallel<'c> {
     /// as `finish_grad_sync`.
     pub fn finalize_model_grads(&mut self, compute: &Stream, tp_comm: &Communicator) -> Result<()> {
         const FIN: &str = "DistributedDataParallel::finalize_model_grads";
-        self.buffers
-            .device()
-            .check_same(FIN, "tp_comm", tp_comm.device())?;
+        self.buffers.device().check_same_as(
+            FIN,
+            "tp_comm",
+            tp_comm.device(),
+            "the data-parallel buffers",
+        )?;
         self.finish_grad_sync(compute)?;
         if tp_comm.size() == 1 {
             return Ok(());
