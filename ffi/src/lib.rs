@@ -24,6 +24,7 @@ pub use abi::dtype::ftnDataType_t;
 pub use comm::collectives::*;
 pub use comm::job::*;
 pub use comm::*;
+pub use ops::adam::*;
 pub use ops::bias_gelu::*;
 pub use ops::copy::*;
 pub use ops::ftnGelu_t;
@@ -36,6 +37,7 @@ pub use parallel::blocks::*;
 pub use parallel::common::{
     ftnActivation_t, ftnLinearGrads_t, ftnLinearParams_t, ftnWeightGradMode_t,
 };
+pub use parallel::ddp::*;
 pub use parallel::linear::*;
 pub use parallel::mappings::*;
 pub use parallel::pipeline::*;
@@ -96,6 +98,10 @@ const _: () = {
         assert_thread_safe::<ftnEvent>();
         assert_thread_safe::<ftnComm>();
         assert_thread_safe::<ftnGradScaler>();
+        assert_thread_safe::<ftnAdam>();
+        assert_thread_safe::<ftnParamRegistry>();
+        assert_thread_safe::<ftnDdp>();
+        assert_thread_safe::<ftnDistOpt>();
     }
 };
 
