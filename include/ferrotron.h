@@ -27,6 +27,10 @@ typedef struct ftnRowParallelLinear ftnRowParallelLinear;
 typedef struct ftnTpMlp ftnTpMlp;
 typedef struct ftnTpAttention ftnTpAttention;
 typedef struct ftnCrossEntropySaved ftnCrossEntropySaved;
+typedef struct ftnAdam ftnAdam;
+typedef struct ftnParamRegistry ftnParamRegistry;
+typedef struct ftnDdp ftnDdp;
+typedef struct ftnDistOpt ftnDistOpt;
 /* A device: the CUDA-on-CPU emulator or one GPU. */
 typedef ftnContext *ftnContext_t;
 /* An in-order queue of work on a context. */
@@ -47,6 +51,14 @@ typedef ftnTpMlp *ftnTpMlp_t;
 typedef ftnTpAttention *ftnTpAttention_t;
 /* The statistics a vocab-parallel cross-entropy forward keeps for its backward. */
 typedef ftnCrossEntropySaved *ftnCrossEntropySaved_t;
+/* A fused multi-tensor Adam / AdamW optimizer. */
+typedef ftnAdam *ftnAdam_t;
+/* Parameters registered for data parallelism, before allocation (host only). */
+typedef ftnParamRegistry *ftnParamRegistry_t;
+/* One data-parallel rank's gradient buffers and bucketed reduction. */
+typedef ftnDdp *ftnDdp_t;
+/* One data-parallel rank's distributed (ZeRO-1) AdamW optimizer. */
+typedef ftnDistOpt *ftnDistOpt_t;
 
 /*
  Major version of the library this header belongs to.
@@ -407,6 +419,39 @@ typedef enum {
    */
   ftnPipelineGradient = 1,
 } ftnPipelinePayload_t;
+
+/*
+ How weight decay enters the Adam update (`ftnAdamConfig_t.mode`).
+ */
+typedef enum {
+  /*
+   AdamW: `p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)`.
+   */
+  ftnAdamDecoupled = 0,
+  /*
+   Adam with L2 regularisation: `g += wd * p` before the moments.
+   */
+  ftnAdamL2 = 1,
+} ftnAdamMode_t;
+
+/*
+ How the sum over data-parallel ranks becomes a mean
+ (`ftnDdpConfig_t.averaging`).
+ */
+typedef enum {
+  /*
+   Multiply by `1/dp` before the sum (Megatron's default).
+   */
+  ftnGradPreScale = 0,
+  /*
+   Sum with the collective's average.
+   */
+  ftnGradAverage = 1,
+  /*
+   Sum only (the caller scales).
+   */
+  ftnGradSum = 2,
+} ftnGradAveraging_t;
 
 /*
  An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
