@@ -135,7 +135,7 @@ typedef struct {
   ftnComm_t comm;
   ftnContext_t ctx;
   ftnParamRegistry_t reg;
-  const float *gw, *gb;       /* this rank's gradients */
+  const float *gw[2], *gb[2]; /* this rank's gradients, per step */
   const uint16_t *w0;         /* initial bf16 weight (distributed optimizer) */
   const float *b0;            /* initial fp32 bias */
   float got_gw[W_N], got_gb[B_N];
@@ -174,24 +174,30 @@ static void *rank_main(void *arg) {
     oc.max_grad_norm = 0.0; /* no clipping */
     CHECK(ftn_dist_opt_create(ddp, &oc, &opt));
   }
-  CHECK(ftn_ddp_zero_grad_buffer(ddp, st));
-  CHECK(ftn_ddp_set_is_last_microbatch(ddp, 1));
-  CHECK(ftn_stream_synchronize(st));
-  /* backward, last layer first: the bias's gradient, then the weight's */
-  memcpy(gb, r->gb, sizeof(float) * B_N);
-  CHECK(ftn_ddp_mark_grad_ready(ddp, st, 1));
-  memcpy(gw, r->gw, sizeof(float) * W_N);
-  CHECK(ftn_ddp_mark_grad_ready(ddp, st, 0));
-  CHECK(ftn_ddp_finish_grad_sync(ddp, st));
-  CHECK(ftn_stream_synchronize(st));
-  memcpy(r->got_gw, gw, sizeof(float) * W_N);
-  memcpy(r->got_gb, gb, sizeof(float) * B_N);
-  if (r->distributed) {
-    float lr = 1e-2f;
-    int32_t step = 0;
-    CHECK(ftn_dist_opt_step(opt, ddp, st, &lr, &step, NULL, NULL));
+  float lr = 0.1f;
+  int32_t step = 0;
+  for (int s = 0; s < (r->distributed ? 2 : 1); s++) {
+    CHECK(ftn_ddp_zero_grad_buffer(ddp, st));
+    CHECK(ftn_ddp_set_is_last_microbatch(ddp, 1));
     CHECK(ftn_stream_synchronize(st));
-    EXPECT(step == 1, "rank %d: dist opt step count %d", r->rank, (int)step);
+    /* backward, last layer first: the bias's gradient, then the weight's */
+    memcpy(gb, r->gb[s], sizeof(float) * B_N);
+    CHECK(ftn_ddp_mark_grad_ready(ddp, st, 1));
+    memcpy(gw, r->gw[s], sizeof(float) * W_N);
+    CHECK(ftn_ddp_mark_grad_ready(ddp, st, 0));
+    CHECK(ftn_ddp_finish_grad_sync(ddp, st));
+    CHECK(ftn_stream_synchronize(st));
+    if (s == 0) {
+      memcpy(r->got_gw, gw, sizeof(float) * W_N);
+      memcpy(r->got_gb, gb, sizeof(float) * B_N);
+    }
+    if (r->distributed) {
+      CHECK(ftn_dist_opt_step(opt, ddp, st, &lr, &step, NULL, NULL));
+      CHECK(ftn_stream_synchronize(st));
+    }
+  }
+  if (r->distributed) {
+    EXPECT(step == 2, "rank %d: dist opt step count %d", r->rank, (int)step);
     void *pw, *pb;
     CHECK(ftn_ddp_get_param(ddp, 0, &pw));
     CHECK(ftn_ddp_get_param(ddp, 1, &pb));
@@ -218,12 +224,13 @@ static void test_ddp(int distributed) {
   CHECK(ftn_param_registry_register(reg, "fc.bias", bshape, 1, ftnFloat32, ftnFloat32, &id));
   EXPECT(id == 1, "second id %lld", (long long)id);
 
-  static float gw[DP][W_N], gb[DP][B_N], b0[B_N];
+  static float gw[2][DP][W_N], gb[2][DP][B_N], b0[B_N];
   static uint16_t w0[W_N];
-  for (int r = 0; r < DP; r++) {
-    for (int i = 0; i < W_N; i++) gw[r][i] = frand();
-    for (int i = 0; i < B_N; i++) gb[r][i] = frand();
-  }
+  for (int s = 0; s < 2; s++)
+    for (int r = 0; r < DP; r++) {
+      for (int i = 0; i < W_N; i++) gw[s][r][i] = frand() * (s + 1);
+      for (int i = 0; i < B_N; i++) gb[s][r][i] = frand() * (s + 1);
+    }
   for (int i = 0; i < W_N; i++) w0[i] = to_bf16(frand());
   for (int i = 0; i < B_N; i++) b0[i] = frand();
 
@@ -232,7 +239,8 @@ static void test_ddp(int distributed) {
   for (int r = 0; r < DP; r++) {
     memset(&rk[r], 0, sizeof rk[r]);
     rk[r].rank = r, rk[r].distributed = distributed, rk[r].comm = comm[r], rk[r].ctx = ctx[r];
-    rk[r].reg = reg, rk[r].gw = gw[r], rk[r].gb = gb[r], rk[r].w0 = w0, rk[r].b0 = b0;
+    rk[r].reg = reg, rk[r].gw[0] = gw[0][r], rk[r].gb[0] = gb[0][r];
+    rk[r].gw[1] = gw[1][r], rk[r].gb[1] = gb[1][r], rk[r].w0 = w0, rk[r].b0 = b0;
     if (pthread_create(&th[r], NULL, rank_main, &rk[r]) != 0) {
       fprintf(stderr, "pthread_create failed\n");
       exit(1);
@@ -240,21 +248,25 @@ static void test_ddp(int distributed) {
   }
   for (int r = 0; r < DP; r++) pthread_join(th[r], NULL);
 
-  double mw[W_N], mb[B_N];
-  for (int i = 0; i < W_N; i++) mw[i] = 0.5 * ((double)gw[0][i] + gw[1][i]);
-  for (int i = 0; i < B_N; i++) mb[i] = 0.5 * ((double)gb[0][i] + gb[1][i]);
+  double mw[2][W_N], mb[2][B_N];
+  for (int s = 0; s < 2; s++) {
+    for (int i = 0; i < W_N; i++) mw[s][i] = 0.5 * ((double)gw[s][0][i] + gw[s][1][i]);
+    for (int i = 0; i < B_N; i++) mb[s][i] = 0.5 * ((double)gb[s][0][i] + gb[s][1][i]);
+  }
   if (!distributed) {
     for (int r = 0; r < DP; r++) {
-      close_all("ddp mean grad (weight)", rk[r].got_gw, mw, W_N, 1e-6);
-      close_all("ddp mean grad (bias)", rk[r].got_gb, mb, B_N, 1e-6);
+      close_all("ddp mean grad (weight)", rk[r].got_gw, mw[0], W_N, 1e-6);
+      close_all("ddp mean grad (bias)", rk[r].got_gb, mb[0], B_N, 1e-6);
     }
   } else {
-    /* every rank ends with the parameters of one AdamW step on the mean */
+    /* every rank ends with the parameters of two AdamW steps on the means */
     double pw[W_N], pb[B_N], m[W_N] = {0}, v[W_N] = {0}, mbb[B_N] = {0}, vb[B_N] = {0};
     for (int i = 0; i < W_N; i++) pw[i] = from_bf16(w0[i]);
     for (int i = 0; i < B_N; i++) pb[i] = b0[i];
-    adam_ref(pw, m, v, mw, W_N, 1e-2, 1, 0.9, 0.999, 1e-8, 0.1, 0);
-    adam_ref(pb, mbb, vb, mb, B_N, 1e-2, 1, 0.9, 0.999, 1e-8, 0.0, 0);
+    for (int s = 0; s < 2; s++) {
+      adam_ref(pw, m, v, mw[s], W_N, 0.1, s + 1, 0.9, 0.999, 1e-8, 0.1, 0);
+      adam_ref(pb, mbb, vb, mb[s], B_N, 0.1, s + 1, 0.9, 0.999, 1e-8, 0.0, 0);
+    }
     for (int r = 0; r < DP; r++) {
       float fw[W_N];
       for (int i = 0; i < W_N; i++) fw[i] = from_bf16(rk[r].got_w[i]);
