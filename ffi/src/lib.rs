@@ -2,7 +2,8 @@
 //! by the pinned cbindgen: `cargo run -p xtask -- cbindgen`).
 //!
 //! Model: NCCL's `nccl.h`. Opaque handles (`ftnContext_t`, `ftnStream_t`,
-//! `ftnEvent_t`, `ftnComm_t`, `ftnGradScaler_t`); every function returns an
+//! `ftnEvent_t`, `ftnComm_t`, `ftnGradScaler_t`, the layers', `ftnAdam_t`,
+//! `ftnParamRegistry_t`, `ftnDdp_t`, `ftnDistOpt_t`); every function returns an
 //! `ftnResult_t` and runs inside a panic boundary ([`abi::boundary::guard`]);
 //! failures leave a message naming the failing argument in a thread-local
 //! last error (`ftn_get_last_error`). Ops take raw pointers (device pointers
