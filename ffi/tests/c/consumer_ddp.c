@@ -119,6 +119,27 @@ static void test_adam(int l2) {
   CHECK(ftn_stream_synchronize(st));
   EXPECT(step == 1 && p0[3] == before, "skipped step: step %d, p0 %g vs %g", (int)step, p0[3], before);
 
+  /* the unscale factor from a device loss scaler (scale 4): step t = 2 */
+  ftnGradScalerConfig_t scfg;
+  memset(&scfg, 0, sizeof scfg);
+  scfg.size = sizeof scfg;
+  CHECK(ftn_grad_scaler_config_default(&scfg));
+  scfg.initial_scale = 4.0f;
+  ftnGradScaler_t scaler;
+  CHECK(ftn_grad_scaler_create(ctx, &scfg, NULL, &scaler));
+  found = 0.0f;
+  CHECK(ftn_adam_step(st, adam, &d, t, &dlr, &step, NULL, scaler, &found));
+  CHECK(ftn_stream_synchronize(st));
+  EXPECT(step == 2, "step advanced to %d", (int)step);
+  for (int i = 0; i < N0; i++) rg0[i] = (double)g0[i] * 0.25;
+  for (int i = 0; i < N1; i++) rg1[i] = (double)from_bf16(g1[i]) * 0.25;
+  adam_ref(rp0, rm0, rv0, rg0, N0, lr, 2, 0.8, 0.999, 1e-8, 0.05, l2);
+  adam_ref(rp1, rm1, rv1, rg1, N1, lr, 2, 0.8, 0.999, 1e-8, 0.0, l2);
+  close_all("adam p0 (scaler, t = 2)", p0, rp0, N0, 1e-5);
+  close_all("adam v0 (scaler, t = 2)", v0, rv0, N0, 1e-5);
+  close_all("adam p1 (scaler, t = 2)", p1, rp1, N1, 1e-5);
+  CHECK(ftn_grad_scaler_destroy(scaler));
+
   BAD(ftn_context_destroy(ctx), ftnInvalidArgument, "Adam optimizers", NULL);
   CHECK(ftn_adam_destroy(adam));
   BAD(ftn_adam_destroy(adam), ftnInvalidArgument, "adam", "stale");
@@ -176,7 +197,24 @@ static void *rank_main(void *arg) {
   }
   float lr = 0.1f;
   int32_t step = 0;
-  for (int s = 0; s < (r->distributed ? 2 : 1); s++) {
+  if (!r->distributed) {
+    /* plain DDP: two micro-batches, the first without synchronisation
+       (Megatron's no_sync): the gradients accumulate, then the mean */
+    CHECK(ftn_ddp_zero_grad_buffer(ddp, st));
+    for (int mb = 0; mb < 2; mb++) {
+      CHECK(ftn_ddp_set_is_last_microbatch(ddp, mb == 1));
+      CHECK(ftn_stream_synchronize(st));
+      for (int i = 0; i < B_N; i++) ((float *)gb)[i] += r->gb[mb][i];
+      CHECK(ftn_ddp_mark_grad_ready(ddp, st, 1));
+      for (int i = 0; i < W_N; i++) ((float *)gw)[i] += r->gw[mb][i];
+      CHECK(ftn_ddp_mark_grad_ready(ddp, st, 0));
+    }
+    CHECK(ftn_ddp_finish_grad_sync(ddp, st));
+    CHECK(ftn_stream_synchronize(st));
+    memcpy(r->got_gw, gw, sizeof(float) * W_N);
+    memcpy(r->got_gb, gb, sizeof(float) * B_N);
+  }
+  for (int s = 0; s < (r->distributed ? 2 : 0); s++) {
     CHECK(ftn_ddp_zero_grad_buffer(ddp, st));
     CHECK(ftn_ddp_set_is_last_microbatch(ddp, 1));
     CHECK(ftn_stream_synchronize(st));
@@ -187,14 +225,8 @@ static void *rank_main(void *arg) {
     CHECK(ftn_ddp_mark_grad_ready(ddp, st, 0));
     CHECK(ftn_ddp_finish_grad_sync(ddp, st));
     CHECK(ftn_stream_synchronize(st));
-    if (s == 0) {
-      memcpy(r->got_gw, gw, sizeof(float) * W_N);
-      memcpy(r->got_gb, gb, sizeof(float) * B_N);
-    }
-    if (r->distributed) {
-      CHECK(ftn_dist_opt_step(opt, ddp, st, &lr, &step, NULL, NULL));
-      CHECK(ftn_stream_synchronize(st));
-    }
+    CHECK(ftn_dist_opt_step(opt, ddp, st, &lr, &step, NULL, NULL));
+    CHECK(ftn_stream_synchronize(st));
   }
   if (r->distributed) {
     EXPECT(step == 2, "rank %d: dist opt step count %d", r->rank, (int)step);
@@ -254,9 +286,12 @@ static void test_ddp(int distributed) {
     for (int i = 0; i < B_N; i++) mb[s][i] = 0.5 * ((double)gb[s][0][i] + gb[s][1][i]);
   }
   if (!distributed) {
+    double sw[W_N], sb[B_N]; /* two accumulated micro-batches */
+    for (int i = 0; i < W_N; i++) sw[i] = mw[0][i] + mw[1][i];
+    for (int i = 0; i < B_N; i++) sb[i] = mb[0][i] + mb[1][i];
     for (int r = 0; r < DP; r++) {
-      close_all("ddp mean grad (weight)", rk[r].got_gw, mw[0], W_N, 1e-6);
-      close_all("ddp mean grad (bias)", rk[r].got_gb, mb[0], B_N, 1e-6);
+      close_all("ddp mean grad (weight)", rk[r].got_gw, sw, W_N, 1e-6);
+      close_all("ddp mean grad (bias)", rk[r].got_gb, sb, B_N, 1e-6);
     }
   } else {
     /* every rank ends with the parameters of two AdamW steps on the means */
