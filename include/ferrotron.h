@@ -27,6 +27,10 @@ typedef struct ftnRowParallelLinear ftnRowParallelLinear;
 typedef struct ftnTpMlp ftnTpMlp;
 typedef struct ftnTpAttention ftnTpAttention;
 typedef struct ftnCrossEntropySaved ftnCrossEntropySaved;
+typedef struct ftnAdam ftnAdam;
+typedef struct ftnParamRegistry ftnParamRegistry;
+typedef struct ftnDdp ftnDdp;
+typedef struct ftnDistOpt ftnDistOpt;
 /* A device: the CUDA-on-CPU emulator or one GPU. */
 typedef ftnContext *ftnContext_t;
 /* An in-order queue of work on a context. */
@@ -47,6 +51,14 @@ typedef ftnTpMlp *ftnTpMlp_t;
 typedef ftnTpAttention *ftnTpAttention_t;
 /* The statistics a vocab-parallel cross-entropy forward keeps for its backward. */
 typedef ftnCrossEntropySaved *ftnCrossEntropySaved_t;
+/* A fused multi-tensor Adam / AdamW optimizer. */
+typedef ftnAdam *ftnAdam_t;
+/* Parameters registered for data parallelism, before allocation (host only). */
+typedef ftnParamRegistry *ftnParamRegistry_t;
+/* One data-parallel rank's gradient buffers and bucketed reduction. */
+typedef ftnDdp *ftnDdp_t;
+/* One data-parallel rank's distributed (ZeRO-1) AdamW optimizer. */
+typedef ftnDistOpt *ftnDistOpt_t;
 
 /*
  Major version of the library this header belongs to.
@@ -409,6 +421,39 @@ typedef enum {
 } ftnPipelinePayload_t;
 
 /*
+ How weight decay enters the Adam update (`ftnAdamConfig_t.mode`).
+ */
+typedef enum {
+  /*
+   AdamW: `p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)`.
+   */
+  ftnAdamDecoupled = 0,
+  /*
+   Adam with L2 regularisation: `g += wd * p` before the moments.
+   */
+  ftnAdamL2 = 1,
+} ftnAdamMode_t;
+
+/*
+ How the sum over data-parallel ranks becomes a mean
+ (`ftnDdpConfig_t.averaging`).
+ */
+typedef enum {
+  /*
+   Multiply by `1/dp` before the sum (Megatron's default).
+   */
+  ftnGradPreScale = 0,
+  /*
+   Sum with the collective's average.
+   */
+  ftnGradAverage = 1,
+  /*
+   Sum only (the caller scales).
+   */
+  ftnGradSum = 2,
+} ftnGradAveraging_t;
+
+/*
  An NCCL unique id: rank 0 creates it with `ftn_get_unique_id` and sends
  the bytes to the other ranks (any way it likes).
  */
@@ -485,6 +530,99 @@ typedef struct {
    */
   int32_t reserved;
 } ftnJobEnv_t;
+
+/*
+ The fixed hyper-parameters of a fused Adam optimizer (lr lives in device
+ memory and is passed to each step). `ftn_adam_config_default` fills in
+ the defaults (0.9, 0.999, 1e-8, decoupled).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnAdamConfig_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   In `[0, 1)`.
+   */
+  float beta1;
+  /*
+   In `[0, 1)`.
+   */
+  float beta2;
+  /*
+   Finite and `> 0`.
+   */
+  float eps;
+  /*
+   `ftnAdamMode_t`.
+   */
+  int32_t mode;
+} ftnAdamConfig_t;
+
+/*
+ The list of one Adam step.
+ */
+typedef struct {
+  /*
+   `sizeof(ftnAdamStepDesc_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   Entries of the `tensors` array (0 is fine: only the step moves).
+   */
+  size_t num_tensors;
+} ftnAdamStepDesc_t;
+
+/*
+ One tensor of an Adam step (fixed layout: `ftnAdamStepDesc_t` carries
+ the versioning). Every pointer is device memory (host memory on the
+ emulator), aligned for its dtype, and may be NULL only when `numel` is 0.
+ */
+typedef struct {
+  /*
+   fp32 master parameters (updated in place).
+   */
+  void *param;
+  /*
+   fp32 first moment (updated in place).
+   */
+  void *exp_avg;
+  /*
+   fp32 second moment (updated in place).
+   */
+  void *exp_avg_sq;
+  /*
+   Gradient of `grad_dtype` (read only).
+   */
+  const void *grad;
+  /*
+   Optional model copy of `model_dtype` written with the new values.
+   Either every tensor of the list has one (NULL allowed only with
+   `numel` 0) or none does (all NULL).
+   */
+  void *model;
+  /*
+   Elements of each of the above.
+   */
+  int64_t numel;
+  /*
+   `ftnDataType_t` of `grad`: ftnFloat32, ftnFloat16 or ftnBfloat16.
+   */
+  int32_t grad_dtype;
+  /*
+   `ftnDataType_t` of `model`: float types; ignored without models.
+   */
+  int32_t model_dtype;
+  /*
+   This tensor's weight decay, finite and `>= 0`
+   (`ftn_adam_default_weight_decay`).
+   */
+  float weight_decay;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+} ftnAdamTensor_t;
 
 /*
  Shape and options of bias + GeLU over a row-major `[rows, cols]` matrix.
@@ -915,6 +1053,77 @@ typedef struct {
 } ftnTpAttentionDesc_t;
 
 /*
+ The data-parallel configuration (zero it, set `size`: the defaults).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnDdpConfig_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   Elements per bucket; 0: Megatron's default `max(40e6, 1e6 * dp)`.
+   */
+  int64_t bucket_size;
+  /*
+   Non-zero: shard the gradients for the distributed optimizer
+   (reduce-scatter; parameter buffers allocated).
+   */
+  int32_t distributed_optimizer;
+  /*
+   `ftnGradAveraging_t`.
+   */
+  int32_t averaging;
+  /*
+   Non-zero: check every gradient of a bucket for NaN / Inf before its
+   reduction (synchronises the host once per bucket).
+   */
+  int32_t check_for_nan_in_grad;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+} ftnDdpConfig_t;
+
+/*
+ The distributed optimizer's settings (ZeRO-1 AdamW).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnDistOptConfig_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   In `[0, 1)` (0.9 usual).
+   */
+  float beta1;
+  /*
+   In `[0, 1)` (0.999 usual).
+   */
+  float beta2;
+  /*
+   Finite and `> 0` (1e-8 usual).
+   */
+  float eps;
+  /*
+   `ftnAdamMode_t`.
+   */
+  int32_t mode;
+  /*
+   Weight decay of every parameter of two or more dimensions (0 for
+   the others); finite and `>= 0`.
+   */
+  float weight_decay;
+  /*
+   Must be 0.
+   */
+  int32_t reserved;
+  /*
+   Clip the global gradient L2 norm to this; 0: no clipping.
+   */
+  double max_grad_norm;
+} ftnDistOptConfig_t;
+
+/*
  Shape and options of a column-parallel linear layer `Y = X W^T + b`
  (`W` is `[out_features, in_features]`; rank `r` owns rows
  `[r*out/tp, (r+1)*out/tp)` of `W` and `b`). All-zero flags are off.
@@ -1277,7 +1486,9 @@ ftnResult_t ftn_comm_init_rank(ftnComm_t *comm,
  Destroys one rank (waits for its pending operations first). NULL, stale
  or another kind of handle: ftnInvalidArgument. Until destroyed a
  communicator (and each handle from `ftn_comm_split*` /
- `ftn_comm_get_stream`) keeps its context from being destroyed.
+ `ftn_comm_get_stream`) keeps its context from being destroyed. A
+ communicator used by a live DDP (`ftn_ddp_create`) is not destroyed:
+ ftnInvalidArgument; destroy the DDP first.
  */
 ftnResult_t ftn_comm_destroy(ftnComm_t comm);
 
@@ -1458,6 +1669,82 @@ ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
  skip) receives this process's place in the job.
  */
 ftnResult_t ftn_rendezvous_share_unique_id(ftnUniqueId_t *id, int64_t timeout_ms, ftnJobEnv_t *env);
+
+/*
+ Fills `config` (whose `size` the caller has set) with the defaults:
+ betas (0.9, 0.999), eps 1e-8, `ftnAdamDecoupled` (AdamW).
+ */
+ftnResult_t ftn_adam_config_default(ftnAdamConfig_t *config);
+
+/*
+ Creates a fused Adam / AdamW optimizer on `ctx` (it keeps the device
+ tables of the last few lists it stepped, so a loop passing the same
+ tensors uploads nothing after the first step). It counts as a child of
+ `ctx` until destroyed.
+
+ Bad input (ftnInvalidArgument, no handle created): `ctx` NULL, stale or
+ of another kind; `adam` NULL or misaligned; `config` NULL, misaligned,
+ with a wrong `size`, betas outside `[0, 1)`, eps not finite and > 0, an
+ unknown `mode`.
+ */
+ftnResult_t ftn_adam_create(ftnContext_t ctx, const ftnAdamConfig_t *config, ftnAdam_t *adam);
+
+/*
+ Destroys an Adam optimizer (waits for its device's work first). NULL,
+ stale or another kind of handle: ftnInvalidArgument.
+ */
+ftnResult_t ftn_adam_destroy(ftnAdam_t adam);
+
+/*
+ Enqueues one fused Adam step on `stream` over `desc.num_tensors`
+ entries of `tensors` (one launch for the whole list, then one that
+ advances the step count).
+
+ * `lr` (one fp32) and `step` (one int32: the steps taken so far; the
+   update uses `t = *step + 1` and then advances `*step` on the device)
+   are device pointers, required.
+ * The gradients are multiplied by an unscale factor: 1 when `inv_scale`
+   and `scaler` are both NULL, `*inv_scale` (one fp32 on the device), or
+   `1 / scale` of the device loss scaler `scaler`; not both.
+ * `found_inf` (one fp32 on the device, or NULL for none): when
+   `*found_inf > 0` (as set by `ftn_multi_tensor_unscale`) nothing is
+   written and `*step` is not advanced.
+
+ Bad input (ftnInvalidArgument, nothing enqueued): `stream` or `adam`
+ NULL, stale or of another kind (a stream of another context than the
+ optimizer's: ftnDeviceMismatch); `desc` NULL, misaligned or with a wrong
+ `size`; `tensors` NULL or misaligned with `num_tensors > 0`; per tensor
+ (named `tensors[i].<field>`, the message gives `i`): negative `numel`,
+ a NULL or misaligned pointer with `numel > 0`, a `grad_dtype` or
+ `model_dtype` that is not a float type, a weight decay that is not
+ finite and `>= 0`, `reserved` non-zero; some but not all tensors
+ with a model copy; `lr` or `step` NULL or misaligned; `inv_scale` and
+ `scaler` both given; a stale `scaler`.
+ */
+ftnResult_t ftn_adam_step(ftnStream_t stream,
+                          ftnAdam_t adam,
+                          const ftnAdamStepDesc_t *desc,
+                          const ftnAdamTensor_t *tensors,
+                          const float *lr,
+                          int32_t *step,
+                          const float *inv_scale,
+                          ftnGradScaler_t scaler,
+                          const float *found_inf);
+
+/*
+ The usual weight decay per tensor: `out[i] = 0` for tensors of at most
+ one dimension (`ndims[i] <= 1`: biases, norm gains), `weight_decay`
+ otherwise. `ndims` and `out` are host arrays of `n` entries (NULL only
+ when `n` is 0).
+
+ Bad input (ftnInvalidArgument, nothing written): `ndims` or `out` NULL
+ or misaligned with `n > 0`; a negative `ndims[i]`; `weight_decay` not
+ finite or negative.
+ */
+ftnResult_t ftn_adam_default_weight_decay(const int64_t *ndims,
+                                          size_t n,
+                                          float weight_decay,
+                                          float *out);
 
 /*
  `out = gelu(x + bias)` (`bias` may be NULL: plain GeLU; `out` may be
@@ -1832,6 +2119,185 @@ ftnResult_t ftn_tp_attention_backward(ftnTpAttention_t attention,
                                       int64_t batch);
 
 /*
+ Creates an empty parameter registry (host only: no context). Register
+ every parameter in forward order, then create a DDP from it on every
+ data-parallel rank. `reg` NULL or misaligned: ftnInvalidArgument.
+ */
+ftnResult_t ftn_param_registry_create(ftnParamRegistry_t *reg);
+
+/*
+ Destroys a registry (DDPs created from it keep their own copy). NULL,
+ stale or another kind of handle: ftnInvalidArgument.
+ */
+ftnResult_t ftn_param_registry_destroy(ftnParamRegistry_t reg);
+
+/*
+ Registers a parameter: `name` (NUL-terminated UTF-8, unique in the
+ registry), `shape` (`ndims` dimensions, a host array; NULL only when
+ `ndims` is 0: a scalar), `param_dtype` and `grad_dtype` (ftnFloat32,
+ ftnFloat16 or ftnBfloat16; Megatron's usual gradient is ftnFloat32).
+ `*param_id` receives its id (0, 1, ... in registration order), the id the
+ DDP functions take.
+
+ Bad input (ftnInvalidArgument, nothing registered): `reg` NULL, stale
+ or of another kind; `name` NULL, not UTF-8 or registered before;
+ `ndims` negative; `shape` NULL with `ndims > 0`, a negative dimension
+ or an element count that overflows; a dtype that is not a float type;
+ `param_id` NULL or misaligned.
+ */
+ftnResult_t ftn_param_registry_register(ftnParamRegistry_t reg,
+                                        const char *name,
+                                        const int64_t *shape,
+                                        int ndims,
+                                        int param_dtype,
+                                        int grad_dtype,
+                                        int64_t *param_id);
+
+/*
+ Creates this rank's data-parallel state over `comm` (the data-parallel
+ communicator; its size is dp) from a copy of `reg`: contiguous gradient
+ buffers (zeroed) laid out in reverse registration order and bucketed,
+ plus parameter buffers with the distributed optimizer. Every rank must
+ register the same parameters in the same order. The DDP counts as a
+ child of `comm`'s context, and `comm` cannot be destroyed while the DDP
+ lives.
+
+ Bad input (ftnInvalidArgument, nothing created): `comm` or `reg` NULL,
+ stale or of another kind; an empty registry; `config` NULL, misaligned
+ or with a wrong `size`; a negative `bucket_size`; an unknown
+ `averaging`; `reserved` non-zero; `ddp` NULL or misaligned.
+ */
+ftnResult_t ftn_ddp_create(ftnComm_t comm,
+                           ftnParamRegistry_t reg,
+                           const ftnDdpConfig_t *config,
+                           ftnDdp_t *ddp);
+
+/*
+ Destroys a DDP (waits for its device's work, reductions in flight
+ included, first); its buffers and the pointers from `ftn_ddp_get_grad`
+ / `ftn_ddp_get_param` are freed. NULL, stale or another kind of handle:
+ ftnInvalidArgument.
+ */
+ftnResult_t ftn_ddp_destroy(ftnDdp_t ddp);
+
+/*
+ `*grad` = the device pointer of parameter `param_id`'s gradient inside
+ the contiguous buffer (its registered grad dtype and element count),
+ valid until the DDP is destroyed. Accumulate gradients into it, then
+ `ftn_ddp_mark_grad_ready`. Bad input (ftnInvalidArgument): `ddp` NULL,
+ stale or of another kind; `param_id` not registered; `grad` NULL or
+ misaligned.
+ */
+ftnResult_t ftn_ddp_get_grad(ftnDdp_t ddp, int64_t param_id, void **grad);
+
+/*
+ `*param` = the device pointer of parameter `param_id` inside the
+ parameter buffer (its registered param dtype), valid until the DDP is
+ destroyed: write the initial values there before
+ `ftn_dist_opt_create`; the optimizer step writes the updated ones.
+ Only with the distributed optimizer (otherwise ftnInvalidArgument,
+ naming `ddp`); other bad input as `ftn_ddp_get_grad`.
+ */
+ftnResult_t ftn_ddp_get_param(ftnDdp_t ddp, int64_t param_id, void **param);
+
+/*
+ Parameter `param_id`'s gradient is complete in `stream`'s order. In the
+ last micro-batch, completing a bucket enqueues its reduction on the
+ communicator's stream after an event of `stream`, while backward goes
+ on. Every rank must mark the same parameters in the same bucket order.
+
+ Bad input (ftnInvalidArgument): `ddp` or `stream` NULL, stale or of
+ another kind (a stream of another context: ftnDeviceMismatch);
+ `param_id` not registered; a parameter marked twice in one backward.
+ */
+ftnResult_t ftn_ddp_mark_grad_ready(ftnDdp_t ddp, ftnStream_t stream, int64_t param_id);
+
+/*
+ Megatron's `no_sync`: `is_last` 0 for every micro-batch but the last,
+ whose gradients only accumulate locally (no collective). Changing it
+ halfway through a backward (some parameters marked ready) is
+ ftnInvalidArgument.
+ */
+ftnResult_t ftn_ddp_set_is_last_microbatch(ftnDdp_t ddp, int is_last);
+
+/*
+ Makes `stream` wait for every bucket's reduction; afterwards the
+ gradients (plain DDP) or this rank's shards of them (distributed
+ optimizer) hold the mean over the ranks. ftnInvalidArgument in a
+ `no_sync` micro-batch or when parameters were never marked ready (the
+ error names them); bad handles as `ftn_ddp_mark_grad_ready`.
+ */
+ftnResult_t ftn_ddp_finish_grad_sync(ftnDdp_t ddp, ftnStream_t stream);
+
+/*
+ Waits for reductions in flight, zeroes every gradient buffer on
+ `stream` and starts a new step. Bad handles as
+ `ftn_ddp_mark_grad_ready`.
+ */
+ftnResult_t ftn_ddp_zero_grad_buffer(ftnDdp_t ddp, ftnStream_t stream);
+
+/*
+ Creates the distributed optimizer (ZeRO-1 AdamW) of this rank's shards
+ of `ddp`, its fp32 master weights copied from the parameter buffer
+ (write the initial parameters through `ftn_ddp_get_param` first; this
+ waits for the device). It counts as a child of `ddp`'s context.
+
+ Bad input (ftnInvalidArgument, nothing created): `ddp` NULL, stale, of
+ another kind or without `config.distributed_optimizer`; `config` NULL,
+ misaligned, with a wrong `size`, betas outside `[0, 1)`, eps not finite
+ and > 0, an unknown `mode`, a weight decay not finite and >= 0, a
+ negative or non-finite `max_grad_norm`, `reserved` non-zero; `opt`
+ NULL or misaligned.
+ */
+ftnResult_t ftn_dist_opt_create(ftnDdp_t ddp, const ftnDistOptConfig_t *config, ftnDistOpt_t *opt);
+
+/*
+ Destroys a distributed optimizer (waits for its device's work first).
+ NULL, stale or another kind of handle: ftnInvalidArgument.
+ */
+ftnResult_t ftn_dist_opt_destroy(ftnDistOpt_t opt);
+
+/*
+ One optimizer step on `stream`, after `ftn_ddp_finish_grad_sync`, on
+ every rank: global gradient norm, optional clipping, AdamW over this
+ rank's shards, then the updated parameters all-gathered into every
+ rank's parameter buffer. `lr` (one fp32) and `step` (one int32, the
+ steps taken; advanced on the device) are device pointers. With a loss
+ `scaler` the gradient shards are unscaled by it and `found_inf` (one
+ fp32 on the device, required then; zeroed here) becomes the max over
+ the ranks, skipping the update everywhere on overflow; without a scaler
+ `found_inf` must be NULL.
+
+ Bad input (ftnInvalidArgument, nothing enqueued): `opt`, `ddp`,
+ `stream` NULL, stale or of another kind (another context:
+ ftnDeviceMismatch); a `ddp` other than the optimizer's; gradients not
+ synchronised by `ftn_ddp_finish_grad_sync`; `lr` / `step` NULL or
+ misaligned; `found_inf` NULL with a scaler or non-NULL without one.
+ */
+ftnResult_t ftn_dist_opt_step(ftnDistOpt_t opt,
+                              ftnDdp_t ddp,
+                              ftnStream_t stream,
+                              const float *lr,
+                              int32_t *step,
+                              ftnGradScaler_t scaler,
+                              float *found_inf);
+
+/*
+ `*bytes` = Megatron's memory per parameter (param + grad, fp32 master
+ copy unless the params are fp32, fp32 main-grad copy unless the grads
+ are fp32, fp32 Adam moments), replicated with plain DDP
+ (`distributed_optimizer` 0) or the optimizer part divided by `dp`: bf16
+ / fp32 gives 18 or 6 + 12/dp, fp16 / fp16 20 or 4 + 16/dp, fp32 / fp32 16
+ or 8 + 8/dp. Bad input (ftnInvalidArgument): a dtype that is not a
+ float type, `dp < 1`, `bytes` NULL or misaligned.
+ */
+ftnResult_t ftn_ddp_bytes_per_param(int param_dtype,
+                                    int grad_dtype,
+                                    int dp,
+                                    int distributed_optimizer,
+                                    double *bytes);
+
+/*
  Creates this rank's shard of a column-parallel layer from the full
  weight `full_weight` (host memory, row-major `[out_features,
  in_features]`) and bias `full_bias` (host, `[out_features]`; NULL iff
@@ -2187,7 +2653,7 @@ ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
  another kind is `ftnInvalidArgument`. A context that still has live
  children (streams, events, device grad scalers, communicators created
  on it, including `ftn_comm_get_stream` handles and split
- communicators) is not destroyed: `ftnInvalidArgument` listing their
+ communicators, Adam optimizers, DDPs and distributed optimizers) is not destroyed: `ftnInvalidArgument` listing their
  counts; destroy them first, then the context. Layers and blocks keep
  their own memory and need no context.
  */

@@ -2,7 +2,8 @@
 //! by the pinned cbindgen: `cargo run -p xtask -- cbindgen`).
 //!
 //! Model: NCCL's `nccl.h`. Opaque handles (`ftnContext_t`, `ftnStream_t`,
-//! `ftnEvent_t`, `ftnComm_t`, `ftnGradScaler_t`); every function returns an
+//! `ftnEvent_t`, `ftnComm_t`, `ftnGradScaler_t`, the layers', `ftnAdam_t`,
+//! `ftnParamRegistry_t`, `ftnDdp_t`, `ftnDistOpt_t`); every function returns an
 //! `ftnResult_t` and runs inside a panic boundary ([`abi::boundary::guard`]);
 //! failures leave a message naming the failing argument in a thread-local
 //! last error (`ftn_get_last_error`). Ops take raw pointers (device pointers
@@ -24,6 +25,7 @@ pub use abi::dtype::ftnDataType_t;
 pub use comm::collectives::*;
 pub use comm::job::*;
 pub use comm::*;
+pub use ops::adam::*;
 pub use ops::bias_gelu::*;
 pub use ops::copy::*;
 pub use ops::ftnGelu_t;
@@ -36,6 +38,7 @@ pub use parallel::blocks::*;
 pub use parallel::common::{
     ftnActivation_t, ftnLinearGrads_t, ftnLinearParams_t, ftnWeightGradMode_t,
 };
+pub use parallel::ddp::*;
 pub use parallel::linear::*;
 pub use parallel::mappings::*;
 pub use parallel::pipeline::*;
@@ -96,6 +99,10 @@ const _: () = {
         assert_thread_safe::<ftnEvent>();
         assert_thread_safe::<ftnComm>();
         assert_thread_safe::<ftnGradScaler>();
+        assert_thread_safe::<ftnAdam>();
+        assert_thread_safe::<ftnParamRegistry>();
+        assert_thread_safe::<ftnDdp>();
+        assert_thread_safe::<ftnDistOpt>();
     }
 };
 

@@ -118,7 +118,7 @@ pub unsafe extern "C" fn ftn_context_create(
 /// another kind is `ftnInvalidArgument`. A context that still has live
 /// children (streams, events, device grad scalers, communicators created
 /// on it, including `ftn_comm_get_stream` handles and split
-/// communicators) is not destroyed: `ftnInvalidArgument` listing their
+/// communicators, Adam optimizers, DDPs and distributed optimizers) is not destroyed: `ftnInvalidArgument` listing their
 /// counts; destroy them first, then the context. Layers and blocks keep
 /// their own memory and need no context.
 #[no_mangle]
@@ -130,7 +130,7 @@ pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
             return Err(invalid(
                 op,
                 "ctx",
-                "a context without live children (destroy its streams, events, grad scalers and communicators first)",
+                "a context without live children (destroy its streams, events, grad scalers, Adam optimizers, distributed optimizers, DDPs and communicators first)",
                 format!("a context with {live} still live"),
             ));
         }

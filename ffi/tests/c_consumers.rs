@@ -3,7 +3,9 @@
 //! one the shared library), runs them on the emulator with a fresh seed, and
 //! checks that they pass. `consumer_tp.c` covers the tensor-parallel part of
 //! the ABI (one thread per rank, a forked process for the rendezvous);
-//! `consumer_pipeline.c` the pipeline schedules and simulator. Also
+//! `consumer_pipeline.c` the pipeline schedules and simulator;
+//! `consumer_ddp.c` fused AdamW, DDP (dp = 2, one thread per rank), the
+//! distributed optimizer and the memory table. Also
 //! compiles the header alone as C99 and C++17 with
 //! `-Wall -Wextra -Werror -pedantic`.
 
@@ -174,6 +176,33 @@ fn c_tp_consumer_passes_on_the_emulator() {
     let out = run(
         Command::new(&exe).arg(seed.to_string()),
         &format!("the C tensor-parallel consumer (seed {seed})"),
+    );
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
+#[test]
+fn c_ddp_consumer_passes_on_the_emulator() {
+    let lib = lib_dir().join("libferrotron.a");
+    assert!(lib.exists(), "{} not built", lib.display());
+    let exe = out_dir().join("consumer_ddp_c");
+    run(
+        Command::new(tool("CC", "cc"))
+            .args([
+                "-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-pthread",
+            ])
+            .arg("-I")
+            .arg(repo().join("include"))
+            .arg(repo().join("ffi/tests/c/consumer_ddp.c"))
+            .arg(&lib)
+            .args(NATIVE)
+            .arg("-o")
+            .arg(&exe),
+        "compiling the C optimizer / data-parallel consumer",
+    );
+    let seed = seed();
+    let out = run(
+        Command::new(&exe).arg(seed.to_string()),
+        &format!("the C optimizer / data-parallel consumer (seed {seed})"),
     );
     assert!(out.contains("all checks passed"), "{out}");
 }

@@ -135,6 +135,21 @@ impl AdamScalars {
         Ok(s)
     }
 
+    /// Scalars over existing device memory (`[1]` f32 lr, `[1]` i32 step
+    /// count), e.g. non-owning views of a C caller's pointers: the step
+    /// reads and advances them in place. Errors: a length other than 1,
+    /// buffers of two devices.
+    pub fn from_buffers(lr: DeviceBuffer<f32>, step: DeviceBuffer<i32>) -> Result<Self> {
+        for (arg, len) in [("lr", lr.len()), ("step", step.len())] {
+            if len != 1 {
+                return Err(Error::invalid(OP, arg, "a buffer of 1 element", len));
+            }
+        }
+        lr.device()
+            .check_same_as(OP, "step", step.device(), "`lr`")?;
+        Ok(AdamScalars { lr, step })
+    }
+
     /// Enqueues a new `lr` on `stream` (the schedule's value for the next step).
     pub fn set_lr(&mut self, stream: &Stream, lr: f32) -> Result<()> {
         check_lr(lr)?;

@@ -140,6 +140,11 @@ mod tests {
         assert_eq!(size_of::<ftnPipelineOp_t>(), 56);
         assert_eq!(size_of::<ftnPipelineSpan_t>(), 40);
         assert_eq!(size_of::<ftnTensor_t>(), 24);
+        assert_eq!(size_of::<ftnAdamConfig_t>(), ftnAdamConfig_t::V1_SIZE);
+        assert_eq!(size_of::<ftnAdamStepDesc_t>(), ftnAdamStepDesc_t::V1_SIZE);
+        assert_eq!(size_of::<ftnAdamTensor_t>(), 64);
+        assert_eq!(size_of::<ftnDdpConfig_t>(), ftnDdpConfig_t::V1_SIZE);
+        assert_eq!(size_of::<ftnDistOptConfig_t>(), ftnDistOptConfig_t::V1_SIZE);
     }
 
     #[test]

@@ -83,6 +83,8 @@ mod tests {
         dense::<ftnPipelineSchedule_t>(4);
         dense::<ftnPipelinePass_t>(4);
         dense::<ftnPipelinePayload_t>(2);
+        dense::<ftnAdamMode_t>(2);
+        dense::<ftnGradAveraging_t>(3);
         let bits: Vec<i32> = ftnAxis_t::ALL.iter().map(|e| e.value()).collect();
         assert_eq!(bits, [1, 2, 4, 8]);
         assert_eq!(names(ftnGelu_t::ALL), "ftnGeluTanh (0) or ftnGeluErf (1)");

@@ -52,8 +52,10 @@ pub(crate) fn register<H: Handle>(h: H) -> *mut H {
 
 fn kind_of(magic: u64) -> &'static str {
     use crate::comm::ftnComm;
+    use crate::ops::adam::ftnAdam;
     use crate::ops::grad_scaler::ftnGradScaler;
     use crate::parallel::blocks::{ftnTpAttention, ftnTpMlp};
+    use crate::parallel::ddp::{ftnDdp, ftnDistOpt, ftnParamRegistry};
     use crate::parallel::linear::{ftnColumnParallelLinear, ftnRowParallelLinear};
     use crate::parallel::vocab::ftnCrossEntropySaved;
     use crate::runtime::{ftnContext, ftnEvent, ftnStream};
@@ -74,7 +76,11 @@ fn kind_of(magic: u64) -> &'static str {
         ftnRowParallelLinear,
         ftnTpMlp,
         ftnTpAttention,
-        ftnCrossEntropySaved
+        ftnCrossEntropySaved,
+        ftnAdam,
+        ftnParamRegistry,
+        ftnDdp,
+        ftnDistOpt
     );
     "another kind of handle"
 }
@@ -191,7 +197,7 @@ pub(crate) fn check_out<T>(op: &'static str, arg: &'static str, out: *mut T) -> 
 /// destroy a context while it has live children). Counts per kind.
 #[derive(Default)]
 pub(crate) struct Children {
-    counts: Mutex<[usize; 4]>,
+    counts: Mutex<[usize; 7]>,
 }
 
 /// The kinds of a context's children.
@@ -201,9 +207,20 @@ pub(crate) enum ChildKind {
     Event = 1,
     Comm = 2,
     GradScaler = 3,
+    Adam = 4,
+    Ddp = 5,
+    DistOpt = 6,
 }
 
-const CHILD_NAMES: [&str; 4] = ["streams", "events", "communicators", "grad scalers"];
+const CHILD_NAMES: [&str; 7] = [
+    "streams",
+    "events",
+    "communicators",
+    "grad scalers",
+    "Adam optimizers",
+    "DDPs",
+    "distributed optimizers",
+];
 
 impl Children {
     /// The live children as `"2 streams, 1 events"`, or `None`.

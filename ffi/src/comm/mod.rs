@@ -44,11 +44,29 @@ pub struct ftnUniqueId_t {
 handle!(ftnComm, ftnComm_t, 0x4654_4e43_4f4d_0005, "ftnComm_t", {
     comm: Communicator,
     child: Child,
+    users: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 });
 
 /// A new handle for `comm`, a child of the context `child` counts in.
 pub(crate) fn wrap(comm: Communicator, child: Child) -> ftnComm_t {
-    ftnComm::into_raw(comm, child)
+    ftnComm::into_raw(comm, child, Default::default())
+}
+
+/// Held by a handle that borrows a communicator (a DDP): while one lives,
+/// `ftn_comm_destroy` refuses to destroy the communicator.
+pub(crate) struct CommUser(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl CommUser {
+    pub(crate) fn new(c: &ftnComm) -> CommUser {
+        c.users.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        CommUser(c.users.clone())
+    }
+}
+
+impl Drop for CommUser {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Creates `nranks` ranks of one in-process communicator (emulator
@@ -212,10 +230,24 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
 /// Destroys one rank (waits for its pending operations first). NULL, stale
 /// or another kind of handle: ftnInvalidArgument. Until destroyed a
 /// communicator (and each handle from `ftn_comm_split*` /
-/// `ftn_comm_get_stream`) keeps its context from being destroyed.
+/// `ftn_comm_get_stream`) keeps its context from being destroyed. A
+/// communicator used by a live DDP (`ftn_ddp_create`) is not destroyed:
+/// ftnInvalidArgument; destroy the DDP first.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
     export!(|op| {
+        // SAFETY: handle contract.
+        let users = unsafe { get(op, "comm", comm)? }
+            .users
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if users > 0 {
+            return Err(invalid(
+                op,
+                "comm",
+                "a communicator no live DDP uses (destroy its DDPs first)",
+                format!("a communicator used by {users} live DDPs"),
+            ));
+        }
         // SAFETY: handle contract.
         let c = unsafe { take(op, "comm", comm)? };
         let r = c.comm.device().synchronize();

@@ -1,6 +1,7 @@
 //! Kernel ops: `size`-prefixed descriptors, raw pointers, a stream; and
 //! what the op families share (the GeLU enum, 2-D shapes, the stream).
 
+pub(crate) mod adam;
 pub(crate) mod bias_gelu;
 pub(crate) mod copy;
 pub(crate) mod gemm;
@@ -53,7 +54,10 @@ fn shape(op: &'static str, rows: i64, cols: i64, cols_name: &'static str) -> Res
     })
 }
 
-fn stream_of<'a>(op: &'static str, stream: ftnStream_t) -> Result<(&'a ftnStream, Device)> {
+pub(crate) fn stream_of<'a>(
+    op: &'static str,
+    stream: ftnStream_t,
+) -> Result<(&'a ftnStream, Device)> {
     // SAFETY: handle contract of every exported function.
     let s = unsafe { get::<ftnStream>(op, "stream", stream)? };
     let dev = s.stream.device().clone();

@@ -6,6 +6,7 @@
 
 pub(crate) mod blocks;
 pub(crate) mod common;
+pub(crate) mod ddp;
 pub(crate) mod linear;
 pub(crate) mod mappings;
 pub(crate) mod pipeline;
