@@ -132,6 +132,9 @@ pub unsafe extern "C" fn ftn_softmax_backward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(op, "desc", desc)? };
         let (sm, n, _) = softmax_shape(op, &d)?;
+        // The backward does not read the mask, but a descriptor with an
+        // invalid enum is rejected as the forward rejects it.
+        let _: ftnSoftmaxMask_t = parse_enum(op, "desc.mask", d.mask)?;
         dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (yv, dyv, mut dxv) = unsafe {
