@@ -1093,6 +1093,12 @@ fn sanitizer_flags(cc: &str, dir: &Path) -> Vec<String> {
     Vec::new()
 }
 
+/// Leaks are not errors (children `_exit`); huge allocations fail with NULL
+/// (as without ASan) instead of a report; a report aborts (a crash).
+const ASAN_OPTIONS: &str =
+    "detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:handle_abort=0";
+const UBSAN_OPTIONS: &str = "halt_on_error=1:abort_on_error=1:print_stacktrace=1";
+
 #[test]
 fn adversarial_c_abi() {
     let header = std::fs::read_to_string(repo().join("include/ferrotron.h")).expect("header");
@@ -1184,14 +1190,8 @@ fn adversarial_c_abi() {
             std::env::var("FTN_ADV_TIMEOUT").unwrap_or_else(|_| "5".into()),
         )
         .env("ADV_LOGDIR", &dir)
-        .env(
-            "ASAN_OPTIONS",
-            "detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:handle_abort=0",
-        )
-        .env(
-            "UBSAN_OPTIONS",
-            "halt_on_error=1:abort_on_error=1:print_stacktrace=1",
-        )
+        .env("ASAN_OPTIONS", ASAN_OPTIONS)
+        .env("UBSAN_OPTIONS", UBSAN_OPTIONS)
         .output()
         .expect("running the adversarial cases");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1201,6 +1201,45 @@ fn adversarial_c_abi() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // ---- the runner's own check: planted faults are counted, not fatal
+    {
+        let mut cmd = Command::new(&exe);
+        cmd.env("ADV_LIMIT", "4")
+            .env("ADV_TIMEOUT", "1")
+            .env("ADV_LOGDIR", &dir)
+            .env("ADV_PLANT_CRASH", "0")
+            .env("ADV_PLANT_HANG", "1")
+            .env("ASAN_OPTIONS", ASAN_OPTIONS)
+            .env("UBSAN_OPTIONS", UBSAN_OPTIONS);
+        let asan = san.iter().any(|f| f.contains("address"));
+        if asan {
+            cmd.env("ADV_PLANT_ASAN", "2");
+        }
+        let out = run(&mut cmd, "the runner with planted faults");
+        let outcome = |i: usize| {
+            out.lines()
+                .find(|l| l.starts_with(&format!("R\t{i}\t")))
+                .and_then(|l| l.split('\t').nth(2))
+                .unwrap_or("missing")
+                .to_string()
+        };
+        // SIGSEGV, or SIGABRT when a sanitizer reports it
+        assert!(outcome(0).starts_with("crash:"), "planted SIGSEGV:\n{out}");
+        assert_eq!(outcome(1), "hang", "planted hang:\n{out}");
+        if asan {
+            // ASan's heap-buffer-overflow, or UBSan's object-size check first
+            assert!(
+                outcome(2).starts_with("crash:"),
+                "planted heap overflow:\n{out}"
+            );
+            assert!(
+                out.contains("heap-buffer-overflow") || out.contains("insufficient space"),
+                "sanitizer report kept:\n{out}"
+            );
+        }
+        assert_eq!(outcome(3), "done", "{out}");
+    }
 
     // ---- classify
     let allow = parse_list(&adv.join("known_failing.txt"));
@@ -1255,10 +1294,8 @@ fn adversarial_c_abi() {
             "setup" => Outcome::Setup,
             _ => Outcome::Crash,
         };
-        if c.kind == M_BASELINE {
-            if outcome != Outcome::Ok {
-                baseline_errors.push(format!("{}: {how} {status} {msg}", c.label));
-            }
+        if c.kind == M_BASELINE && outcome != Outcome::Ok {
+            baseline_errors.push(format!("{}: {how} {status} {msg}", c.label));
         }
         if outcome == Outcome::Named
             && c.invalid

@@ -120,6 +120,8 @@ pub unsafe extern "C" fn ftn_softmax_forward(
 #[no_mangle]
 /// `dx = scale * (dy*y - y * sum(dy*y))` per row, `y` the forward's output
 /// (`dx` may be `dy`). All three: `batch * heads * sq * sk` elements.
+/// `desc.mask` is not used but checked as in the forward (an invalid
+/// value is ftnInvalidArgument).
 pub unsafe extern "C" fn ftn_softmax_backward(
     stream: ftnStream_t,
     desc: *const ftnSoftmaxDesc_t,

@@ -9,7 +9,8 @@
  *   R <index> <outcome> <status> <last error>      (tab-separated)
  * outcome: done | crash:<signal> | exit:<code> | hang | setup.
  * Env: ADV_JOBS (2), ADV_TIMEOUT (5), ADV_ONLY (one case index, run in
- * process: for a debugger), ADV_LOGDIR (children's stderr, one file per slot). */
+ * process: for a debugger), ADV_LIMIT (run only the first N cases),
+ * ADV_LOGDIR (children's stderr, one file per slot), ADV_PLANT_* (below). */
 #define _GNU_SOURCE
 #include "harness.h"
 
@@ -219,9 +220,31 @@ void *fx_bad(int kind, uint64_t how) {
 
 /* ---- runner ---- */
 
+/* The index in environment variable `name`, or -1. */
+static long env_index(const char *name) {
+  const char *v = getenv(name);
+  return v ? atol(v) : -1;
+}
+
+/* Planted faults, for the suite's check of its own runner: case
+ * ADV_PLANT_CRASH dies of SIGSEGV, ADV_PLANT_HANG never returns,
+ * ADV_PLANT_ASAN writes past a heap block (caught under AddressSanitizer). */
+static void plant(size_t i) {
+  if ((long)i == env_index("ADV_PLANT_CRASH")) raise(SIGSEGV);
+  if ((long)i == env_index("ADV_PLANT_HANG"))
+    for (;;) pause();
+  if ((long)i == env_index("ADV_PLANT_ASAN")) {
+    volatile char *p = (volatile char *)malloc(8);
+    size_t past = ADV_NCASES > 0 ? 8 : 0; /* not a constant: no compile-time warning */
+    p[past] = 1;
+    free((void *)p);
+  }
+}
+
 static void run_child(size_t i, adv_record *rec, unsigned timeout) {
   g_rec = rec;
   alarm(timeout);
+  plant(i);
   ftnResult_t r = adv_dispatch(&ADV_CASES[i]);
   const char *m = ftn_get_last_error();
   rec->status = (int)r;
@@ -288,10 +311,11 @@ int main(void) {
     pid[s] = 0;
     snprintf(logs[s], sizeof logs[s], "%s/slot%d.err", logdir ? logdir : "/tmp", s);
   }
-  size_t next = 0;
-  printf("N\t%zu\n", ADV_NCASES);
-  while (next < ADV_NCASES || busy > 0) {
-    for (int s = 0; s < jobs && next < ADV_NCASES; s++) {
+  size_t next = 0, ncases = ADV_NCASES;
+  if (getenv("ADV_LIMIT") && (size_t)atol(getenv("ADV_LIMIT")) < ncases) ncases = (size_t)atol(getenv("ADV_LIMIT"));
+  printf("N\t%zu\n", ncases);
+  while (next < ncases || busy > 0) {
+    for (int s = 0; s < jobs && next < ncases; s++) {
       if (pid[s]) continue;
       size_t i = next++;
       fflush(stdout);
