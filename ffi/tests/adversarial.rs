@@ -131,6 +131,8 @@ struct Func {
     ret: String,
     name: String,
     params: Vec<Param>,
+    /// The comment above the declaration (its documented bad input).
+    comment: String,
 }
 
 #[derive(Debug, Default)]
@@ -260,7 +262,12 @@ fn parse_header(text: &str) -> Header {
                     })
                     .collect()
             };
-            h.funcs.push(Func { ret, name, params });
+            h.funcs.push(Func {
+                ret,
+                name,
+                params,
+                comment: std::mem::take(&mut comment),
+            });
         }
         i += 1;
     }
@@ -761,16 +768,24 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
                 }
             }
             PKind::Int(None) => {
-                for (val, lbl) in [("(uint64_t)-1", "-1"), ("INT32_MAX", "INT32_MAX")] {
+                let (neg, max) = int_limits(f, p);
+                for (val, lbl, invalid) in
+                    [("(uint64_t)-1", "-1", neg), ("INT32_MAX", "INT32_MAX", max)]
+                {
+                    let cat = if invalid {
+                        "out-of-range integer"
+                    } else {
+                        "integer argument extremes"
+                    };
                     push(
                         M_SCALAR,
                         i,
                         None,
                         0,
                         val,
-                        "integer argument extremes",
+                        cat,
                         format!("{}={lbl}", p.name),
-                        false,
+                        invalid,
                     );
                 }
             }
@@ -831,6 +846,21 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
         );
     }
     v
+}
+
+/// Whether -1 and INT32_MAX are invalid for the `int` argument `p`: ranks
+/// are never negative and out of range of the one-rank fixtures, counts of
+/// ranks are at least 1, and the function's comment may say so (`negative
+/// `device``, `` `value` outside 0..=255 ``, `` `tp < 1` ``).
+fn int_limits(f: &Func, p: &Param) -> (bool, bool) {
+    let n = p.name.as_str();
+    let doc = squash(&f.comment);
+    let range = doc.contains(&format!("`{n}` outside"));
+    let neg = range
+        || doc.contains(&format!("negative `{n}`"))
+        || doc.contains(&format!("`{n} < 1`"))
+        || matches!(n, "rank" | "root" | "peer" | "nranks" | "tp");
+    (neg, range || matches!(n, "rank" | "root" | "peer"))
 }
 
 /// Dimensions: (value, label, category, invalid by construction).
@@ -1248,6 +1278,7 @@ fn adversarial_c_abi() {
     let mut allowed_hit = BTreeSet::new();
     let mut baseline_errors = Vec::new();
     let mut unnamed_arg = Vec::new();
+    let mut every = String::new();
     let mut logs: BTreeMap<usize, String> = BTreeMap::new();
     let mut last = None;
     let mut results: BTreeMap<usize, (String, i32, String)> = BTreeMap::new();
@@ -1311,6 +1342,11 @@ fn adversarial_c_abi() {
             .or_default()
             .entry(outcome)
             .or_default() += 1;
+        let _ = writeln!(
+            every,
+            "{}\t{}\t{}\t{:?}\t{msg}",
+            c.label, c.category, c.invalid, outcome
+        );
         if matches!(
             outcome,
             Outcome::SilentSuccess | Outcome::Crash | Outcome::Hang | Outcome::Setup
@@ -1371,6 +1407,12 @@ fn adversarial_c_abi() {
         baseline_errors.len()
     );
     let _ = std::fs::write(dir.join("unnamed_args.txt"), unnamed_arg.join("\n"));
+    let _ = std::fs::write(dir.join("results.tsv"), &every);
+    let _ = writeln!(
+        rep,
+        "every case's outcome: {}",
+        dir.join("results.tsv").display()
+    );
     for b in &baseline_errors {
         let _ = writeln!(rep, "  baseline: {b}");
     }

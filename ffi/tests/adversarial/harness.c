@@ -287,6 +287,16 @@ int main(void) {
   if (jobs < 1) jobs = 1;
   if (jobs > 64) jobs = 64;
   setvbuf(stdout, NULL, _IOLBF, 0);
+  /* A one-process torchrun job, so that the baselines of
+   * ftn_job_env_from_environment and ftn_rendezvous_share_unique_id are
+   * valid calls (a port of our own: other suites may run beside this one). */
+  char port[16];
+  snprintf(port, sizeof port, "%d", 20000 + (int)(getpid() % 20000));
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port, 1);
   if (only) {
     static adv_record rec;
     size_t i = (size_t)strtoul(only, NULL, 10);
