@@ -1054,7 +1054,7 @@ fn gen_c(g: &Gen, funcs: &[(usize, &Func)], cases: &[Case]) -> String {
         let _ = writeln!(s, "  case {fi}: return call_{fi}(c);");
     }
     s.push_str("  default: return ftnInternalError;\n  }\n}\n\nconst adv_case ADV_CASES[] = {\n");
-    for c in cases {
+    for (i, c) in cases.iter().enumerate() {
         let (width, off) = match &c.field {
             Some((st, fl)) => (
                 format!("(int)sizeof((({st} *)0)->{fl})"),
@@ -1064,7 +1064,7 @@ fn gen_c(g: &Gen, funcs: &[(usize, &Func)], cases: &[Case]) -> String {
         };
         let _ = writeln!(
             s,
-            "  {{{}, {}, {}, {width}, {off}, {}, (uint64_t)({})}}, /* {} */",
+            "  {{{}, {}, {}, {width}, {off}, {}, (uint64_t)({})}}, /* {i}: {} */",
             c.func, c.kind, c.param, c.tail, c.value, c.label
         );
     }

@@ -304,7 +304,8 @@ int main(void) {
     g_rec = &rec;
     ftnResult_t r = adv_dispatch(&ADV_CASES[i]);
     printf("case %zu: status %d, last error: %s\n", i, (int)r, ftn_get_last_error());
-    return 0;
+    fflush(stdout);
+    _exit(0); /* as a child does: the fixtures are not freed (no leak report) */
   }
   adv_record *recs = mmap(NULL, ADV_NCASES * sizeof(adv_record), PROT_READ | PROT_WRITE,
                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
