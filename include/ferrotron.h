@@ -1757,8 +1757,9 @@ ftnResult_t ftn_bias_gelu_forward(ftnStream_t stream,
                                   void *out);
 
 /*
- `dx = dy * gelu'(x + bias)` (`dx` may be `dy`) and, when `dbias` is
- not NULL, `dbias` (`cols`) = column sums of `dx` (deterministic).
+ `dx = dy * gelu'(x + bias)` (`dx` may be `dy`; `bias` may be NULL, as
+ in the forward) and, when `dbias` is not NULL, `dbias` (`cols`) =
+ column sums of `dx` (deterministic).
  */
 ftnResult_t ftn_bias_gelu_backward(ftnStream_t stream,
                                    const ftnBiasGeluDesc_t *desc,
@@ -1905,7 +1906,8 @@ ftnResult_t ftn_layer_norm_forward(ftnStream_t stream,
 
 /*
  LayerNorm backward: `dx`, and when not NULL `dgamma`, `dbeta`
- (`hidden` elements, deterministic). `mean`, `rstd` from the forward.
+ (`hidden` elements, deterministic). `mean`, `rstd` from the forward;
+ `gamma` may be NULL, as in the forward.
  */
 ftnResult_t ftn_layer_norm_backward(ftnStream_t stream,
                                     const ftnNormDesc_t *desc,
@@ -1931,6 +1933,7 @@ ftnResult_t ftn_rms_norm_forward(ftnStream_t stream,
 
 /*
  RMSNorm backward: `dx`, and when not NULL `dgamma` (deterministic).
+ `gamma` may be NULL, as in the forward.
  */
 ftnResult_t ftn_rms_norm_backward(ftnStream_t stream,
                                   const ftnNormDesc_t *desc,
@@ -1996,6 +1999,8 @@ ftnResult_t ftn_softmax_forward(ftnStream_t stream,
 /*
  `dx = scale * (dy*y - y * sum(dy*y))` per row, `y` the forward's output
  (`dx` may be `dy`). All three: `batch * heads * sq * sk` elements.
+ `desc.mask` is not used but checked as in the forward (an invalid
+ value is ftnInvalidArgument).
  */
 ftnResult_t ftn_softmax_backward(ftnStream_t stream,
                                  const ftnSoftmaxDesc_t *desc,
@@ -2424,8 +2429,8 @@ ftnResult_t ftn_row_parallel_linear_backward(ftnRowParallelLinear_t layer,
 
  Bad input (ftnInvalidArgument, nothing written): a split dimension that
  is not a multiple of `tp` (e.g. a scatter of 7 columns over 2 ranks;
- never truncated), `tp < 1`, negative dims, a gathered dimension that
- overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
+ never truncated), `tp < 1`, negative dims, `rows * cols` or a gathered
+ dimension that overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
  */
 ftnResult_t ftn_tp_mapping_shape(int mapping,
                                  int backward,

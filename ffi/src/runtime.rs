@@ -94,15 +94,15 @@ pub unsafe extern "C" fn ftn_context_create(
 ) -> ftnResult_t {
     export!(|op| {
         check_out(op, "ctx", ctx)?;
-        let ordinal = || {
-            usize::try_from(device).map_err(|_| invalid(op, "device", "a GPU ordinal >= 0", device))
-        };
-        let dev = match parse_enum(op, "backend", backend)? {
+        let kind = parse_enum(op, "backend", backend)?;
+        // Checked on every backend (the emulator ignores the ordinal, but a
+        // negative one is bad input wherever it is passed).
+        let ordinal = usize::try_from(device)
+            .map_err(|_| invalid(op, "device", "a GPU ordinal >= 0", device))?;
+        let dev = match kind {
             ftnBackend_t::ftnBackendEmu => Device::emu(),
-            ftnBackend_t::ftnBackendCuda => Device::cuda(ordinal()?)?,
-            ftnBackend_t::ftnBackendAuto => {
-                Device::cuda(ordinal()?).unwrap_or_else(|_| Device::emu())
-            }
+            ftnBackend_t::ftnBackendCuda => Device::cuda(ordinal)?,
+            ftnBackend_t::ftnBackendAuto => Device::cuda(ordinal).unwrap_or_else(|_| Device::emu()),
         };
         let h = ftnContext::into_raw(dev, Arc::default(), Arc::default());
         // SAFETY: checked non-NULL above; valid by the contract.

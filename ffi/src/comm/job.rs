@@ -10,6 +10,7 @@ use ferrotron::comm::rendezvous::{share_id, JobEnv};
 use ferrotron::core::rank_grid::{Axis, Coords, RankGrid, RankOrder};
 use ferrotron::Result;
 
+use crate::abi::args::try_vec;
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::descriptors::{check_out_desc, read_desc, Desc};
 use crate::abi::enums::{c_enum, parse_enum, CEnum};
@@ -218,23 +219,46 @@ pub unsafe extern "C" fn ftn_rank_grid_group(
     export!(|op| {
         // SAFETY: descriptor contract.
         let g = unsafe { grid(op, desc)? };
-        let members = g.group(rank_of(op, rank)?, &axes_of(op, axes)?)?;
+        let base = g.coords(rank_of(op, rank)?)?;
+        let axes = axes_of(op, axes)?;
+        // The group's size is the product of its axes' sizes (at most
+        // `world`, an int): known without scanning the world, so a huge
+        // grid costs only what the caller asks to be written.
+        let n: usize = axes.iter().map(|&a| g.size(a)).product();
         // SAFETY: out-pointer contract.
-        unsafe { write_out(op, "count", count, members.len() as c_int)? };
+        unsafe { write_out(op, "count", count, n as c_int)? };
         let cap =
             usize::try_from(capacity).map_err(|_| invalid(op, "capacity", ">= 0", capacity))?;
         if ranks.is_null() && cap == 0 {
             return Ok(());
         }
-        if cap < members.len() {
+        if cap < n {
             return Err(invalid(
                 op,
                 "capacity",
-                format!("room for the group's {} ranks", members.len()),
+                format!("room for the group's {n} ranks"),
                 capacity,
             ));
         }
         check_out(op, "ranks", ranks)?;
+        // Every combination of coordinates along `axes`, the others `base`'s.
+        let mut members: Vec<usize> = try_vec(op, "ranks", n)?;
+        for i in 0..n {
+            let (mut c, mut rest) = (base, i);
+            for &a in &axes {
+                let size = g.size(a);
+                let v = rest % size;
+                rest /= size;
+                match a {
+                    Axis::Tp => c.tp = v,
+                    Axis::Cp => c.cp = v,
+                    Axis::Dp => c.dp = v,
+                    Axis::Pp => c.pp = v,
+                }
+            }
+            members.push(g.rank(c)?);
+        }
+        members.sort_unstable();
         for (i, m) in members.iter().enumerate() {
             // SAFETY: `ranks` has room for `capacity >= members.len()` ints.
             unsafe { ranks.add(i).write(*m as c_int) };

@@ -141,6 +141,12 @@ unsafe fn init_all(
     }
     // SAFETY: ctxs holds nranks handles by the contract.
     let handles = unsafe { std::slice::from_raw_parts(ctxs, n) };
+    // Every handle is checked before anything is allocated for `nranks`
+    // ranks: a count larger than the array ends at its first non-handle.
+    for &h in handles {
+        // SAFETY: handle contract.
+        unsafe { get::<ftnContext>(op, "ctxs[i]", h)? };
+    }
     let mut devs: Vec<Device> = Vec::new();
     let mut children = Vec::new();
     devs.try_reserve_exact(n)

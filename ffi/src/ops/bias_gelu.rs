@@ -60,8 +60,9 @@ pub unsafe extern "C" fn ftn_bias_gelu_forward(
     })
 }
 
-/// `dx = dy * gelu'(x + bias)` (`dx` may be `dy`) and, when `dbias` is
-/// not NULL, `dbias` (`cols`) = column sums of `dx` (deterministic).
+/// `dx = dy * gelu'(x + bias)` (`dx` may be `dy`; `bias` may be NULL, as
+/// in the forward) and, when `dbias` is not NULL, `dbias` (`cols`) =
+/// column sums of `dx` (deterministic).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_bias_gelu_backward(
     stream: ftnStream_t,

@@ -85,7 +85,8 @@ pub unsafe extern "C" fn ftn_layer_norm_forward(
 }
 
 /// LayerNorm backward: `dx`, and when not NULL `dgamma`, `dbeta`
-/// (`hidden` elements, deterministic). `mean`, `rstd` from the forward.
+/// (`hidden` elements, deterministic). `mean`, `rstd` from the forward;
+/// `gamma` may be NULL, as in the forward.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_layer_norm_backward(
     stream: ftnStream_t,
@@ -161,6 +162,7 @@ pub unsafe extern "C" fn ftn_rms_norm_forward(
 }
 
 /// RMSNorm backward: `dx`, and when not NULL `dgamma` (deterministic).
+/// `gamma` may be NULL, as in the forward.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rms_norm_backward(
     stream: ftnStream_t,

@@ -120,6 +120,8 @@ pub unsafe extern "C" fn ftn_softmax_forward(
 #[no_mangle]
 /// `dx = scale * (dy*y - y * sum(dy*y))` per row, `y` the forward's output
 /// (`dx` may be `dy`). All three: `batch * heads * sq * sk` elements.
+/// `desc.mask` is not used but checked as in the forward (an invalid
+/// value is ftnInvalidArgument).
 pub unsafe extern "C" fn ftn_softmax_backward(
     stream: ftnStream_t,
     desc: *const ftnSoftmaxDesc_t,
@@ -132,6 +134,9 @@ pub unsafe extern "C" fn ftn_softmax_backward(
         // SAFETY: descriptor contract.
         let d = unsafe { read_desc(op, "desc", desc)? };
         let (sm, n, _) = softmax_shape(op, &d)?;
+        // The backward does not read the mask, but a descriptor with an
+        // invalid enum is rejected as the forward rejects it.
+        let _: ftnSoftmaxMask_t = parse_enum(op, "desc.mask", d.mask)?;
         dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => {
             // SAFETY: pointer contracts.
             let (yv, dyv, mut dxv) = unsafe {

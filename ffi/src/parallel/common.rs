@@ -239,23 +239,26 @@ impl<T: TpElement> GradViews<T> {
     ) -> Result<GradViews<T>> {
         // SAFETY: descriptor contract.
         let g = unsafe { read_desc(op, arg, grads)? };
+        // Field names as the caller wrote them: `grads.weight_mode` for the
+        // layers, `fc1.weight_mode` / `qkv.weight_mode` ... for the blocks.
+        let (reserved, mode, weight, bias) = field_names(arg);
         if g.reserved != 0 {
-            return Err(invalid(op, "grads.reserved", "0", g.reserved));
+            return Err(invalid(op, reserved, "0", g.reserved));
         }
-        let weight = match parse_enum(op, "grads.weight_mode", g.weight_mode)? {
+        let weight = match parse_enum(op, mode, g.weight_mode)? {
             // SAFETY (both arms): pointer contract, `weight_len` elements.
-            ftnWeightGradMode_t::ftnWeightGradStore => WeightView::Store(unsafe {
-                view::<T>(dev, op, "grads.weight", g.weight, weight_len)?
-            }),
+            ftnWeightGradMode_t::ftnWeightGradStore => {
+                WeightView::Store(unsafe { view::<T>(dev, op, weight, g.weight, weight_len)? })
+            }
             ftnWeightGradMode_t::ftnWeightGradAccumulate => WeightView::Accumulate(unsafe {
-                view::<f32>(dev, op, "grads.weight", g.weight, weight_len)?
+                view::<f32>(dev, op, weight, g.weight, weight_len)?
             }),
         };
         let bias = if g.bias.is_null() {
             None
         } else {
             // SAFETY: pointer contract, `bias_len` elements.
-            Some(unsafe { view::<T>(dev, op, "grads.bias", g.bias, bias_len)? })
+            Some(unsafe { view::<T>(dev, op, bias, g.bias, bias_len)? })
         };
         Ok(GradViews { weight, bias })
     }
@@ -269,6 +272,28 @@ impl<T: TpElement> GradViews<T> {
             },
             bias: self.bias.as_mut(),
         }
+    }
+}
+
+/// The `reserved`, `weight_mode`, `weight` and `bias` fields of the
+/// `ftnLinearGrads_t` argument `arg`, as names for errors.
+fn field_names(arg: &'static str) -> (&'static str, &'static str, &'static str, &'static str) {
+    match arg {
+        "fc1" => ("fc1.reserved", "fc1.weight_mode", "fc1.weight", "fc1.bias"),
+        "fc2" => ("fc2.reserved", "fc2.weight_mode", "fc2.weight", "fc2.bias"),
+        "qkv" => ("qkv.reserved", "qkv.weight_mode", "qkv.weight", "qkv.bias"),
+        "proj" => (
+            "proj.reserved",
+            "proj.weight_mode",
+            "proj.weight",
+            "proj.bias",
+        ),
+        _ => (
+            "grads.reserved",
+            "grads.weight_mode",
+            "grads.weight",
+            "grads.bias",
+        ),
     }
 }
 

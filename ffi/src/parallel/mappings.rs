@@ -92,8 +92,8 @@ impl Direction {
 ///
 /// Bad input (ftnInvalidArgument, nothing written): a split dimension that
 /// is not a multiple of `tp` (e.g. a scatter of 7 columns over 2 ranks;
-/// never truncated), `tp < 1`, negative dims, a gathered dimension that
-/// overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
+/// never truncated), `tp < 1`, negative dims, `rows * cols` or a gathered
+/// dimension that overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mapping_shape(
     mapping: c_int,
@@ -107,6 +107,8 @@ pub unsafe extern "C" fn ftn_tp_mapping_shape(
     export!(|op| {
         let m = mapping_of(op, mapping)?;
         let (r, c) = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
+        // A shape of more elements than int64_t counts describes no tensor.
+        mul(op, "rows * cols", r, c)?;
         let tp = tp_size(op, tp)?;
         let dir = if backward != 0 {
             Direction::Backward

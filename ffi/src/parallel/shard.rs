@@ -65,7 +65,11 @@ unsafe fn shard_t<T: Element>(
     }
     check_ptr::<T>(op, "out", out, want)?;
     // SAFETY: host pointer contract.
-    let src = unsafe { host_slice::<T>(op, "full", full, mul(op, "rows * cols", rows, cols)?)? };
+    let whole = match split {
+        Split::VocabRows => "vocab * hidden",
+        Split::Rows | Split::Cols => "rows * cols",
+    };
+    let src = unsafe { host_slice::<T>(op, "full", full, mul(op, whole, rows, cols)?)? };
     let shard = match split {
         Split::Rows => shard_rows(src, rows, cols, tp, rank)?,
         Split::Cols => shard_cols(src, rows, cols, tp, rank)?,
@@ -89,7 +93,13 @@ unsafe fn shard(
     out: *mut c_void,
     out_count: usize,
 ) -> Result<()> {
-    let shape = (dim(op, "rows", rows)?, dim(op, "cols", cols)?);
+    // The C names of the two dimensions (`ftn_vocab_shard_rows` calls them
+    // `vocab` and `hidden`).
+    let (rname, cname) = match split {
+        Split::VocabRows => ("vocab", "hidden"),
+        Split::Rows | Split::Cols => ("rows", "cols"),
+    };
+    let shape = (dim(op, rname, rows)?, dim(op, cname, cols)?);
     let ranks = rank_of(op, tp, rank)?;
     // SAFETY: forwarded contracts.
     dispatch_dtype!(op, "datatype", datatype, T => unsafe { shard_t::<T>(op, split, full, shape, ranks, out, out_count) })
