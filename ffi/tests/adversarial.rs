@@ -314,6 +314,8 @@ const PARAM_ENUMS: &[(&str, &str)] = &[
     ("backend", "ftnBackend_t"),
     ("axes", "ftnAxis_t"),
     ("dgelu", "ftnActivation_t"),
+    ("param_dtype", "ftnDataType_t"),
+    ("grad_dtype", "ftnDataType_t"),
 ];
 
 /// Enums that are only ever written by the library or only name statuses.
@@ -375,12 +377,54 @@ const OVERRIDES: &[(&str, &str)] = &[
     ("ftn_vocab_shard_rows.out_count", "4096"),
     ("ftn_free.ptr", "adv_malloc()"),
     ("ftn_free_async.ptr", "adv_malloc()"),
+    // fused Adam: a device loss scaler (the fixture) and no inv_scale (not both)
+    ("ftn_adam_step.inv_scale", "NULL"),
+    ("ftnAdamTensor_t.model_dtype", "ftnFloat32"),
+    ("ftnAdamConfig_t.beta1", "0.9f"),
+    ("ftnAdamConfig_t.beta2", "0.999f"),
+    ("ftnAdamConfig_t.eps", "1e-8f"),
+    ("ftnDistOptConfig_t.beta1", "0.9f"),
+    ("ftnDistOptConfig_t.beta2", "0.999f"),
+    ("ftnDistOptConfig_t.eps", "1e-8f"),
+    ("ftnDistOptConfig_t.weight_decay", "0.01f"),
+    ("ftnDistOptConfig_t.max_grad_norm", "1.0"),
+    // data parallelism: the registry fixture holds parameters 0 and 1
+    ("ftn_param_registry_register.name", "\"adv_extra\""),
+    ("ftn_ddp_get_grad.param_id", "0"),
+    ("ftn_ddp_get_param.param_id", "0"),
+    ("ftn_ddp_mark_grad_ready.param_id", "0"),
+    ("ftn_ddp_set_is_last_microbatch.is_last", "1"),
+];
+
+/// C statements run at the start of a call (before any mutation), for the
+/// exports whose baseline needs fixtures in a state of their own.
+const PREPARE: &[(&str, &str)] = &[
+    // a whole backward marked ready
+    ("ftn_ddp_finish_grad_sync", "adv_ddp_grads_ready(0);"),
+    // the optimizer, then synchronised gradients
+    (
+        "ftn_dist_opt_step",
+        "(void)fx(FX_ftnDistOpt_t);\n  adv_ddp_grads_ready(1);",
+    ),
 ];
 
 /// `int64_t` arguments that are a count on their own, multiplied with
 /// nothing: a huge value is a valid question (`ftn_vocab_padded_size` of
 /// 2^62 is 2^62), so their overflow cases are not invalid by construction.
-const NOT_MULTIPLIED: &[&str] = &["ftn_vocab_padded_size.vocab", "ftn_vocab_range.vocab"];
+/// The same holds for `struct.field` dimensions: a bucket larger than every
+/// gradient is one bucket.
+const NOT_MULTIPLIED: &[&str] = &[
+    "ftn_vocab_padded_size.vocab",
+    "ftn_vocab_range.vocab",
+    "ftnDdpConfig_t.bucket_size",
+];
+
+/// Exports whose all-NULL / zero call is valid: every required pointer is
+/// documented as NULL-able when a count argument is 0 (the header's words).
+const ZERO_VALID: &[(&str, &str)] = &[(
+    "ftn_adam_default_weight_decay",
+    "`ndims` and `out` are host arrays of `n` entries (NULL only when `n` is 0)",
+)];
 
 fn override_for(key: &str) -> Option<&'static str> {
     OVERRIDES.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
@@ -718,7 +762,9 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
                         );
                     }
                 } else if fl.ty == "int64_t" {
+                    let alone = NOT_MULTIPLIED.contains(&format!("{s}.{}", fl.name).as_str());
                     for (val, lbl, cat, invalid) in I64_BAD {
+                        let invalid = &(*invalid && !(alone && *cat == "overflowing dimension"));
                         push(
                             M_FIELD,
                             i,
@@ -833,7 +879,8 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
             .params
             .iter()
             .zip(&kinds)
-            .any(|(p, k)| k.is_ptr() && !is_opt(p));
+            .any(|(p, k)| k.is_ptr() && !is_opt(p))
+            && !ZERO_VALID.iter().any(|(n, _)| *n == f.name);
         push(
             M_ZERO,
             0,
@@ -895,6 +942,9 @@ fn gen_call(g: &Gen, fi: usize, f: &Func) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "static ftnResult_t call_{fi}(const adv_case *c) {{");
     let _ = writeln!(s, "  /* {} */", f.name);
+    if let Some((_, prep)) = PREPARE.iter().find(|(n, _)| *n == f.name) {
+        let _ = writeln!(s, "  {prep}");
+    }
     let mut args = Vec::new();
     let mut null_arms = String::new();
     let mut zero = String::new();
@@ -970,7 +1020,9 @@ fn gen_call(g: &Gen, fi: usize, f: &Func) -> String {
                 );
             }
             PKind::I64 => {
-                let v = if p.name.contains("timeout") {
+                let v = if let Some(o) = override_for(&format!("{}.{}", f.name, p.name)) {
+                    o
+                } else if p.name.contains("timeout") {
                     "50"
                 } else {
                     "4"
@@ -1135,7 +1187,17 @@ fn adversarial_c_abi() {
     let h = parse_header(&header);
     let g = Gen { h: &h };
     assert!(h.funcs.len() > 90, "parsed only {} exports", h.funcs.len());
-    assert_eq!(h.handles.len(), 10, "handle types: {:?}", h.handles);
+    // Every opaque type the header declares (`typedef struct ftnX ftnX;`)
+    // has its handle typedef parsed: the count follows the header.
+    let declared = header
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("typedef struct ftn")
+                .is_some_and(|r| r.ends_with(';') && !r.contains('{'))
+        })
+        .count();
+    assert!(declared >= 14, "opaque types declared: {declared}");
+    assert_eq!(h.handles.len(), declared, "handle types: {:?}", h.handles);
     let harness = std::fs::read_to_string(repo().join("ffi/tests/adversarial/harness.h")).unwrap();
     for t in &h.handles {
         assert!(
@@ -1154,6 +1216,12 @@ fn adversarial_c_abi() {
             used || OUTPUT_ENUMS.contains(&e.name.as_str()),
             "enum {} is neither a field's nor in PARAM_ENUMS / OUTPUT_ENUMS",
             e.name
+        );
+    }
+    for (fname, _) in PREPARE.iter().chain(ZERO_VALID) {
+        assert!(
+            h.funcs.iter().any(|f| f.name == *fname),
+            "PREPARE / ZERO_VALID: {fname} is not an export of the header"
         );
     }
     let optional = optional_nulls();

@@ -180,6 +180,51 @@ static void *fx_new(int kind) {
                                                       (float *)adv_buf(), &s));
     return s;
   }
+  case FX_ftnAdam_t: {
+    ftnAdamConfig_t cfg;
+    ftnAdam_t a = NULL;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size = sizeof cfg;
+    FX_CHECK("adam config", ftn_adam_config_default(&cfg));
+    FX_CHECK("adam", ftn_adam_create((ftnContext_t)fx(FX_ftnContext_t), &cfg, &a));
+    return a;
+  }
+  case FX_ftnParamRegistry_t: {
+    /* two parameters: ids 0 (a [4, 4] weight) and 1 (a [4] bias) */
+    ftnParamRegistry_t r = NULL;
+    int64_t w[2] = {4, 4}, b[1] = {4}, id = -1;
+    FX_CHECK("param registry", ftn_param_registry_create(&r));
+    FX_CHECK("param registry weight", ftn_param_registry_register(r, "w", w, 2, ftnFloat32, ftnFloat32, &id));
+    FX_CHECK("param registry bias", ftn_param_registry_register(r, "b", b, 1, ftnBfloat16, ftnFloat32, &id));
+    return r;
+  }
+  case FX_ftnDdp_t: {
+    /* over the one-rank communicator; with the distributed optimizer (so
+     * that ftn_ddp_get_param and ftn_dist_opt_create have one) */
+    ftnDdpConfig_t cfg;
+    ftnDdp_t d = NULL;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size = sizeof cfg;
+    cfg.distributed_optimizer = 1;
+    cfg.averaging = ftnGradPreScale;
+    FX_CHECK("ddp", ftn_ddp_create((ftnComm_t)fx(FX_ftnComm_t), (ftnParamRegistry_t)fx(FX_ftnParamRegistry_t),
+                                   &cfg, &d));
+    return d;
+  }
+  case FX_ftnDistOpt_t: {
+    ftnDistOptConfig_t cfg;
+    ftnDistOpt_t o = NULL;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size = sizeof cfg;
+    cfg.beta1 = 0.9f;
+    cfg.beta2 = 0.999f;
+    cfg.eps = 1e-8f;
+    cfg.mode = ftnAdamDecoupled;
+    cfg.weight_decay = 0.01f;
+    cfg.max_grad_norm = 1.0;
+    FX_CHECK("distributed optimizer", ftn_dist_opt_create((ftnDdp_t)fx(FX_ftnDdp_t), &cfg, &o));
+    return o;
+  }
   default:
     setup_failed("unknown fixture kind", ftnInternalError);
     return NULL;
@@ -198,6 +243,10 @@ static ftnResult_t fx_destroy(int kind, void *h) {
   case FX_ftnTpMlp_t: return ftn_tp_mlp_destroy((ftnTpMlp_t)h);
   case FX_ftnTpAttention_t: return ftn_tp_attention_destroy((ftnTpAttention_t)h);
   case FX_ftnCrossEntropySaved_t: return ftn_cross_entropy_saved_destroy((ftnCrossEntropySaved_t)h);
+  case FX_ftnAdam_t: return ftn_adam_destroy((ftnAdam_t)h);
+  case FX_ftnParamRegistry_t: return ftn_param_registry_destroy((ftnParamRegistry_t)h);
+  case FX_ftnDdp_t: return ftn_ddp_destroy((ftnDdp_t)h);
+  case FX_ftnDistOpt_t: return ftn_dist_opt_destroy((ftnDistOpt_t)h);
   default: return ftnInternalError;
   }
 }
@@ -206,6 +255,14 @@ void *fx(int kind) {
   if (kind < 0 || kind >= FX_COUNT) setup_failed("fixture kind", ftnInternalError);
   if (!g_fx[kind]) g_fx[kind] = fx_new(kind);
   return g_fx[kind];
+}
+
+void adv_ddp_grads_ready(int finish) {
+  ftnDdp_t d = (ftnDdp_t)fx(FX_ftnDdp_t);
+  ftnStream_t s = (ftnStream_t)fx(FX_ftnStream_t);
+  FX_CHECK("ddp: marking parameter 1 ready", ftn_ddp_mark_grad_ready(d, s, 1));
+  FX_CHECK("ddp: marking parameter 0 ready", ftn_ddp_mark_grad_ready(d, s, 0));
+  if (finish) FX_CHECK("ddp: finishing the gradient sync", ftn_ddp_finish_grad_sync(d, s));
 }
 
 void *fx_bad(int kind, uint64_t how) {

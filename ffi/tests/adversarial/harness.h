@@ -24,6 +24,10 @@ enum {
   FX_ftnTpMlp_t,
   FX_ftnTpAttention_t,
   FX_ftnCrossEntropySaved_t,
+  FX_ftnAdam_t,
+  FX_ftnParamRegistry_t,
+  FX_ftnDdp_t,
+  FX_ftnDistOpt_t,
   FX_COUNT
 };
 
@@ -56,6 +60,10 @@ void *fx_bad(int kind, uint64_t how);
 void *adv_buf(void);
 /* 64 KiB from ftn_malloc on the fixture context. */
 void *adv_malloc(void);
+/* Marks every parameter of the DDP fixture ready on the stream fixture
+ * (a whole backward), then with `finish` synchronises the gradients:
+ * the state ftn_ddp_finish_grad_sync / ftn_dist_opt_step expect. */
+void adv_ddp_grads_ready(int finish);
 /* Applies an M_FIELD mutation to a struct at `base` of `size` bytes. */
 void adv_field(void *base, size_t size, const adv_case *c);
 
