@@ -1001,3 +1001,115 @@ const _: () = {
     ["Offset of field: FtnVocabCeBwdParams::pad_"]
         [::core::mem::offset_of!(FtnVocabCeBwdParams, pad_) - 84usize];
 };
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnBiasDropoutAddFwdParams {
+    pub out: *mut ::core::ffi::c_void,
+    pub x: *const ::core::ffi::c_void,
+    pub bias: *const ::core::ffi::c_void,
+    pub residual: *const ::core::ffi::c_void,
+    pub rows: i64,
+    pub cols: i64,
+    pub seed: u64,
+    pub offset: u64,
+    pub drop_threshold: u32,
+    pub scale: f32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnBiasDropoutAddFwdParams"]
+        [::core::mem::size_of::<FtnBiasDropoutAddFwdParams>() - 80usize];
+    ["Alignment of FtnBiasDropoutAddFwdParams"]
+        [::core::mem::align_of::<FtnBiasDropoutAddFwdParams>() - 8usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::out"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, out) - 0usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::x"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, x) - 8usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::bias"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, bias) - 16usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::residual"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, residual) - 24usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::rows"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, rows) - 32usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::cols"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, cols) - 40usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::seed"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, seed) - 48usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::offset"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, offset) - 56usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::drop_threshold"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, drop_threshold) - 64usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::scale"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, scale) - 68usize];
+    ["Offset of field: FtnBiasDropoutAddFwdParams::vec"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddFwdParams, vec) - 72usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnBiasDropoutAddBwdParams {
+    pub dx: *mut ::core::ffi::c_void,
+    pub d_residual: *mut ::core::ffi::c_void,
+    pub dy: *const ::core::ffi::c_void,
+    pub dbias_partial: *mut f32,
+    pub rows: i64,
+    pub cols: i64,
+    pub rows_per_chunk: i64,
+    pub seed: u64,
+    pub offset: u64,
+    pub drop_threshold: u32,
+    pub scale: f32,
+    pub vec: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnBiasDropoutAddBwdParams"]
+        [::core::mem::size_of::<FtnBiasDropoutAddBwdParams>() - 88usize];
+    ["Alignment of FtnBiasDropoutAddBwdParams"]
+        [::core::mem::align_of::<FtnBiasDropoutAddBwdParams>() - 8usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::dx"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, dx) - 0usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::d_residual"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, d_residual) - 8usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::dy"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, dy) - 16usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::dbias_partial"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, dbias_partial) - 24usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::rows"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, rows) - 32usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::cols"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, cols) - 40usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::rows_per_chunk"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, rows_per_chunk) - 48usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::seed"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, seed) - 56usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::offset"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, offset) - 64usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::drop_threshold"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, drop_threshold) - 72usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::scale"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, scale) - 76usize];
+    ["Offset of field: FtnBiasDropoutAddBwdParams::vec"]
+        [::core::mem::offset_of!(FtnBiasDropoutAddBwdParams, vec) - 80usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnPhiloxFillParams {
+    pub out: *mut i32,
+    pub n: i64,
+    pub seed: u64,
+    pub offset: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnPhiloxFillParams"][::core::mem::size_of::<FtnPhiloxFillParams>() - 32usize];
+    ["Alignment of FtnPhiloxFillParams"][::core::mem::align_of::<FtnPhiloxFillParams>() - 8usize];
+    ["Offset of field: FtnPhiloxFillParams::out"]
+        [::core::mem::offset_of!(FtnPhiloxFillParams, out) - 0usize];
+    ["Offset of field: FtnPhiloxFillParams::n"]
+        [::core::mem::offset_of!(FtnPhiloxFillParams, n) - 8usize];
+    ["Offset of field: FtnPhiloxFillParams::seed"]
+        [::core::mem::offset_of!(FtnPhiloxFillParams, seed) - 16usize];
+    ["Offset of field: FtnPhiloxFillParams::offset"]
+        [::core::mem::offset_of!(FtnPhiloxFillParams, offset) - 24usize];
+};

@@ -25,5 +25,6 @@
 #include "gemm.h"
 #include "copy.h"
 #include "vocab_parallel.h"
+#include "dropout.h"
 
 #endif /* FERROTRON_KERNELS_H */

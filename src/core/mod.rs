@@ -8,9 +8,11 @@ pub mod dtype;
 pub mod error;
 pub mod launch;
 pub mod loss_scaler;
+pub mod philox;
 pub mod pipeline;
 pub mod plan;
 pub mod rank_grid;
+pub mod rng;
 pub mod validate;
 
 pub use dtype::{DType, Element};

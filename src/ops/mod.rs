@@ -4,6 +4,7 @@
 pub mod adam;
 pub mod bias_gelu;
 pub mod copy;
+pub mod dropout;
 pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
@@ -12,6 +13,7 @@ pub mod vocab_parallel;
 
 pub use adam::{AdamW, FusedAdam};
 pub use bias_gelu::{BiasGelu, Gelu};
+pub use dropout::{BiasDropoutAdd, DropoutMode};
 pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
 pub use layernorm::{LayerNorm, RmsNorm};
 pub use softmax::{ScaleMaskSoftmax, SoftmaxMask};

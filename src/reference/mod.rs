@@ -2,6 +2,7 @@
 //! the kernels against (docs/semantics.md, computed in f64; see docs/testing.md).
 
 pub mod bias_gelu;
+pub mod dropout;
 pub mod gemm;
 pub mod layernorm;
 pub mod multi_tensor;
