@@ -91,7 +91,7 @@ mod tests {
         assert_eq!(drop_threshold(0.0), 0);
         assert_eq!(drop_threshold(0.5), 1 << 31);
         assert_eq!(drop_threshold(0.25), 1 << 30);
-        assert_eq!(drop_threshold(1.0 - f32::EPSILON / 2.0), 0xFFFF_FF80);
+        assert_eq!(drop_threshold(1.0 - f32::EPSILON / 2.0), 0xFFFF_FF00); // (1 - 2^-24) * 2^32
         assert!(keep(1, 2, 3, 0));
     }
 }
