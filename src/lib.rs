@@ -11,7 +11,8 @@
 //! * [`Device`], [`Stream`], [`Event`], [`DeviceBuffer`], [`AnyBuffer`] —
 //!   the two backends (the CUDA-on-CPU emulator, and CUDA).
 //! * [`kernels`] — the generated table of every kernel and kernel family.
-//! * [`ops`] — typed fused ops: bias + GeLU, scale + mask + softmax,
+//! * [`ops`] — typed fused ops: bias + GeLU, bias + dropout + residual add
+//!   (Philox RNG, [`core::rng`] streams), scale + mask + softmax,
 //!   LayerNorm / RMSNorm, GEMM with epilogues, multi-tensor, copy,
 //!   vocab-parallel kernels.
 //! * [`comm`] — collectives (in-process and NCCL); [`parallel`] —
