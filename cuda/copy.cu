@@ -15,6 +15,10 @@ FTN_DEVICE void copy_2d(const FtnCopy2dParams &p) {
     const int64_t u = i - r * units_per_row;
     const U *src = reinterpret_cast<const U *>(static_cast<const unsigned char *>(p.src) + r * p.src_pitch);
     U *dst = reinterpret_cast<U *>(static_cast<unsigned char *>(p.dst) + r * p.dst_pitch);
+    if constexpr (sizeof(U) > 1) {  // a GPU faults on a misaligned vector access
+      FTN_ASSERT_ALIGNED(&src[u], sizeof(U));
+      FTN_ASSERT_ALIGNED(&dst[u], sizeof(U));
+    }
     dst[u] = src[u];
   }
 }

@@ -13,6 +13,10 @@
 //   FTN_DYNAMIC_SHARED(T, name)                    `T *name` = dynamic shared
 //   FTN_ASSERT(cond)                               device assert: fails the
 //       launch with the kernel name and condition, never aborts the host
+//   FTN_ASSERT_ALIGNED(ptr, bytes)                 the emulator fails the launch
+//       unless ptr is bytes-aligned (a GPU faults); no-op under nvcc
+//   FTN_CALLER_LOC / FTN_CALLER_FWD / FTN_ASSERT_ALIGNED_CALLER(ptr, bytes, what)
+//       the same for a helper, reporting its caller's file:line (vec.cuh)
 //   FTN_DEVICE                                     __device__ __forceinline__
 #ifndef FTN_KERNEL_CUH
 #define FTN_KERNEL_CUH
@@ -30,6 +34,10 @@
 #define FTN_SHARED(T, name, dims) T name dims
 #define FTN_DYNAMIC_SHARED(T, name) T *name
 #define FTN_ASSERT(cond)
+#define FTN_ASSERT_ALIGNED(ptr, bytes)
+#define FTN_CALLER_LOC
+#define FTN_CALLER_FWD
+#define FTN_ASSERT_ALIGNED_CALLER(ptr, bytes, what)
 
 #elif defined(__CUDACC__)
 
@@ -49,6 +57,11 @@
 // Debug fatbins only: release ones are built with -DNDEBUG, since a trapped
 // device assert is sticky and fails every later launch in the process.
 #define FTN_ASSERT(cond) assert(cond)
+// Alignment is checked by the hardware (misaligned address fault).
+#define FTN_ASSERT_ALIGNED(ptr, bytes) ((void)0)
+#define FTN_CALLER_LOC
+#define FTN_CALLER_FWD
+#define FTN_ASSERT_ALIGNED_CALLER(ptr, bytes, what) ((void)0)
 
 #else  // the CPU emulator
 

@@ -102,34 +102,34 @@ template <> struct FtnMmaIsBf16<__half> { static constexpr bool value = false; }
 template <> struct FtnMmaIsBf16<__nv_bfloat16> { static constexpr bool value = true; };
 
 template <typename T>
-FTN_DEVICE void ftn_mma_m16n8k16(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
-  ::ftn_emu::mma_m16n8k16(FtnMmaIsBf16<T>::value, d, a, b, c, __FILE__, __LINE__);
+FTN_DEVICE void ftn_mma_m16n8k16(float *d, const uint32_t *a, const uint32_t *b, const float *c
+                                 FTN_CALLER_LOC) {
+  ::ftn_emu::mma_m16n8k16(FtnMmaIsBf16<T>::value, d, a, b, c, ftn_loc.file_name(),
+                          ftn_loc.line());
 }
-FTN_DEVICE void ftn_ldmatrix_x4(uint32_t *r, const void *row) {
-  ::ftn_emu::ldmatrix(4, false, r, row, __FILE__, __LINE__);
+FTN_DEVICE void ftn_ldmatrix_x4(uint32_t *r, const void *row FTN_CALLER_LOC) {
+  ::ftn_emu::ldmatrix(4, false, r, row, ftn_loc.file_name(), ftn_loc.line());
 }
-FTN_DEVICE void ftn_ldmatrix_x4_trans(uint32_t *r, const void *row) {
-  ::ftn_emu::ldmatrix(4, true, r, row, __FILE__, __LINE__);
+FTN_DEVICE void ftn_ldmatrix_x4_trans(uint32_t *r, const void *row FTN_CALLER_LOC) {
+  ::ftn_emu::ldmatrix(4, true, r, row, ftn_loc.file_name(), ftn_loc.line());
 }
-FTN_DEVICE void ftn_ldmatrix_x2(uint32_t *r, const void *row) {
-  ::ftn_emu::ldmatrix(2, false, r, row, __FILE__, __LINE__);
+FTN_DEVICE void ftn_ldmatrix_x2(uint32_t *r, const void *row FTN_CALLER_LOC) {
+  ::ftn_emu::ldmatrix(2, false, r, row, ftn_loc.file_name(), ftn_loc.line());
 }
-FTN_DEVICE void ftn_ldmatrix_x2_trans(uint32_t *r, const void *row) {
-  ::ftn_emu::ldmatrix(2, true, r, row, __FILE__, __LINE__);
+FTN_DEVICE void ftn_ldmatrix_x2_trans(uint32_t *r, const void *row FTN_CALLER_LOC) {
+  ::ftn_emu::ldmatrix(2, true, r, row, ftn_loc.file_name(), ftn_loc.line());
 }
-FTN_DEVICE void ftn_ldmatrix_x1(uint32_t *r, const void *row) {
-  ::ftn_emu::ldmatrix(1, false, r, row, __FILE__, __LINE__);
+FTN_DEVICE void ftn_ldmatrix_x1(uint32_t *r, const void *row FTN_CALLER_LOC) {
+  ::ftn_emu::ldmatrix(1, false, r, row, ftn_loc.file_name(), ftn_loc.line());
 }
-FTN_DEVICE void ftn_ldmatrix_x1_trans(uint32_t *r, const void *row) {
-  ::ftn_emu::ldmatrix(1, true, r, row, __FILE__, __LINE__);
+FTN_DEVICE void ftn_ldmatrix_x1_trans(uint32_t *r, const void *row FTN_CALLER_LOC) {
+  ::ftn_emu::ldmatrix(1, true, r, row, ftn_loc.file_name(), ftn_loc.line());
 }
 
-FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes) {
-  FTN_ASSERT(reinterpret_cast<uintptr_t>(smem) % 16 == 0);
-  FTN_ASSERT(src_bytes == 0 || reinterpret_cast<uintptr_t>(gmem) % 16 == 0);
-  FTN_ASSERT(src_bytes >= 0 && src_bytes <= 16);
-  if (src_bytes > 0) std::memcpy(smem, gmem, size_t(src_bytes));
-  std::memset(static_cast<char *>(smem) + src_bytes, 0, size_t(16 - src_bytes));
+// Checks (cuda/emu/runtime.cpp): smem 16-aligned and in shared memory; gmem
+// (when src_bytes > 0) 16-aligned and not in shared memory.
+FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes FTN_CALLER_LOC) {
+  ::ftn_emu::cp_async(smem, gmem, 16, src_bytes, ftn_loc.file_name(), ftn_loc.line());
 }
 FTN_DEVICE void ftn_cp_async_commit() {}
 template <int N>

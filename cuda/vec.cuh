@@ -10,7 +10,9 @@
 //                            scalar one when V == 1 (a kernel's `vec` path)
 //   ftn_load_bytes<V>        V bytes (a mask): one 4- or 8-byte access, else bytewise
 // Every helper is FTN_DEVICE (forceinline) and templated on the width, so the
-// element arrays stay in registers.
+// element arrays stay in registers. Under the emulator every vector access
+// checks its alignment and fails the launch at the caller's line otherwise
+// (FTN_CALLER_LOC, ftn_kernel.cuh), as a GPU would fault.
 #ifndef FTN_VEC_CUH
 #define FTN_VEC_CUH
 
@@ -24,7 +26,9 @@ template <typename T> struct FtnVec {
 // Loads N = FtnVec<T>::N elements at p (16-byte aligned) with one 128-bit
 // load and widens them to fp32.
 template <typename T>
-FTN_DEVICE void ftn_load_vec(const T *__restrict__ p, float (&out)[FtnVec<T>::N]) {
+FTN_DEVICE void ftn_load_vec(const T *__restrict__ p,
+                             float (&out)[FtnVec<T>::N] FTN_CALLER_LOC) {
+  FTN_ASSERT_ALIGNED_CALLER(p, 16, "128-bit (uint4) load");
   union {
     uint4 raw;
     T v[FtnVec<T>::N];
@@ -36,7 +40,9 @@ FTN_DEVICE void ftn_load_vec(const T *__restrict__ p, float (&out)[FtnVec<T>::N]
 
 // Narrows N fp32 values to T and stores them with one 128-bit store.
 template <typename T>
-FTN_DEVICE void ftn_store_vec(T *__restrict__ p, const float (&in)[FtnVec<T>::N]) {
+FTN_DEVICE void ftn_store_vec(T *__restrict__ p,
+                              const float (&in)[FtnVec<T>::N] FTN_CALLER_LOC) {
+  FTN_ASSERT_ALIGNED_CALLER(p, 16, "128-bit (uint4) store");
   union {
     uint4 raw;
     T v[FtnVec<T>::N];
@@ -48,13 +54,13 @@ FTN_DEVICE void ftn_store_vec(T *__restrict__ p, const float (&in)[FtnVec<T>::N]
 
 // V consecutive elements at p as fp32: one 128-bit load when V == N (p
 // 16-byte aligned), one scalar load when V == 1.
-template <typename T, int V> FTN_DEVICE void ftn_load(const T *p, float *out) {
+template <typename T, int V> FTN_DEVICE void ftn_load(const T *p, float *out FTN_CALLER_LOC) {
   static_assert(V == 1 || V == FtnVec<T>::N, "vector width");
   if constexpr (V == 1) {
     out[0] = ftn_to_float(p[0]);
   } else {
     float tmp[V];
-    ftn_load_vec<T>(p, tmp);
+    ftn_load_vec<T>(p, tmp FTN_CALLER_FWD);
 #pragma unroll
     for (int k = 0; k < V; ++k) out[k] = tmp[k];
   }
@@ -62,7 +68,7 @@ template <typename T, int V> FTN_DEVICE void ftn_load(const T *p, float *out) {
 
 // Stores V fp32 values as T at p: one 128-bit store when V == N, one scalar
 // store when V == 1.
-template <typename T, int V> FTN_DEVICE void ftn_store(T *p, const float *in) {
+template <typename T, int V> FTN_DEVICE void ftn_store(T *p, const float *in FTN_CALLER_LOC) {
   static_assert(V == 1 || V == FtnVec<T>::N, "vector width");
   if constexpr (V == 1) {
     p[0] = ftn_from_float<T>(in[0]);
@@ -70,14 +76,15 @@ template <typename T, int V> FTN_DEVICE void ftn_store(T *p, const float *in) {
     float tmp[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) tmp[k] = in[k];
-    ftn_store_vec<T>(p, tmp);
+    ftn_store_vec<T>(p, tmp FTN_CALLER_FWD);
   }
 }
 
 // Loads V = sizeof(Raw) bytes at m (V-byte aligned) with one access.
 template <typename Raw, int V>
-FTN_DEVICE void ftn_load_bytes_as(const uint8_t *m, uint8_t (&out)[V]) {
+FTN_DEVICE void ftn_load_bytes_as(const uint8_t *m, uint8_t (&out)[V] FTN_CALLER_LOC) {
   static_assert(sizeof(Raw) == V, "access width");
+  FTN_ASSERT_ALIGNED_CALLER(m, V, V == 8 ? "64-bit (uint2) load" : "32-bit load");
   union {
     Raw raw;
     uint8_t b[V];
@@ -88,11 +95,12 @@ FTN_DEVICE void ftn_load_bytes_as(const uint8_t *m, uint8_t (&out)[V]) {
 }
 
 // Loads V bytes at m (V-byte aligned): one access when V is 4 or 8.
-template <int V> FTN_DEVICE void ftn_load_bytes(const uint8_t *m, uint8_t (&out)[V]) {
+template <int V>
+FTN_DEVICE void ftn_load_bytes(const uint8_t *m, uint8_t (&out)[V] FTN_CALLER_LOC) {
   if constexpr (V == 8) {
-    ftn_load_bytes_as<uint2>(m, out);
+    ftn_load_bytes_as<uint2>(m, out FTN_CALLER_FWD);
   } else if constexpr (V == 4) {
-    ftn_load_bytes_as<uint32_t>(m, out);
+    ftn_load_bytes_as<uint32_t>(m, out FTN_CALLER_FWD);
   } else {
 #pragma unroll
     for (int k = 0; k < V; ++k) out[k] = m[k];

@@ -79,6 +79,21 @@ inline T *static_shared(const void *site) {
   return static_cast<T *>(static_shared_alloc(site, sizeof(T), alignof(T)));
 }
 
+// Address checks (runtime.cpp). A GPU faults on a misaligned vector access
+// ("misaligned address"); here it fails the launch with the kernel, the
+// thread and block, `what`, and file:line.
+[[noreturn]] void misaligned_fail(const char *what, const void *p, size_t align,
+                                  const char *file, unsigned line);
+inline void check_aligned(const void *p, size_t align, const char *what, const char *file,
+                          unsigned line) {
+  if (reinterpret_cast<uintptr_t>(p) & (align - 1)) misaligned_fail(what, p, align, file, line);
+}
+// Whether [p, p + bytes) lies inside the running block's shared memory (its
+// dynamic part or a static array declared so far).
+bool in_shared(const void *p, size_t bytes);
+// Whether [p, p + bytes) overlaps the running block's shared-memory arena.
+bool overlaps_shared(const void *p, size_t bytes);
+
 namespace detail {
 enum BarrierKind : int { kBarPlain, kBarCount, kBarAnd, kBarOr };
 int block_barrier(int kind, int pred, const char *file, unsigned line);
@@ -87,13 +102,14 @@ enum WarpOp : int {
   kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kSyncWarp,
   kReduceAdd, kReduceMin, kReduceMax, kReduceAnd, kReduceOr, kReduceXor,
   kCollective,  // warp_collective (tensor-core emulations, mma_emu.cpp)
+  kActiveMask,  // __activemask: every non-exited lane, same call site
   kWarpOpCount
 };
 // Meets the lanes named in `mask` at a warp rendezvous; returns this lane's
 // result (shuffle value, ballot bits, ...).
 uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width,
                  const char *file, unsigned line);
-unsigned active_mask();
+unsigned active_mask(const char *file, unsigned line);
 
 template <class T>
 inline uint64_t to_bits(const T &v) {
@@ -136,6 +152,18 @@ inline T from_bits(uint64_t b) {
   T *name = reinterpret_cast<T *>(::ftn_emu::dynamic_shared())
 #define FTN_ASSERT(cond) \
   ((cond) ? (void)0 : ::ftn_emu::assert_fail(#cond, __FILE__, __LINE__))
+// Fails the launch unless `ptr` is `bytes`-aligned (a GPU faults on a
+// misaligned vector access). A no-op under nvcc, where the hardware checks.
+#define FTN_ASSERT_ALIGNED(ptr, bytes) \
+  ::ftn_emu::check_aligned((ptr), (bytes), #ptr, __FILE__, __LINE__)
+// For helpers that should report their caller's line: a trailing defaulted
+// parameter `ftn_loc` (FTN_CALLER_LOC), passed on with FTN_CALLER_FWD, and
+// FTN_ASSERT_ALIGNED_CALLER(ptr, bytes, what) reporting ftn_loc. All three
+// are empty / no-ops under nvcc.
+#define FTN_CALLER_LOC , std::source_location ftn_loc = std::source_location::current()
+#define FTN_CALLER_FWD , ftn_loc
+#define FTN_ASSERT_ALIGNED_CALLER(ptr, bytes, what) \
+  ::ftn_emu::check_aligned((ptr), (bytes), (what), ftn_loc.file_name(), ftn_loc.line())
 
 namespace ftn_emu {
 [[noreturn]] void launch_bounds_fail(unsigned max_threads, const char *text);
@@ -556,7 +584,10 @@ inline int __syncthreads_or(int pred, FTN_EMU_LOC) {
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, FTN_EMU_LOC) {
   ftn_emu::detail::warp_op(ftn_emu::detail::kSyncWarp, mask, 0, 0, 32, FTN_EMU_AT);
 }
-inline unsigned __activemask() { return ftn_emu::detail::active_mask(); }
+// Not modelled: which lanes a GPU happens to have converged. Every lane of the
+// warp that has not exited must reach the same __activemask() call (then it
+// returns those lanes); a diverged call fails the launch (warp.cpp).
+inline unsigned __activemask(FTN_EMU_LOC) { return ftn_emu::detail::active_mask(FTN_EMU_AT); }
 inline unsigned __ballot_sync(unsigned mask, int pred, FTN_EMU_LOC) {
   return unsigned(
       ftn_emu::detail::warp_op(ftn_emu::detail::kBallot, mask, pred != 0, 0, 32, FTN_EMU_AT));
@@ -617,11 +648,20 @@ void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const 
                      unsigned line);
 }  // namespace detail
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 (full warp).
+// Operands are registers (no addresses to check).
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line);
 // ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 (full warp); `row`
-// is this lane's row address (lanes 8i..8i+7 give matrix i's rows).
+// is this lane's row address (lanes 8i..8i+7 give matrix i's rows). Each
+// lane whose address is used checks it: 16-byte aligned, and 16 bytes inside
+// the block's shared memory.
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
+              unsigned line);
+// cp.async.{ca,cg}.shared.global of `size` bytes (4, 8 or 16): reads
+// src_bytes (0..size) from src, zero-fills the rest of dst, synchronously.
+// dst: `size`-aligned, in the block's shared memory; src (when src_bytes >
+// 0): `size`-aligned, not in shared memory.
+void cp_async(void *dst, const void *src, int size, int src_bytes, const char *file,
               unsigned line);
 }  // namespace ftn_emu
 

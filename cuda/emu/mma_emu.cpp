@@ -14,8 +14,9 @@
 //   C, D (16x8, f32), c0..c3:
 //     row = g for c0,c1;  g + 8 for c2,c3;   col = 2t + (i & 1)
 //   ldmatrix: lanes 8i..8i+7 give the row addresses (16 bytes each, 16-byte
-//     aligned) of matrix i; register i of lane l holds row g, cols 2t, 2t+1
-//     of matrix i (.trans: rows 2t, 2t+1 of col g, i.e. of the transpose).
+//     aligned, in shared memory: each such lane checks its own) of matrix
+//     i; register i of lane l holds row g, cols 2t, 2t+1 of matrix i
+//     (.trans: rows 2t, 2t+1 of col g, i.e. of the transpose).
 //
 // Arithmetic: products of fp16/bf16 values are exact in fp64; D = C + sum of
 // the 16 products is summed in fp64 and rounded once to fp32. Hardware sums
@@ -95,11 +96,8 @@ void ldmatrix_collective(unsigned mask, void *const *data) {
   }
   for (int i = 0; i < count; ++i)
     for (int r = 0; r < 8; ++r) {
-      const void *addr = static_cast<LdmLane *>(data[8 * i + r])->row;
-      if (reinterpret_cast<uintptr_t>(addr) % 16 != 0)
-        detail::fail(detail::strprintf("ldmatrix: lane %d's row address %p is not 16-byte aligned",
-                                       8 * i + r, addr));
-      std::memcpy(M[i][r], addr, 16);
+      // Checked (aligned, shared) by the lane itself in ldmatrix() below.
+      std::memcpy(M[i][r], static_cast<LdmLane *>(data[8 * i + r])->row, 16);
     }
   for (int l = 0; l < 32; ++l) {
     const LdmLane &ln = *static_cast<LdmLane *>(data[l]);
@@ -124,6 +122,15 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
 
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
               unsigned line) {
+  const unsigned lane = ftn_emu_tl_thread->linear & 31u;
+  if (lane < 8u * unsigned(count)) {  // lanes whose row address is used
+    check_aligned(row, 16, "ldmatrix row address", file, line);
+    if (!in_shared(row, 16))
+      detail::fail(detail::strprintf(
+          "ldmatrix at %s:%u: row address %p (lane %u) is not in the block's shared memory "
+          "(ldmatrix reads .shared)",
+          file, line, row, lane));
+  }
   uint32_t out[4];
   LdmLane me{count, trans, out, row};
   detail::warp_collective(0xFFFFFFFFu, &ldmatrix_collective, &me, file, line);

@@ -137,6 +137,57 @@ void assert_fail(const char *cond, const char *file, unsigned line) {
   fail(strprintf("device assertion `%s` failed at %s:%u", cond, file, line));
 }
 
+void misaligned_fail(const char *what, const void *p, size_t align, const char *file,
+                     unsigned line) {
+  fail(strprintf("misaligned address: %s = %p is not %zu-byte aligned at %s:%u (a GPU faults)",
+                 what, p, align, file, line));
+}
+
+namespace {
+// [p, p + bytes) within [lo, lo + n)?
+bool range_within(uintptr_t p, size_t bytes, uintptr_t lo, size_t n) {
+  return p >= lo && p - lo <= n && bytes <= n - (p - lo);
+}
+}  // namespace
+
+bool in_shared(const void *p, size_t bytes) {
+  const Worker *w = tl_worker;
+  if (!w || !w->arena) return false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(w->arena);
+  return range_within(a, bytes, base, w->dyn_bytes) ||
+         range_within(a, bytes, base + w->static_off, w->static_used);
+}
+
+bool overlaps_shared(const void *p, size_t bytes) {
+  const Worker *w = tl_worker;
+  if (!w || !w->arena || bytes == 0) return false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(w->arena);
+  return a < base + w->arena_size && base < a + bytes;
+}
+
+void cp_async(void *dst, const void *src, int size, int src_bytes, const char *file,
+              unsigned line) {
+  if (size != 4 && size != 8 && size != 16)
+    fail(strprintf("cp.async at %s:%u: copy size %d is not 4, 8 or 16", file, line, size));
+  if (src_bytes < 0 || src_bytes > size)
+    fail(strprintf("cp.async at %s:%u: src-size %d is outside [0, %d]", file, line, src_bytes,
+                   size));
+  check_aligned(dst, size_t(size), "cp.async destination", file, line);
+  if (!in_shared(dst, size_t(size)))
+    fail(strprintf("cp.async at %s:%u: destination %p is not in the block's shared memory "
+                   "(cp.async writes .shared)",
+                   file, line, dst));
+  if (src_bytes > 0) {
+    check_aligned(src, size_t(size), "cp.async source", file, line);
+    if (overlaps_shared(src, size_t(src_bytes)))
+      fail(strprintf("cp.async at %s:%u: source %p is in the block's shared memory "
+                     "(cp.async reads .global)",
+                     file, line, src));
+    std::memcpy(dst, src, size_t(src_bytes));
+  }
+  std::memset(static_cast<char *>(dst) + src_bytes, 0, size_t(size - src_bytes));
+}
+
 void launch_bounds_fail(unsigned max_threads, const char *text) {
   const dim3 &b = ftn_emu_tl_block->bdim;
   fail(strprintf("launch with blockDim (%u,%u,%u) = %u threads exceeds __launch_bounds__(%s) = %u",

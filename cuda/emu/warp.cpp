@@ -5,6 +5,8 @@
 // and wakes the others. Misuse -- the caller not in its mask, a mask naming
 // lanes that do not exist or have exited, two different ops or masks meeting
 // -- fails the launch.
+#include <cstring>
+
 #include "emu_internal.h"
 
 namespace ftn_emu::detail {
@@ -14,7 +16,8 @@ const char *warp_op_name(int op) {
       "__shfl_sync",       "__shfl_up_sync",    "__shfl_down_sync",  "__shfl_xor_sync",
       "__ballot_sync",     "__any_sync",        "__all_sync",        "__syncwarp",
       "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync",
-      "__reduce_or_sync",  "__reduce_xor_sync", "warp collective (mma/ldmatrix)"};
+      "__reduce_or_sync",  "__reduce_xor_sync", "warp collective (mma/ldmatrix)",
+      "__activemask"};
   return op >= 0 && op < kWarpOpCount ? names[op] : "warp op";
 }
 
@@ -85,6 +88,7 @@ void complete(Worker &w, unsigned warp_index, const WarpSlot &s) {
       }
       break;
     }
+    case kActiveMask: acc = mask; break;
     default: break;
   }
   for (unsigned l = 0; l < 32; ++l) {
@@ -134,6 +138,13 @@ uint64_t rendezvous(int op, unsigned mask, uint64_t value, int param, int width,
       break;
     }
   if (s) {
+    if ((op == kActiveMask || s->op == kActiveMask) &&
+        (s->op != op || s->line != line || std::strcmp(s->file, file) != 0))
+      fail(strprintf("__activemask() in a diverged warp: lane %u is in %s at %s:%u while lanes "
+                     "%s are in %s at %s:%u; the emulator does not model partial convergence, "
+                     "so every lane that has not exited must reach the same __activemask() call",
+                     lane, name, file, line, lanes_str(s->arrived).c_str(), warp_op_name(s->op),
+                     s->file, s->line));
     if (s->op != op || s->mask != mask || s->aux != aux)
       fail(strprintf("lane %u calls %s(mask=%s) at %s:%u while lanes %s wait in "
                      "%s(mask=%s) at %s:%u; lanes must meet in the same op with the same mask",
@@ -174,10 +185,16 @@ void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const 
              reinterpret_cast<void *>(fn), file, line);
 }
 
-unsigned active_mask() {
+// A rendezvous of every lane of the warp that has not exited, all at the same
+// call site; lanes that exit meanwhile drop out (warp_lane_exited). A lane
+// elsewhere -- another warp op, another __activemask() call, __syncthreads --
+// fails the launch (mismatch or deadlock), as the GPU's answer would depend
+// on convergence the emulator does not model.
+unsigned active_mask(const char *file, unsigned line) {
   Worker &w = *tl_worker;
   const Warp &wp = w.warps[w.cur->pub.linear >> 5];
-  return wp.existing & ~wp.exited;
+  return unsigned(
+      rendezvous(kActiveMask, wp.existing & ~wp.exited, 0, 0, 32, nullptr, file, line));
 }
 
 void warp_lane_exited(Worker &w, Thread &t) {
@@ -185,7 +202,16 @@ void warp_lane_exited(Worker &w, Thread &t) {
   Warp &wp = w.warps[t.pub.linear >> 5];
   wp.exited |= bit;
   for (int i = 0; i < wp.nslots; ++i) {
-    const WarpSlot &s = wp.slots[i];
+    WarpSlot &s = wp.slots[i];
+    if (s.op == kActiveMask && (s.mask & bit)) {  // an exited lane is not active
+      s.mask &= ~bit;
+      if (s.arrived == s.mask) {
+        complete(w, t.pub.linear >> 5, s);
+        s = wp.slots[--wp.nslots];
+        --i;
+      }
+      continue;
+    }
     if ((s.mask & bit) && !(s.arrived & bit))
       fail(strprintf("exited, but lanes %s wait for it in %s(mask=%s) at %s:%u",
                      lanes_str(s.arrived).c_str(), warp_op_name(s.op),

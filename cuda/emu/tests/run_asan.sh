@@ -19,7 +19,7 @@ out=$(mktemp -d "${TMPDIR:-/tmp}/ftn_emu_asan.XXXXXX")
 trap '[[ -n "${FTN_EMU_ASAN_KEEP:-}" ]] || rm -rf "$out"' EXIT
 
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address -pthread
-       -Wall -Wextra -I "$root/cuda")
+       -Wall -Wextra -Wno-unknown-pragmas -I "$root/cuda")  # #pragma unroll: as build.rs
 
 echo "== building with AddressSanitizer in $out"
 objs=()

@@ -40,7 +40,11 @@
   X(ldmatrix)                       \
   X(ldmatrix_misaligned)            \
   X(mma_m16n8k16)                   \
-  X(cp_async_zero_fill)
+  X(cp_async_zero_fill)             \
+  X(strict_vector_alignment)        \
+  X(strict_ldmatrix_shared)         \
+  X(strict_cp_async)                \
+  X(strict_activemask)
 
 #define DECLARE(n) void test_##n();
 FTN_EMU_TESTS(DECLARE)
