@@ -300,11 +300,11 @@ fn overlapped_param_gather_waits_in_any_order_and_matches_serialised() {
             }
         }
         // Every rank read the same (replicated) parameters.
-        for r in 1..dp {
-            for step in 0..got[0].len() {
-                for p in 0..MIXED.len() {
-                    if !got[0][step][p].is_empty() && !got[r][step][p].is_empty() {
-                        assert_eq!(got[0][step][p], got[r][step][p]);
+        for other in &got[1..] {
+            for (a, b) in got[0].iter().zip(other) {
+                for (x, y) in a.iter().zip(b) {
+                    if !x.is_empty() && !y.is_empty() {
+                        assert_eq!(x, y);
                     }
                 }
             }
