@@ -290,7 +290,10 @@ impl DistributedOptimizer {
     /// With `scaler`, the gradient shards are unscaled by it and
     /// `found_inf` (`[1]` f32, required then; zeroed here) becomes the max
     /// over ranks, skipping the update on every rank; update the scaler with
-    /// it afterwards. Every rank must call it.
+    /// it afterwards. Every rank must call it. It first makes `compute`
+    /// wait for any parameter all-gather still pending from an overlapped
+    /// step; it ends by all-gathering every bucket in forward order, which
+    /// `compute` waits for unless [`Self::set_overlap_param_gather`] is on.
     pub fn step(
         &mut self,
         ddp: &mut DistributedDataParallel<'_>,
