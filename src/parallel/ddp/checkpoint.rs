@@ -145,6 +145,7 @@ pub fn save_checkpoint(
     path: &Path,
 ) -> Result<()> {
     opt.check_built_from(SAVE, ddp)?;
+    ddp.wait_param_gathers_shared(compute)?;
     let b = &ddp.buffers;
     let dev = b.device().clone();
     dev.check_same(SAVE, "compute", compute.device())?;
@@ -350,6 +351,7 @@ pub fn load_checkpoint(
     path: &Path,
 ) -> Result<()> {
     opt.check_built_from(LOAD, ddp)?;
+    ddp.finish_param_gather(compute)?;
     let b = &ddp.buffers;
     b.device().check_same(LOAD, "compute", compute.device())?;
     let bytes =

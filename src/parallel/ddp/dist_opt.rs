@@ -78,6 +78,9 @@ pub struct DistributedOptimizer {
     local_norm: DeviceBuffer<f32>,
     norms: DeviceBuffer<f32>,
     norm: DeviceBuffer<f32>,
+    /// Megatron's `overlap_param_gather`: `step` dispatches the parameter
+    /// all-gathers without making `compute` wait for them.
+    overlap_param_gather: bool,
 }
 
 impl std::fmt::Debug for DistributedOptimizer {
@@ -210,7 +213,23 @@ impl DistributedOptimizer {
             local_norm: dev.alloc_zeros(1)?,
             norms: dev.alloc_zeros(dp)?,
             norm: dev.alloc_zeros(1)?,
+            overlap_param_gather: false,
         })
+    }
+
+    /// Megatron's `overlap_param_gather` (off by default). On: [`Self::step`]
+    /// enqueues every bucket's parameter all-gather on the communicator's
+    /// stream in forward order ([`DistributedDataParallel::param_gather_order`])
+    /// and returns without making `compute` wait; the forward then calls
+    /// [`DistributedDataParallel::wait_param_gather`] before it reads a
+    /// parameter, which makes `compute` wait for that bucket only. Off:
+    /// `compute` waits for every all-gather inside `step`.
+    pub fn set_overlap_param_gather(&mut self, on: bool) {
+        self.overlap_param_gather = on;
+    }
+
+    pub fn overlap_param_gather(&self) -> bool {
+        self.overlap_param_gather
     }
 
     /// Bytes of device memory this optimizer owns: the fp32 master weights
@@ -271,7 +290,10 @@ impl DistributedOptimizer {
     /// With `scaler`, the gradient shards are unscaled by it and
     /// `found_inf` (`[1]` f32, required then; zeroed here) becomes the max
     /// over ranks, skipping the update on every rank; update the scaler with
-    /// it afterwards. Every rank must call it.
+    /// it afterwards. Every rank must call it. It first makes `compute`
+    /// wait for any parameter all-gather still pending from an overlapped
+    /// step; it ends by all-gathering every bucket in forward order, which
+    /// `compute` waits for unless [`Self::set_overlap_param_gather`] is on.
     pub fn step(
         &mut self,
         ddp: &mut DistributedDataParallel<'_>,
@@ -292,6 +314,9 @@ impl DistributedOptimizer {
                 "gradients not synchronised",
             ));
         }
+        // The update below writes the parameter shards that a previous
+        // overlapped all-gather may still read: wait for any left pending.
+        ddp.finish_param_gather(compute)?;
         let cs = comm.stream();
         let groups = &ddp.buffers.groups;
         // Views of this rank's owned gradient, parameter and state segments.
@@ -383,10 +408,13 @@ impl DistributedOptimizer {
                 .step(compute, &mut t, scalars, found, Unscale::None)?;
         }
 
-        // All-gather every bucket's parameters.
+        // All-gather every bucket's parameters, in forward order.
         cs.wait_event(&compute.record_event()?)?;
         let (dp, rank) = (comm.size(), comm.rank());
-        for (i, &bid) in ddp.buckets().iter().enumerate() {
+        let order = ddp.forward_order().to_vec();
+        let mut events = Vec::with_capacity(order.len());
+        for i in order {
+            let bid = ddp.buckets()[i];
             let g = &groups[bid.group];
             let pbuf = g
                 .param
@@ -405,7 +433,15 @@ impl DistributedOptimizer {
                 (AnyBuffer::BF16(a), AnyBuffer::BF16(b)) => comm.all_gather(cs, a, b).map(drop),
                 (a, _) => Err(Error::invalid(STEP, "param", "f32, f16 or bf16", a.dtype())),
             }?;
+            if self.overlap_param_gather {
+                events.push((i, cs.record_event()?));
+            }
         }
-        compute.wait_event(&cs.record_event()?)
+        if self.overlap_param_gather {
+            ddp.set_param_gather(events);
+            Ok(())
+        } else {
+            compute.wait_event(&cs.record_event()?)
+        }
     }
 }

@@ -83,6 +83,13 @@ pub struct DistributedDataParallel<'c> {
     found_inf: crate::backend::DeviceBuffer<f32>,
     /// One found_inf flag per parameter for the NaN check.
     nan_flags: crate::backend::DeviceBuffer<f32>,
+    /// Bucket indices (into `buckets`) in forward order: by the first
+    /// registered parameter of each bucket (the reverse of the layout).
+    forward_order: Vec<usize>,
+    /// Per bucket (distributed optimizer, `overlap_param_gather`): the event
+    /// recorded on the communication stream after the bucket's parameter
+    /// all-gather, while no one has waited for it yet.
+    param_gather: Vec<Option<Event>>,
 }
 
 impl std::fmt::Debug for DistributedDataParallel<'_> {
@@ -131,7 +138,19 @@ impl<'c> DistributedDataParallel<'c> {
             });
         }
         let readiness = Readiness::new(&buffers);
+        let mut forward_order: Vec<usize> = (0..buckets.len()).collect();
+        let first_param = |i: usize| -> Result<usize> {
+            let ps = buffers.bucket_params(buckets[i])?;
+            Ok(ps.iter().map(|p| p.0).min().unwrap_or(usize::MAX))
+        };
+        let mut keys = Vec::with_capacity(buckets.len());
+        for i in 0..buckets.len() {
+            keys.push(first_param(i)?);
+        }
+        forward_order.sort_by_key(|&i| keys[i]);
         Ok(DistributedDataParallel {
+            forward_order,
+            param_gather: (0..buckets.len()).map(|_| None).collect(),
             comm,
             config,
             events: (0..buckets.len()).map(|_| None).collect(),
@@ -178,6 +197,109 @@ impl<'c> DistributedDataParallel<'c> {
     /// Every bucket, in reduction order.
     pub fn buckets(&self) -> &[BucketId] {
         &self.buckets
+    }
+
+    /// Every bucket in forward order (the order of the first registered
+    /// parameter of each bucket: the reverse of the reduction order within a
+    /// group). The distributed optimizer all-gathers parameters in this
+    /// order.
+    pub fn param_gather_order(&self) -> Vec<BucketId> {
+        self.forward_order
+            .iter()
+            .map(|&i| self.buckets[i])
+            .collect()
+    }
+
+    /// The number of buckets whose parameter all-gather was dispatched by
+    /// an overlapped [`DistributedOptimizer::step`](super::DistributedOptimizer::step)
+    /// and not waited for yet.
+    pub fn param_gathers_pending(&self) -> usize {
+        self.param_gather.iter().flatten().count()
+    }
+
+    /// Overlapped parameter all-gather (Megatron's `overlap_param_gather`):
+    /// makes `compute` wait for the all-gather of the bucket holding
+    /// `param` (and so, the communication stream being in order, for every
+    /// bucket dispatched before it), before the forward reads the parameter.
+    /// Every bucket was dispatched by the step, in forward order, so any
+    /// order of waits is correct and none can wait for an all-gather that
+    /// was never issued. A no-op when nothing is pending for that bucket.
+    /// Errors: an unknown parameter (`param`); plain data parallelism
+    /// (`ddp`: no parameter buffer, nothing to gather).
+    pub fn wait_param_gather(&mut self, compute: &Stream, param: ParamId) -> Result<()> {
+        const WAIT: &str = "DistributedDataParallel::wait_param_gather";
+        self.buffers.check(WAIT, param)?;
+        let b = self.buffers.bucket_of(param)?;
+        self.wait_param_gather_bucket(compute, b)
+    }
+
+    /// [`Self::wait_param_gather`] for a whole bucket. Errors: a bucket of
+    /// another model (`bucket`); plain data parallelism (`ddp`).
+    pub fn wait_param_gather_bucket(&mut self, compute: &Stream, b: BucketId) -> Result<()> {
+        const WAIT: &str = "DistributedDataParallel::wait_param_gather";
+        self.check_param_gather(WAIT, compute)?;
+        let i = self.bucket_index(b)?;
+        if let Some(e) = self.param_gather[i].take() {
+            compute.wait_event(&e)?;
+            // Buckets dispatched earlier completed before this one.
+            let pos = self.forward_order.iter().position(|&x| x == i).unwrap_or(0);
+            for &j in &self.forward_order[..pos] {
+                self.param_gather[j] = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `compute` wait for every pending parameter all-gather
+    /// (Megatron's `finish_param_sync`). A no-op when none is pending.
+    pub fn finish_param_gather(&mut self, compute: &Stream) -> Result<()> {
+        const FIN: &str = "DistributedDataParallel::finish_param_gather";
+        self.buffers
+            .device()
+            .check_same(FIN, "compute", compute.device())?;
+        for ev in self.param_gather.iter_mut() {
+            if let Some(e) = ev.take() {
+                compute.wait_event(&e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `compute` wait for every pending parameter all-gather without
+    /// clearing them (for readers holding `&self`, such as checkpoints).
+    pub(crate) fn wait_param_gathers_shared(&self, compute: &Stream) -> Result<()> {
+        for e in self.param_gather.iter().flatten() {
+            compute.wait_event(e)?;
+        }
+        Ok(())
+    }
+
+    /// Records the all-gather events of an overlapped step (bucket index,
+    /// event); every earlier one must have been waited for.
+    pub(crate) fn set_param_gather(&mut self, events: Vec<(usize, Event)>) {
+        for (i, e) in events {
+            self.param_gather[i] = Some(e);
+        }
+    }
+
+    /// Bucket indices (into [`Self::buckets`]) in forward order.
+    pub(crate) fn forward_order(&self) -> &[usize] {
+        &self.forward_order
+    }
+
+    fn check_param_gather(&self, op: &'static str, compute: &Stream) -> Result<()> {
+        self.buffers
+            .device()
+            .check_same(op, "compute", compute.device())?;
+        if !self.config.distributed_optimizer {
+            return Err(Error::invalid(
+                op,
+                "ddp",
+                "a DistributedDataParallel with distributed_optimizer = true",
+                "plain data parallelism (parameters are not gathered)",
+            ));
+        }
+        Ok(())
     }
 
     /// Megatron's `no_sync`: `false` for every micro-batch but the last, whose
