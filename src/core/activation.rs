@@ -23,7 +23,7 @@ impl Gelu {
 }
 
 /// What the kernel does to `v = alpha * op(A) op(B) [+ beta * C]`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Epilogue {
     /// `D = v`.
     #[default]

@@ -36,8 +36,9 @@ use crate::core::plan::gemm::{self as plan, GemmTile};
 use crate::core::{DType, Element, Result};
 use crate::kernel_params::{FtnColumnPartialsParams, FtnColumnSumParams, FtnGemmParams};
 use crate::kernels::{self, Kernel};
+use crate::ops::gemm_provider::{self as provider, GemmKey, GemmProvider, Provider, Selection};
 use crate::ops::Gelu;
-use crate::Error;
+use crate::{Device, Error};
 
 const OP: &str = "gemm";
 const BIAS_GRAD: &str = "gemm_bias_grad";
@@ -93,6 +94,9 @@ pub struct Gemm {
     /// Use 16-byte `cp.async` copies where the operands allow (default);
     /// `false` forces the element-load path.
     pub fast_path: bool,
+    /// Which implementation runs it (default Auto; `FTN_GEMM_PROVIDER`
+    /// applies when this is Auto). See [`Gemm::selection`].
+    pub provider: GemmProvider,
 }
 
 /// One operand's stored layout, validated.
@@ -211,7 +215,54 @@ impl Gemm {
             epilogue: Epilogue::None,
             tile: None,
             fast_path: true,
+            provider: GemmProvider::Auto,
         }
+    }
+    pub fn provider(self, provider: GemmProvider) -> Self {
+        Gemm { provider, ..self }
+    }
+
+    /// The provider cache key of this GEMM with inputs `T` and output `O`.
+    pub fn key<T: FloatElement, O: FloatElement>(&self) -> GemmKey {
+        GemmKey {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            batch: self.batch,
+            input: T::DTYPE,
+            output: O::DTYPE,
+            trans_a: self.trans_a,
+            trans_b: self.trans_b,
+            epilogue: self.epilogue,
+        }
+    }
+
+    /// Which provider runs (or would run) this GEMM on `device`, and why:
+    /// on the emulator always ferrotron; an explicit `CublasLt` that cannot
+    /// run is an error (`BackendUnavailable`, or `InvalidArgument` for a GEMM
+    /// cuBLASLt cannot express). Auto before its one-time measurement says
+    /// `Reason::NeedsMeasurement`.
+    pub fn selection<T: FloatElement, O: FloatElement>(
+        &self,
+        device: &Device,
+    ) -> Result<Selection> {
+        let key = self.key::<T, O>();
+        let sel = provider::resolve(
+            self.provider,
+            GemmProvider::from_env()?,
+            device.kind(),
+            cublaslt_status(device),
+            &key,
+        )?;
+        if sel.reason == provider::Reason::NeedsMeasurement {
+            if let Some(p) = provider::ProviderCache::global().get(&key) {
+                return Ok(Selection {
+                    provider: p,
+                    reason: provider::Reason::Measured,
+                });
+            }
+        }
+        Ok(sel)
     }
     pub fn trans_a(self, t: bool) -> Self {
         Gemm { trans_a: t, ..self }
@@ -458,6 +509,15 @@ impl Gemm {
         if m == 0 || n == 0 || batch == 0 {
             return Ok(());
         }
+        let sel = self.selection::<T, O>(stream.device())?;
+        if sel.provider == Provider::CublasLt {
+            // resolve() returns CublasLt only where cublaslt_status is Ok.
+            return Err(Error::BackendUnavailable {
+                backend: "cublaslt",
+                reason: "no cuBLASLt call path in this build".into(),
+            });
+        }
+        provider::ProviderCache::global().log_once(&self.key::<T, O>(), sel.provider, None);
         let p = plan::plan(m as u64, n as u64, batch as u64, self.tile).ok_or_else(|| {
             Error::invalid(
                 OP,
@@ -504,6 +564,20 @@ impl Gemm {
             aligned: aligned as u32,
         };
         stream.launch(gemm_kernel(p.tile, T::DTYPE, O::DTYPE)?, p.cfg, params)
+    }
+}
+
+/// Whether cuBLASLt can run on `device` (`Err` says why not).
+fn cublaslt_status(device: &Device) -> std::result::Result<(), String> {
+    match device.kind() {
+        crate::backend::BackendKind::Emu => {
+            Err("the emulator runs only ferrotron's kernels".into())
+        }
+        crate::backend::BackendKind::Cuda => Err(
+            "ferrotron's cuBLASLt call path is not implemented yet (the selection logic, cache \
+             and API are; libcublasLt.so.13 from `pip install nvidia-cublas` will be needed)"
+                .into(),
+        ),
     }
 }
 

@@ -6,6 +6,7 @@ pub mod bias_gelu;
 pub mod copy;
 pub mod dropout;
 pub mod gemm;
+pub mod gemm_provider;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;
@@ -15,6 +16,7 @@ pub use adam::{AdamW, FusedAdam};
 pub use bias_gelu::{BiasGelu, Gelu};
 pub use dropout::{BiasDropoutAdd, DropoutMode};
 pub use gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
+pub use gemm_provider::GemmProvider;
 pub use layernorm::{LayerNorm, RmsNorm};
 pub use softmax::{ScaleMaskSoftmax, SoftmaxMask};
 

@@ -1,0 +1,350 @@
+//! The GEMM provider switch (docs/perf.md, "GEMM providers"): the decision
+//! from injected timings (margin, ties, missing or non-finite times), the
+//! resolution of op / env requests against the backend, the per-key cache
+//! (measured once), its file (round trip, corrupted file ignored with a
+//! warning), the emulator always running ferrotron, and every provider that
+//! can run agreeing with the float64 oracle.
+
+mod common;
+
+use common::{assert_close, devices, to_f64, Rng};
+use ferrotron::backend::BackendKind;
+use ferrotron::core::DType;
+use ferrotron::ops::gemm::{Aux, Epilogue, Gemm, GemmInputs};
+use ferrotron::ops::gemm_provider::{
+    decide, load_file, resolve, GemmKey, GemmProvider, Provider, ProviderCache, Reason, Timings,
+    DEFAULT_MARGIN,
+};
+use ferrotron::ops::Gelu;
+use ferrotron::reference::gemm::{self as oracle, Mat, Problem};
+use ferrotron::{Device, Error};
+use half::bf16;
+
+fn key(m: usize, epilogue: Epilogue) -> GemmKey {
+    GemmKey {
+        m,
+        n: 64,
+        k: 32,
+        batch: 1,
+        input: DType::BF16,
+        output: DType::BF16,
+        trans_a: false,
+        trans_b: true,
+        epilogue,
+    }
+}
+
+fn t(f: f64, c: Option<f64>) -> Timings {
+    Timings {
+        ferrotron_ms: f,
+        cublaslt_ms: c,
+    }
+}
+
+#[test]
+fn decision_needs_a_margin_and_ties_go_to_ferrotron() {
+    let m = 0.05;
+    assert_eq!(decide(t(1.0, Some(0.5)), m), Provider::CublasLt);
+    assert_eq!(decide(t(1.0, Some(0.94)), m), Provider::CublasLt);
+    // Within the margin (and exact ties): ferrotron.
+    assert_eq!(decide(t(1.0, Some(0.96)), m), Provider::Ferrotron);
+    assert_eq!(decide(t(1.0, Some(1.0)), 0.0), Provider::Ferrotron);
+    assert_eq!(decide(t(1.0, Some(2.0)), m), Provider::Ferrotron);
+    // cuBLASLt not measured or nonsense: ferrotron.
+    assert_eq!(decide(t(1.0, None), m), Provider::Ferrotron);
+    assert_eq!(decide(t(1.0, Some(f64::NAN)), m), Provider::Ferrotron);
+    assert_eq!(decide(t(1.0, Some(0.0)), m), Provider::Ferrotron);
+    // Ferrotron failed to time (infinite) but cuBLASLt did.
+    assert_eq!(decide(t(f64::INFINITY, Some(1.0)), m), Provider::CublasLt);
+}
+
+#[test]
+fn resolution_of_requests_against_the_backend() {
+    let k = key(128, Epilogue::BiasGelu(Gelu::Tanh));
+    let ok = || Ok(());
+    let missing = || Err("libcublasLt.so.13 not found (pip install nvidia-cublas)".to_string());
+    // Emulator: Auto is ferrotron, explicit cuBLASLt a named error.
+    let s = resolve(GemmProvider::Auto, None, BackendKind::Emu, ok(), &k).unwrap();
+    assert_eq!(
+        (s.provider, s.reason),
+        (Provider::Ferrotron, Reason::Emulator)
+    );
+    let e = resolve(GemmProvider::CublasLt, None, BackendKind::Emu, ok(), &k).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::BackendUnavailable {
+                backend: "cublaslt",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // CUDA, library missing: Auto silently ferrotron (saying why),
+    // explicit an error that names what to install.
+    let s = resolve(GemmProvider::Auto, None, BackendKind::Cuda, missing(), &k).unwrap();
+    assert_eq!(s.provider, Provider::Ferrotron);
+    assert!(matches!(s.reason, Reason::CublasLtUnavailable(ref w) if w.contains("nvidia-cublas")));
+    let e = resolve(
+        GemmProvider::CublasLt,
+        None,
+        BackendKind::Cuda,
+        missing(),
+        &k,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("libcublasLt.so.13"), "{e}");
+    // CUDA, library present: Auto measures, explicit choices win.
+    let s = resolve(GemmProvider::Auto, None, BackendKind::Cuda, ok(), &k).unwrap();
+    assert_eq!(s.reason, Reason::NeedsMeasurement);
+    let s = resolve(GemmProvider::CublasLt, None, BackendKind::Cuda, ok(), &k).unwrap();
+    assert_eq!(
+        (s.provider, s.reason),
+        (Provider::CublasLt, Reason::Requested)
+    );
+    // Env applies only when the op says Auto.
+    let env = Some(GemmProvider::CublasLt);
+    let s = resolve(GemmProvider::Auto, env, BackendKind::Cuda, ok(), &k).unwrap();
+    assert_eq!((s.provider, s.reason), (Provider::CublasLt, Reason::Env));
+    let s = resolve(GemmProvider::Ferrotron, env, BackendKind::Cuda, ok(), &k).unwrap();
+    assert_eq!(
+        (s.provider, s.reason),
+        (Provider::Ferrotron, Reason::Requested)
+    );
+    let env = Some(GemmProvider::Ferrotron);
+    let s = resolve(GemmProvider::Auto, env, BackendKind::Cuda, ok(), &k).unwrap();
+    assert_eq!((s.provider, s.reason), (Provider::Ferrotron, Reason::Env));
+    // Not expressible in cuBLASLt: erf GeLU; epilogue with an fp32 output.
+    let erf = key(128, Epilogue::BiasGelu(Gelu::Erf));
+    let s = resolve(GemmProvider::Auto, None, BackendKind::Cuda, ok(), &erf).unwrap();
+    assert!(matches!(s.reason, Reason::NotExpressible(_)));
+    let e = resolve(GemmProvider::CublasLt, None, BackendKind::Cuda, ok(), &erf).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    let f32_bias = GemmKey {
+        output: DType::F32,
+        ..key(128, Epilogue::Bias)
+    };
+    assert!(f32_bias.cublaslt_expressible().is_err());
+    let f32_plain = GemmKey {
+        output: DType::F32,
+        ..key(128, Epilogue::None)
+    };
+    assert!(f32_plain.cublaslt_expressible().is_ok());
+}
+
+#[test]
+fn env_values_parse() {
+    assert_eq!(GemmProvider::parse("auto").unwrap(), GemmProvider::Auto);
+    assert_eq!(
+        GemmProvider::parse(" CuBLASLt ").unwrap(),
+        GemmProvider::CublasLt
+    );
+    assert_eq!(
+        GemmProvider::parse("ferrotron").unwrap(),
+        GemmProvider::Ferrotron
+    );
+    assert!(matches!(
+        GemmProvider::parse("cublas"),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn cache_measures_each_key_once() {
+    let cache = ProviderCache::new(DEFAULT_MARGIN);
+    let (a, b) = (key(128, Epilogue::None), key(256, Epilogue::None));
+    let p = cache.choose(&a, || Ok(t(1.0, Some(0.5)))).unwrap();
+    assert_eq!(p, Provider::CublasLt);
+    // Cached: the measurement is not repeated (it would now say ferrotron).
+    let p = cache
+        .choose(&a, || -> ferrotron::Result<Timings> {
+            panic!("measured twice")
+        })
+        .unwrap();
+    assert_eq!(p, Provider::CublasLt);
+    assert_eq!(
+        cache.choose(&b, || Ok(t(1.0, Some(1.0)))).unwrap(),
+        Provider::Ferrotron
+    );
+    assert_eq!(cache.measurements(), 2);
+    assert_eq!(cache.len(), 2);
+    // A failed measurement caches nothing and is reported.
+    let c = key(512, Epilogue::None);
+    assert!(cache
+        .choose(&c, || Err(Error::invalid("gemm", "x", "y", "z")))
+        .is_err());
+    assert_eq!(cache.get(&c), None);
+}
+
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("ftn-gemm-provider-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn cache_file_round_trip() {
+    let path = temp_path("roundtrip");
+    let _ = std::fs::remove_file(&path);
+    let keys = [
+        key(128, Epilogue::None),
+        key(256, Epilogue::BiasGelu(Gelu::Tanh)),
+        GemmKey {
+            trans_a: true,
+            trans_b: false,
+            batch: 3,
+            output: DType::F32,
+            ..key(64, Epilogue::DGelu(Gelu::Erf))
+        },
+    ];
+    {
+        let (cache, warning) = ProviderCache::with_file(&path, DEFAULT_MARGIN);
+        assert_eq!(warning, None);
+        assert!(cache.is_empty());
+        cache.choose(&keys[0], || Ok(t(1.0, Some(0.1)))).unwrap();
+        cache.choose(&keys[1], || Ok(t(1.0, Some(3.0)))).unwrap();
+        cache.choose(&keys[2], || Ok(t(1.0, None))).unwrap();
+    }
+    let (cache, warning) = ProviderCache::with_file(&path, DEFAULT_MARGIN);
+    assert_eq!(warning, None);
+    assert_eq!(cache.get(&keys[0]), Some(Provider::CublasLt));
+    assert_eq!(cache.get(&keys[1]), Some(Provider::Ferrotron));
+    assert_eq!(cache.get(&keys[2]), Some(Provider::Ferrotron));
+    // Read back from the file: nothing is measured again.
+    for k in &keys {
+        cache
+            .choose(k, || -> ferrotron::Result<Timings> {
+                panic!("measured again")
+            })
+            .unwrap();
+    }
+    assert_eq!(cache.measurements(), 0);
+    assert_eq!(load_file(&path).unwrap().len(), 3);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn corrupted_cache_file_is_ignored_with_a_warning() {
+    let path = temp_path("corrupt");
+    for text in [
+        "garbage\n",
+        "# ferrotron gemm provider cache v1\n128 64 32 1 bf16 bf16 0 1 none fastest\n",
+        "# ferrotron gemm provider cache v1\n128 64 32\n",
+        "# ferrotron gemm provider cache v1\n128 64 32 1 f99 bf16 0 1 none cublaslt\n",
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let (cache, warning) = ProviderCache::with_file(&path, DEFAULT_MARGIN);
+        let w = warning.expect("a warning");
+        assert!(w.contains("ignoring"), "{w}");
+        assert!(cache.is_empty());
+        // Still usable, and rewrites the file in the right format.
+        let k = key(128, Epilogue::None);
+        cache.choose(&k, || Ok(t(1.0, Some(0.1)))).unwrap();
+        assert_eq!(load_file(&path).unwrap().get(&k), Some(&Provider::CublasLt));
+    }
+    std::fs::write(&path, [0xffu8, 0xfe, 0x00]).unwrap();
+    assert!(ProviderCache::with_file(&path, DEFAULT_MARGIN).1.is_some());
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// `Y = gelu(X W^T + bias)` with the pre-activation saved, against the oracle.
+fn check_against_oracle(dev: &Device, op: Gemm) -> ferrotron::Result<()> {
+    let (m, n, k) = (op.m, op.n, op.k);
+    let (mut rng, seed) = Rng::new((m * 7919 + n * 31 + k) as u64);
+    let stream = dev.new_stream()?;
+    let (x, xf) = rng.tensor::<bf16>(m * k, 1.0);
+    let (w, wf) = rng.tensor::<bf16>(n * k, 0.2);
+    let (bias, biasf) = rng.tensor::<bf16>(n, 0.5);
+    let (xd, wd, bd) = (dev.upload(&x)?, dev.upload(&w)?, dev.upload(&bias)?);
+    let mut y = dev.alloc_zeros::<bf16>(m * n)?;
+    let mut pre = dev.alloc_zeros::<bf16>(m * n)?;
+    op.run(
+        &stream,
+        GemmInputs {
+            a: &xd,
+            b: &wd,
+            bias: Some(&bd),
+            c: None,
+        },
+        Aux::Store(&mut pre),
+        &mut y,
+    )?;
+    stream.synchronize()?;
+    let p = Problem {
+        m,
+        n,
+        k,
+        batch: 1,
+        trans_a: false,
+        trans_b: true,
+        alpha: 1.0,
+        beta: 0.0,
+        epilogue: op.epilogue,
+    };
+    let (want, want_pre) = oracle::gemm(
+        &p,
+        Mat {
+            data: &xf,
+            ld: k,
+            stride: m * k,
+        },
+        Mat {
+            data: &wf,
+            ld: k,
+            stride: n * k,
+        },
+        None,
+        Some(&biasf),
+        None,
+    );
+    assert_close(
+        "gemm provider y",
+        DType::BF16,
+        seed,
+        &to_f64(&y.to_host()?),
+        &want,
+    );
+    assert_close(
+        "gemm provider pre",
+        DType::BF16,
+        seed,
+        &to_f64(&pre.to_host()?),
+        &want_pre,
+    );
+    Ok(())
+}
+
+#[test]
+fn every_runnable_provider_matches_the_oracle() {
+    let base = Gemm::new(67, 129, 40)
+        .trans_b(true)
+        .epilogue(Epilogue::BiasGelu(Gelu::Tanh));
+    for dev in devices("gemm_provider", 2) {
+        for want in [
+            GemmProvider::Auto,
+            GemmProvider::Ferrotron,
+            GemmProvider::CublasLt,
+        ] {
+            let op = base.provider(want);
+            match op.selection::<bf16, bf16>(&dev) {
+                Ok(sel) => {
+                    if dev.kind() == BackendKind::Emu {
+                        assert_eq!(sel.provider, Provider::Ferrotron);
+                    }
+                    check_against_oracle(&dev, op).unwrap();
+                }
+                Err(e @ Error::BackendUnavailable { .. }) => {
+                    // Explicit cuBLASLt where it cannot run: an error, and
+                    // run() says the same.
+                    assert_eq!(want, GemmProvider::CublasLt);
+                    assert!(check_against_oracle(&dev, op).is_err());
+                    if dev.kind() == BackendKind::Cuda {
+                        eprintln!(
+                            "[ferrotron] gemm_provider: SKIPPED the cuBLASLt case on {}: {e}",
+                            dev.name()
+                        );
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+}
