@@ -17,6 +17,8 @@ mod any_buffer;
 mod buffer;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::cublaslt;
 mod emu;
 mod stream;
 

@@ -184,6 +184,19 @@ impl Stream {
         }
     }
 
+    /// The raw CUDA stream with its context made current on this thread
+    /// (library calls such as cuBLASLt), if this is a CUDA stream.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_bound_raw(&self) -> Result<Option<cudarc::driver::sys::CUstream>> {
+        match &*self.imp {
+            StreamImpl::Cuda(s) => {
+                s.bind()?;
+                Ok(Some(s.raw()))
+            }
+            StreamImpl::Emu(_) => Ok(None),
+        }
+    }
+
     /// The raw CUDA stream (NCCL calls), if this is a CUDA stream.
     #[cfg(feature = "cuda")]
     pub(crate) fn cuda_raw(&self) -> Option<cudarc::driver::sys::CUstream> {

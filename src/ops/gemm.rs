@@ -325,13 +325,27 @@ impl Gemm {
         }
     }
 
-    /// Validates everything, then enqueues the GEMM on `stream`.
+    /// Validates everything, then enqueues the GEMM on `stream` with the
+    /// provider [`Gemm::selection`] names. Auto's first call for a key on a
+    /// GPU with cuBLASLt times both providers on scratch buffers of this
+    /// call's sizes (synchronising the stream), once per process.
     pub fn run<T: FloatElement, O: FloatElement>(
         &self,
         stream: &Stream,
         inputs: GemmInputs<'_, T, O>,
         aux: Aux<'_, O>,
         d: &mut DeviceBuffer<O>,
+    ) -> Result<()> {
+        self.run_inner(stream, inputs, aux, d, false)
+    }
+
+    fn run_inner<T: FloatElement, O: FloatElement>(
+        &self,
+        stream: &Stream,
+        inputs: GemmInputs<'_, T, O>,
+        aux: Aux<'_, O>,
+        d: &mut DeviceBuffer<O>,
+        measuring: bool,
     ) -> Result<()> {
         if !matches!(T::DTYPE, DType::F16 | DType::BF16) {
             return Err(Error::invalid(OP, "a", "fp16 or bf16 inputs", T::DTYPE));
@@ -401,6 +415,7 @@ impl Gemm {
         check_buf(stream, "d", d, need_d)?;
 
         // C: a separate buffer, or D itself when beta != 0 and c is None.
+        let mut need_c = 0;
         let (c_addr, lc) = match (self.beta != 0.0, inputs.c) {
             (false, Some(_)) => {
                 return Err(Error::invalid(OP, "c", "None when beta == 0", "a buffer"))
@@ -419,6 +434,7 @@ impl Gemm {
                     false,
                 )?;
                 check_buf(stream, "c", c, need)?;
+                need_c = need;
                 (c.addr(), lc)
             }
             (true, None) => {
@@ -476,16 +492,16 @@ impl Gemm {
                 distinct,
             )
         };
-        let (aux_addr, lx) = match (self.epilogue, aux) {
+        let (aux_addr, lx, need_aux) = match (self.epilogue, aux) {
             (Epilogue::BiasGelu(_), Aux::Store(buf)) => {
                 let (lx, need) = aux_layout(true)?;
                 check_buf(stream, "aux", buf, need)?;
-                (buf.addr(), lx)
+                (buf.addr(), lx, need)
             }
             (Epilogue::DGelu(_), Aux::PreActivation(buf)) => {
                 let (lx, need) = aux_layout(false)?;
                 check_buf(stream, "aux", buf, need)?;
-                (buf.addr(), lx)
+                (buf.addr(), lx, need)
             }
             (Epilogue::DGelu(_), _) => {
                 return Err(Error::invalid(
@@ -495,7 +511,7 @@ impl Gemm {
                     "another Aux",
                 ))
             }
-            (_, Aux::None) => (0, Layout { ld: 0, stride: 0 }),
+            (_, Aux::None) => (0, Layout { ld: 0, stride: 0 }, 0),
             (e, _) => {
                 return Err(Error::invalid(
                     OP,
@@ -509,15 +525,63 @@ impl Gemm {
         if m == 0 || n == 0 || batch == 0 {
             return Ok(());
         }
-        let sel = self.selection::<T, O>(stream.device())?;
-        if sel.provider == Provider::CublasLt {
-            // resolve() returns CublasLt only where cublaslt_status is Ok.
-            return Err(Error::BackendUnavailable {
-                backend: "cublaslt",
-                reason: "no cuBLASLt call path in this build".into(),
-            });
+        let key = self.key::<T, O>();
+        let cache = provider::ProviderCache::global();
+        let mut sel = self.selection::<T, O>(stream.device())?;
+        if sel.reason == provider::Reason::NeedsMeasurement {
+            let scratch = Scratch {
+                a: need_a,
+                b: need_b,
+                c: inputs.c.map(|_| need_c),
+                d: need_d,
+                bias: inputs.bias.is_some(),
+                aux: need_aux,
+            };
+            sel.provider = cache.choose(&key, || self.measure::<T, O>(stream, &scratch))?;
+        } else if !measuring {
+            cache.log_once(&key, sel.provider, None);
         }
-        provider::ProviderCache::global().log_once(&self.key::<T, O>(), sel.provider, None);
+        if sel.provider == Provider::CublasLt {
+            let mat = |addr: u64, l: &Layout, rows: usize, cols: usize| LtMat {
+                addr,
+                rows: rows as u64,
+                cols: cols as u64,
+                ld: l.ld as i64,
+                stride: l.stride as i64,
+            };
+            let (c_addr, lc) = if self.beta == 0.0 {
+                (d.addr(), ld)
+            } else {
+                (c_addr, lc)
+            };
+            let lt = LtGemm {
+                input: T::DTYPE,
+                output: O::DTYPE,
+                m: m as u64,
+                n: n as u64,
+                k: k as u64,
+                batch: i32::try_from(batch).map_err(|_| {
+                    Error::invalid(OP, "batch", "at most i32::MAX for cuBLASLt", batch)
+                })?,
+                trans_a: self.trans_a,
+                trans_b: self.trans_b,
+                alpha: self.alpha,
+                beta: self.beta,
+                a: mat(inputs.a.addr(), &la, ra, ca),
+                b: mat(inputs.b.addr(), &lb, rb, cb),
+                c: mat(c_addr, &lc, m, n),
+                d: mat(d.addr(), &ld, m, n),
+                bias: inputs.bias.map_or(0, DeviceBuffer::addr),
+                aux: (aux_addr != 0).then(|| mat(aux_addr, &lx, m, n)),
+                epilogue: match self.epilogue {
+                    Epilogue::None => LtEpilogue::Default,
+                    Epilogue::Bias => LtEpilogue::Bias,
+                    Epilogue::BiasGelu(_) => LtEpilogue::Gelu,
+                    Epilogue::DGelu(_) => LtEpilogue::DGelu,
+                },
+            };
+            return run_cublaslt(stream, &lt);
+        }
         let p = plan::plan(m as u64, n as u64, batch as u64, self.tile).ok_or_else(|| {
             Error::invalid(
                 OP,
@@ -573,11 +637,146 @@ fn cublaslt_status(device: &Device) -> std::result::Result<(), String> {
         crate::backend::BackendKind::Emu => {
             Err("the emulator runs only ferrotron's kernels".into())
         }
-        crate::backend::BackendKind::Cuda => Err(
-            "ferrotron's cuBLASLt call path is not implemented yet (the selection logic, cache \
-             and API are; libcublasLt.so.13 from `pip install nvidia-cublas` will be needed)"
-                .into(),
-        ),
+        #[cfg(feature = "cuda")]
+        crate::backend::BackendKind::Cuda => crate::backend::cublaslt::status(),
+        #[cfg(not(feature = "cuda"))]
+        crate::backend::BackendKind::Cuda => {
+            Err("ferrotron was built without feature `cuda`".into())
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+use crate::backend::cublaslt::{LtEpilogue, LtGemm, LtMat};
+
+#[cfg(feature = "cuda")]
+fn run_cublaslt(stream: &Stream, g: &LtGemm) -> Result<()> {
+    let raw = stream
+        .cuda_bound_raw()?
+        .ok_or_else(|| Error::BackendUnavailable {
+            backend: "cublaslt",
+            reason: "the emulator runs only ferrotron's kernels".into(),
+        })?;
+    let ws = stream.workspace(crate::backend::cublaslt::WORKSPACE_BYTES)?;
+    crate::backend::cublaslt::matmul(g, raw, ws)
+}
+
+/// Without feature `cuda` cuBLASLt is never selected; these keep `run` one
+/// piece of code.
+#[cfg(not(feature = "cuda"))]
+#[derive(Clone, Copy)]
+enum LtEpilogue {
+    Default,
+    Bias,
+    Gelu,
+    DGelu,
+}
+#[cfg(not(feature = "cuda"))]
+#[allow(dead_code)]
+struct LtMat {
+    addr: u64,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+    stride: i64,
+}
+#[cfg(not(feature = "cuda"))]
+#[allow(dead_code)]
+struct LtGemm {
+    input: DType,
+    output: DType,
+    m: u64,
+    n: u64,
+    k: u64,
+    batch: i32,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: f32,
+    beta: f32,
+    a: LtMat,
+    b: LtMat,
+    c: LtMat,
+    d: LtMat,
+    bias: u64,
+    aux: Option<LtMat>,
+    epilogue: LtEpilogue,
+}
+#[cfg(not(feature = "cuda"))]
+fn run_cublaslt(_: &Stream, _: &LtGemm) -> Result<()> {
+    Err(Error::BackendUnavailable {
+        backend: "cublaslt",
+        reason: "ferrotron was built without feature `cuda`".into(),
+    })
+}
+
+/// Element counts of one call's operands, for the measurement's scratch
+/// buffers (`c: None`: C is D or unused).
+struct Scratch {
+    a: usize,
+    b: usize,
+    c: Option<usize>,
+    d: usize,
+    bias: bool,
+    aux: usize,
+}
+
+/// Calls per provider timed by Auto's measurement (after one warm-up).
+const MEASURE_REPS: usize = 5;
+
+impl Gemm {
+    /// Times both providers for this GEMM on zeroed scratch buffers of the
+    /// call's sizes; a cuBLASLt failure (e.g. no algorithm) is "not
+    /// measured", so ferrotron is chosen.
+    fn measure<T: FloatElement, O: FloatElement>(
+        &self,
+        stream: &Stream,
+        s: &Scratch,
+    ) -> Result<provider::Timings> {
+        let dev = stream.device();
+        let a = dev.alloc_zeros::<T>(s.a)?;
+        let b = dev.alloc_zeros::<T>(s.b)?;
+        let bias = if s.bias {
+            Some(dev.alloc_zeros::<T>(self.n)?)
+        } else {
+            None
+        };
+        let c = match s.c {
+            Some(len) => Some(dev.alloc_zeros::<O>(len)?),
+            None => None,
+        };
+        let mut d = dev.alloc_zeros::<O>(s.d)?;
+        let mut aux = dev.alloc_zeros::<O>(s.aux)?;
+        let mut time = |p: GemmProvider| -> Result<f64> {
+            let op = self.provider(p);
+            let mut t0 = None;
+            for i in 0..=MEASURE_REPS {
+                if i == 1 {
+                    t0 = Some(stream.record_event()?);
+                }
+                let x = match self.epilogue {
+                    Epilogue::BiasGelu(_) if s.aux > 0 => Aux::Store(&mut aux),
+                    Epilogue::DGelu(_) => Aux::PreActivation(&aux),
+                    _ => Aux::None,
+                };
+                let inputs = GemmInputs {
+                    a: &a,
+                    b: &b,
+                    bias: bias.as_ref(),
+                    c: c.as_ref(),
+                };
+                op.run_inner(stream, inputs, x, &mut d, true)?;
+            }
+            let t1 = stream.record_event()?;
+            t1.synchronize()?;
+            let t0 = t0.ok_or_else(|| Error::invalid(OP, "reps", ">= 1", 0))?;
+            Ok(t0.elapsed_ms(&t1)? as f64 / MEASURE_REPS as f64)
+        };
+        let ferrotron_ms = time(GemmProvider::Ferrotron)?;
+        let cublaslt_ms = time(GemmProvider::CublasLt).ok();
+        Ok(provider::Timings {
+            ferrotron_ms,
+            cublaslt_ms,
+        })
     }
 }
 

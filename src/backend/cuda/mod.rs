@@ -5,6 +5,7 @@
 //! are cached by name. Memory is stream-ordered ([`memory`]); host copies go
 //! through pinned staging ([`staging`]).
 
+pub(crate) mod cublaslt;
 mod memory;
 mod staging;
 
@@ -346,7 +347,7 @@ impl CudaStreamHandle {
         self.stream.cu_stream()
     }
 
-    fn bind(&self) -> Result<()> {
+    pub(crate) fn bind(&self) -> Result<()> {
         self.stream
             .context()
             .bind_to_thread()
