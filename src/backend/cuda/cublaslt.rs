@@ -18,9 +18,10 @@ use crate::core::{DType, Error, Result};
 pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// What to install when the library is missing.
-const INSTALL: &str = "libcublasLt.so.13 (CUDA 13's cuBLASLt) was not found: install it \
-                       (`pip install nvidia-cublas`, or the CUDA toolkit) and put its lib \
-                       directory on LD_LIBRARY_PATH";
+const INSTALL: &str = "cuBLASLt (libcublasLt.so.13, CUDA 13) was not found: install it \
+                       (`pip install nvidia-cublas`, or the CUDA toolkit) and make \
+                       `libcublasLt.so` (a link to libcublasLt.so.13) loadable, e.g. on \
+                       LD_LIBRARY_PATH; cudarc looks for the unversioned name";
 
 struct Handle(sys::cublasLtHandle_t);
 // SAFETY: a cuBLASLt handle may be used from any thread; we serialise its
