@@ -15,6 +15,7 @@ use std::sync::Arc;
 use cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use ferrotron::ops::gemm::{Aux, Epilogue, Gemm, GemmInputs};
+use ferrotron::ops::gemm_provider::GemmProvider;
 use ferrotron::ops::Gelu;
 use ferrotron::Device;
 use half::bf16;
@@ -92,11 +93,14 @@ fn main() {
         let mut yc = cu_stream.alloc_zeros::<bf16>(m * n).unwrap();
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
         for fused in [true, false] {
-            let op = Gemm::new(m, n, k).trans_b(true).epilogue(if fused {
-                Epilogue::BiasGelu(Gelu::Tanh)
-            } else {
-                Epilogue::None
-            });
+            let op = Gemm::new(m, n, k)
+                .provider(GemmProvider::Ferrotron)
+                .trans_b(true)
+                .epilogue(if fused {
+                    Epilogue::BiasGelu(Gelu::Tanh)
+                } else {
+                    Epilogue::None
+                });
             let ours = time_ours(&stream, || {
                 let inputs = GemmInputs {
                     a: &x,

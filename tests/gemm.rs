@@ -13,6 +13,7 @@ use common::{assert_close, devices, to_f64, Rng};
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::core::plan::gemm::GemmTile;
 use ferrotron::ops::gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
+use ferrotron::ops::gemm_provider::GemmProvider;
 use ferrotron::ops::Gelu;
 use ferrotron::reference::gemm::{self as oracle, Mat, Problem};
 use ferrotron::{Device, DeviceBuffer};
@@ -119,6 +120,7 @@ fn run_case<T: FloatElement, O: FloatElement>(dev: &Device, cs: Case) {
     let explicit = cs.pad != 0 || cs.extra != 0;
     let some = |v: usize| explicit.then_some(v);
     let op = Gemm::new(m, n, k)
+        .provider(GemmProvider::Ferrotron)
         .trans_a(cs.ta)
         .trans_b(cs.tb)
         .batch(batch)

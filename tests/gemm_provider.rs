@@ -133,6 +133,28 @@ fn resolution_of_requests_against_the_backend() {
 }
 
 #[test]
+fn ferrotron_only_options_keep_auto_on_ferrotron() {
+    use ferrotron::core::plan::gemm::GemmTile;
+    let dev = Device::emu();
+    let op = Gemm::new(8, 8, 8).tile(Some(GemmTile::T64x64));
+    let s = op.selection::<bf16, bf16>(&dev).unwrap();
+    assert_eq!(
+        (s.provider, s.reason),
+        (Provider::Ferrotron, Reason::FerrotronOptions)
+    );
+    let s = Gemm::new(8, 8, 8)
+        .fast_path(false)
+        .selection::<bf16, bf16>(&dev)
+        .unwrap();
+    assert_eq!(s.reason, Reason::FerrotronOptions);
+    let s = Gemm::new(8, 8, 8).selection::<bf16, bf16>(&dev).unwrap();
+    assert_eq!(
+        (s.provider, s.reason),
+        (Provider::Ferrotron, Reason::Emulator)
+    );
+}
+
+#[test]
 fn env_values_parse() {
     assert_eq!(GemmProvider::parse("auto").unwrap(), GemmProvider::Auto);
     assert_eq!(

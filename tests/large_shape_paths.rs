@@ -27,6 +27,7 @@ use ferrotron::core::dtype::FloatElement;
 use ferrotron::core::plan::{self, grid_caps, set_grid_caps_for_tests, GridCaps};
 use ferrotron::ops::copy::{copy_2d, Block2d};
 use ferrotron::ops::gemm::{Aux, Epilogue, Gemm, GemmInputs};
+use ferrotron::ops::gemm_provider::GemmProvider;
 use ferrotron::ops::multi_tensor::{GradRef, MultiTensor, TensorRef};
 use ferrotron::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask, SoftmaxPath};
 use ferrotron::ops::{BiasGelu, Gelu, LayerNorm, RmsNorm};
@@ -545,7 +546,11 @@ fn gemm_case<T: FloatElement, O: FloatElement>(
     let d_len = (batch + 1) * sd;
     let mut dd = poisoned::<O>(&stream, d_len);
     let mut pre = poisoned::<O>(&stream, d_len);
-    let op = Gemm::new(m, n, k).trans_b(tb).batch(batch).epilogue(epi);
+    let op = Gemm::new(m, n, k)
+        .provider(GemmProvider::Ferrotron)
+        .trans_b(tb)
+        .batch(batch)
+        .epilogue(epi);
     let aux = if store_pre {
         Aux::Store(&mut pre)
     } else {

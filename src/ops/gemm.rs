@@ -95,7 +95,8 @@ pub struct Gemm {
     /// `false` forces the element-load path.
     pub fast_path: bool,
     /// Which implementation runs it (default Auto; `FTN_GEMM_PROVIDER`
-    /// applies when this is Auto). See [`Gemm::selection`].
+    /// applies when this is Auto; Auto with `tile` or `fast_path = false`
+    /// set is ferrotron). See [`Gemm::selection`].
     pub provider: GemmProvider,
 }
 
@@ -247,6 +248,14 @@ impl Gemm {
         device: &Device,
     ) -> Result<Selection> {
         let key = self.key::<T, O>();
+        // A forced tile or the element-load path only mean something for
+        // ferrotron's kernel: Auto (and the env) keep to it.
+        if self.provider == GemmProvider::Auto && (self.tile.is_some() || !self.fast_path) {
+            return Ok(Selection {
+                provider: Provider::Ferrotron,
+                reason: provider::Reason::FerrotronOptions,
+            });
+        }
         let sel = provider::resolve(
             self.provider,
             GemmProvider::from_env()?,

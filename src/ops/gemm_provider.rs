@@ -113,6 +113,9 @@ pub enum Reason {
     CublasLtUnavailable(String),
     /// Auto, but cuBLASLt cannot express this GEMM (the text says what).
     NotExpressible(&'static str),
+    /// Auto, but the op sets options only ferrotron's kernel has (a forced
+    /// tile, or `fast_path = false`).
+    FerrotronOptions,
     /// Auto: measured in this process (or read from the cache file).
     Measured,
     /// Auto, not measured yet: what [`resolve`] returns before measuring.

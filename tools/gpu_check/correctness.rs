@@ -46,6 +46,7 @@ use ferrotron::core::loss_scaler::{DynamicGradScaler, GradScalerConfig};
 use ferrotron::core::plan::gemm::GemmTile;
 use ferrotron::ops::copy::{copy_2d, Block2d};
 use ferrotron::ops::gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
+use ferrotron::ops::gemm_provider::GemmProvider;
 use ferrotron::ops::multi_tensor::{DeviceGradScaler, GradRef, MultiTensor, TensorRef};
 use ferrotron::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask, SoftmaxPath};
 use ferrotron::ops::{BiasGelu, Gelu, LayerNorm, RmsNorm};
@@ -991,6 +992,7 @@ fn gemm<T: FloatElement, O: FloatElement>(
     let d = Guarded::<O>::new(&c.s, batch * sd)?;
     let pre = Guarded::<O>::new(&c.s, batch * sd)?;
     let op = Gemm::new(m, n, k)
+        .provider(GemmProvider::Ferrotron)
         .trans_a(ta)
         .trans_b(tb)
         .batch(batch)
@@ -1676,7 +1678,9 @@ fn zeroing_race(c: &mut Ctx, iterations: usize, chain: usize) -> Result<()> {
     let dim = 8192;
     let a = c.dev.upload(&gen::<bf16>(dim * dim, 0xB5, 0.01))?;
     let mut y = c.dev.alloc_zeros::<bf16>(dim * dim)?;
-    let op = Gemm::new(dim, dim, dim).trans_b(true);
+    let op = Gemm::new(dim, dim, dim)
+        .provider(GemmProvider::Ferrotron)
+        .trans_b(true);
     for _ in 0..chain {
         let inputs = GemmInputs {
             a: &a,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use ferrotron::ops::gemm::{Aux, Epilogue, Gemm, GemmInputs};
+use ferrotron::ops::gemm_provider::GemmProvider;
 use ferrotron::ops::Gelu;
 use ferrotron::{Device, Error, Result};
 use half::bf16;
@@ -116,9 +117,14 @@ pub fn run(dev: &Device, r: &mut Report) -> Result<()> {
         let mut y = dev.alloc_zeros::<bf16>(c.m * c.n)?;
         let with_bias = !matches!(c.epilogue, Epilogue::None);
         let op = if c.trans_a {
-            Gemm::new(c.m, c.n, c.k).trans_a(true)
+            Gemm::new(c.m, c.n, c.k)
+                .provider(GemmProvider::Ferrotron)
+                .trans_a(true)
         } else {
-            Gemm::new(c.m, c.n, c.k).trans_b(true).epilogue(c.epilogue)
+            Gemm::new(c.m, c.n, c.k)
+                .provider(GemmProvider::Ferrotron)
+                .trans_b(true)
+                .epilogue(c.epilogue)
         };
         let ours_ms = per_call_ms(&stream, 3, 10, || {
             let inputs = GemmInputs {
