@@ -537,6 +537,10 @@ impl Gemm {
         let key = self.key::<T, O>();
         let cache = provider::ProviderCache::global();
         let mut sel = self.selection::<T, O>(stream.device())?;
+        let explicit = matches!(
+            sel.reason,
+            provider::Reason::Requested | provider::Reason::Env
+        );
         if sel.reason == provider::Reason::NeedsMeasurement {
             let scratch = Scratch {
                 a: need_a,
@@ -589,7 +593,15 @@ impl Gemm {
                     Epilogue::DGelu(_) => LtEpilogue::DGelu,
                 },
             };
-            return run_cublaslt(stream, &lt);
+            match run_cublaslt(stream, &lt) {
+                Ok(()) => return Ok(()),
+                // Auto chose cuBLASLt for this key, but it rejects this
+                // call's layout (e.g. an aux leading dimension; the key has
+                // no leading dimensions): nothing was enqueued, so ferrotron
+                // runs it instead.
+                Err(_) if !explicit => {}
+                Err(e) => return Err(e),
+            }
         }
         let p = plan::plan(m as u64, n as u64, batch as u64, self.tile).ok_or_else(|| {
             Error::invalid(

@@ -205,6 +205,16 @@ pub(crate) fn matmul(
     })?;
     let h = h.lock().unwrap_or_else(|p| p.into_inner());
     let (it, ot) = (data_type(g.input)?, data_type(g.output)?);
+    if let Some(x) = g.aux {
+        if x.ld % 8 != 0 {
+            return Err(Error::invalid(
+                "gemm",
+                "ld_aux",
+                "a multiple of 8 for cuBLASLt's GELU aux matrix",
+                x.ld,
+            ));
+        }
+    }
     let mut descs = Descs::default();
     let desc = result::create_matmul_desc(
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
