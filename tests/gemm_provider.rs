@@ -20,6 +20,14 @@ use ferrotron::reference::gemm::{self as oracle, Mat, Problem};
 use ferrotron::{Device, Error};
 use half::bf16;
 
+/// Held by every test that reads or sets `FTN_GEMM_PROVIDER` (through
+/// `Gemm::selection` / `run`), so the env test cannot race them.
+static ENV_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+    ENV_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn key(m: usize, epilogue: Epilogue) -> GemmKey {
     GemmKey {
         m,
@@ -134,6 +142,7 @@ fn resolution_of_requests_against_the_backend() {
 
 #[test]
 fn ferrotron_only_options_keep_auto_on_ferrotron() {
+    let _env = env_lock();
     use ferrotron::core::plan::gemm::GemmTile;
     let dev = Device::emu();
     let op = Gemm::new(8, 8, 8).tile(Some(GemmTile::T64x64));
@@ -152,6 +161,44 @@ fn ferrotron_only_options_keep_auto_on_ferrotron() {
         (s.provider, s.reason),
         (Provider::Ferrotron, Reason::Emulator)
     );
+}
+
+#[test]
+fn env_override_applies_to_auto_only() {
+    use ferrotron::ops::gemm_provider::ENV_PROVIDER;
+    let _env = env_lock();
+    let dev = Device::emu();
+    let auto = Gemm::new(8, 8, 8);
+    std::env::set_var(ENV_PROVIDER, "ferrotron");
+    let s = auto.selection::<bf16, bf16>(&dev).unwrap();
+    assert_eq!((s.provider, s.reason), (Provider::Ferrotron, Reason::Env));
+    // cuBLASLt on the emulator: a named error, from the query and from run.
+    std::env::set_var(ENV_PROVIDER, "cublaslt");
+    let e = auto.selection::<bf16, bf16>(&dev).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::BackendUnavailable {
+                backend: "cublaslt",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // The op's explicit setting wins over the env.
+    let s = auto
+        .provider(GemmProvider::Ferrotron)
+        .selection::<bf16, bf16>(&dev)
+        .unwrap();
+    assert_eq!(s.reason, Reason::Requested);
+    std::env::set_var(ENV_PROVIDER, "fastest");
+    assert!(matches!(
+        auto.selection::<bf16, bf16>(&dev),
+        Err(Error::InvalidArgument { .. })
+    ));
+    std::env::remove_var(ENV_PROVIDER);
+    let s = auto.selection::<bf16, bf16>(&dev).unwrap();
+    assert_eq!(s.reason, Reason::Emulator);
 }
 
 #[test]
@@ -360,6 +407,7 @@ fn check_against_oracle(dev: &Device, op: Gemm) -> ferrotron::Result<()> {
 
 #[test]
 fn every_runnable_provider_matches_the_oracle() {
+    let _env = env_lock();
     let cases = [
         Gemm::new(67, 136, 40)
             .trans_b(true)
