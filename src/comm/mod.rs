@@ -548,6 +548,22 @@ impl Communicator {
         }
     }
 
+    /// The first fault of this communicator, if it is broken: `None` while
+    /// it is usable. In-process: a peer timed out, left (its communicator
+    /// was dropped, e.g. its thread panicked) while others waited, or a
+    /// point-to-point transfer could not complete; the fault is shared by
+    /// every rank. NCCL: [`Communicator::wait`] found an asynchronous error
+    /// or timed out and aborted this rank's communicator. Once broken, every
+    /// operation fails at the call with "communicator is broken: <fault>";
+    /// dropping it is always safe and does not wait for peers.
+    pub fn fault(&self) -> Option<String> {
+        match &self.imp {
+            CommImpl::InProcess(r) => r.fault(),
+            #[cfg(feature = "cuda")]
+            CommImpl::Nccl(n) => n.fault(),
+        }
+    }
+
     /// Waits for `handle` from the host, failing (and, on NCCL, aborting the
     /// communicator) if it does not complete within `timeout` — the way to
     /// turn a dead peer into an error on GPUs. In-process operations also
