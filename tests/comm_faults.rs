@@ -238,3 +238,11 @@ fn a_timed_out_send_is_withdrawn_so_a_late_receiver_never_reads_it() {
     let e = got[0].as_ref().unwrap();
     assert!(e.contains("send to rank 1 timed out"), "{e}");
 }
+
+#[test]
+fn a_zero_timeout_is_rejected_as_in_the_c_abi() {
+    let e = Communicator::in_process_with_timeout(&[Device::emu()], Duration::ZERO)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("timeout") && e.contains("positive"), "{e}");
+}

@@ -145,6 +145,14 @@ impl Communicator {
                 "none",
             ));
         }
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "Communicator::in_process_with_timeout",
+                "timeout",
+                "a positive duration (every wait would fail at once)",
+                "0",
+            ));
+        }
         if let Some(d) = devices.iter().find(|d| d.kind() != BackendKind::Emu) {
             return Err(Error::invalid(
                 "Communicator::in_process",
