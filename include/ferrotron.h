@@ -2632,6 +2632,9 @@ ftnResult_t ftn_vocab_parallel_embedding_backward(const ftnVocabEmbeddingDesc_t 
  of the padded vocabulary). Every rank calls it (three all-reduces).
  `*saved` receives the statistics the backward needs (a new handle; free
  it with `ftn_cross_entropy_saved_destroy`).
+ A label outside `[0, V)` is not an error (labels are device data, not
+ checked): it has no target on any rank, its loss is `log(sum exp)` and
+ the backward gives it the plain softmax.
  */
 ftnResult_t ftn_vocab_parallel_cross_entropy_forward(const ftnCrossEntropyDesc_t *desc,
                                                      ftnComm_t comm,
