@@ -259,8 +259,13 @@ fn a_dead_peer_is_an_error_not_a_hang() {
         c.all_reduce_in_place(&s, &mut b, ReduceOp::Sum).unwrap();
         Some(s.synchronize().unwrap_err().to_string())
     });
+    // Rank 2 dropped its communicator: the others fail at once ("left");
+    // had it stayed alive, they would time out naming it.
     let e = errs[0].as_ref().unwrap();
-    assert!(e.contains("timed out") && e.contains("[2]"), "{e}");
+    assert!(
+        (e.contains("timed out") || e.contains("left")) && e.contains("[2]"),
+        "{e}"
+    );
     // A send nobody receives also times out.
     let errs = run_ranks(2, Duration::from_millis(200), |c| {
         let dev = c.device().clone();
@@ -273,7 +278,7 @@ fn a_dead_peer_is_an_error_not_a_hang() {
         }
     });
     assert!(
-        errs[0].as_ref().unwrap().contains("no matching recv"),
+        errs[0].as_ref().unwrap().contains("send to rank 1"),
         "{:?}",
         errs[0]
     );

@@ -7,10 +7,18 @@
 //!   phase 1: each rank reduces/copies the part it owns (all-reduce: its
 //!            1/N slice, reading every rank's input once);
 //!   phase 2: each rank copies the other slices from their owners.
-//! A rank that does not arrive within the timeout breaks the world: every
-//! pending and later operation fails with a message naming who was missing.
+//! A fault breaks the world: a rank that does not arrive within the timeout,
+//! a peer that left (its communicator and every operation it enqueued were
+//! dropped, e.g. because its thread panicked and unwound) while others wait
+//! for it, or a point-to-point transfer that cannot complete. Every pending
+//! operation then fails promptly and every later one (collective,
+//! point-to-point or split, on any rank) fails at the call with
+//! "communicator is broken: <the first fault>". Argument mismatches across
+//! ranks (shapes, p2p lengths) are reported on the ranks involved and leave
+//! the communicator usable.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -38,7 +46,6 @@ struct State {
     phase: u32,
     arrived: usize,
     posts: Vec<Option<Post>>,
-    broken: Option<String>,
 }
 
 /// A point-to-point transfer waiting in a mailbox.
@@ -71,6 +78,10 @@ pub(crate) struct World {
     mail_changed: Condvar,
     split: Mutex<SplitRound>,
     split_changed: Condvar,
+    /// The first fault (see the module docs); set once, never cleared.
+    fault: Mutex<Option<String>>,
+    /// Ranks whose communicator and enqueued operations are all gone.
+    departed: Vec<AtomicBool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -87,7 +98,6 @@ impl World {
                 phase: 0,
                 arrived: 0,
                 posts: vec![None; size],
-                broken: None,
             }),
             changed: Condvar::new(),
             mail: Mutex::new(HashMap::new()),
@@ -100,7 +110,60 @@ impl World {
                 results: (0..size).map(|_| None).collect(),
             }),
             split_changed: Condvar::new(),
+            fault: Mutex::new(None),
+            departed: (0..size).map(|_| AtomicBool::new(false)).collect(),
         })
+    }
+
+    /// The first fault, if the world is broken.
+    pub fn fault(&self) -> Option<String> {
+        lock(&self.fault).clone()
+    }
+
+    fn is_faulted(&self) -> bool {
+        lock(&self.fault).is_some()
+    }
+
+    /// The error every operation of a broken world reports.
+    fn broken_err(&self) -> Option<Error> {
+        self.fault()
+            .map(|b| comm_err(format!("communicator is broken: {b}")))
+    }
+
+    fn has_departed(&self, rank: usize) -> bool {
+        self.departed[rank].load(Ordering::Acquire)
+    }
+
+    fn departed_ranks(&self) -> Vec<usize> {
+        (0..self.size).filter(|&r| self.has_departed(r)).collect()
+    }
+
+    /// Wakes every waiter. Each lock is taken (and released) after the state
+    /// it waits on changed, so no waiter misses the notification. Never
+    /// called with any of these locks held.
+    fn wake_all(&self) {
+        drop(lock(&self.state));
+        self.changed.notify_all();
+        drop(lock(&self.mail));
+        self.mail_changed.notify_all();
+        drop(lock(&self.split));
+        self.split_changed.notify_all();
+    }
+
+    /// Records `msg` as the fault (unless one is already recorded), wakes
+    /// every waiter and returns the error for this rank. Called with no
+    /// lock of this world held.
+    fn break_with(&self, msg: String) -> Error {
+        lock(&self.fault).get_or_insert_with(|| msg.clone());
+        self.wake_all();
+        comm_err(msg)
+    }
+
+    /// Rank `rank` is gone: its communicator and every operation it
+    /// enqueued were dropped, so it will post nothing more.
+    fn depart(&self, rank: usize) {
+        self.departed[rank].store(true, Ordering::Release);
+        self.wake_all();
     }
 
     fn wait<'a, T>(
@@ -135,17 +198,22 @@ impl World {
     ) -> Result<Vec<Post>> {
         let deadline = Instant::now() + self.timeout;
         let g = lock(&self.state);
-        let (mut g, ok) = self.wait(&self.changed, g, deadline, |s| {
-            s.broken.is_some() || (s.seq, s.phase) >= (seq, phase)
+        let (mut g, _) = self.wait(&self.changed, g, deadline, |s| {
+            (s.seq, s.phase) >= (seq, phase)
+                || self.is_faulted()
+                || !self.departed_ranks().is_empty()
         });
-        if let Some(b) = &g.broken {
-            return Err(comm_err(format!("communicator is broken: {b}")));
-        }
-        if !ok || (g.seq, g.phase) != (seq, phase) {
-            let msg = format!("rank {rank}: {what} (collective #{seq}) never became ready: earlier collectives did not finish within {:?}", self.timeout);
-            g.broken = Some(msg.clone());
-            self.changed.notify_all();
-            return Err(comm_err(msg));
+        if (g.seq, g.phase) != (seq, phase) {
+            drop(g);
+            if let Some(e) = self.broken_err() {
+                return Err(e);
+            }
+            let gone = self.departed_ranks();
+            return Err(self.break_with(if gone.is_empty() {
+                format!("rank {rank}: {what} (collective #{seq}) never became ready: earlier collectives did not finish within {:?}", self.timeout)
+            } else {
+                format!("rank {rank}: {what} (collective #{seq}) can never complete: ranks {gone:?} left (dropped their communicator, or their thread exited)")
+            }));
         }
         if let Some(p) = post {
             g.posts[rank] = Some(p);
@@ -164,15 +232,21 @@ impl World {
             self.changed.notify_all();
             return Ok(posts);
         }
-        let (mut g, ok) = self.wait(&self.changed, g, deadline, |s| {
-            s.broken.is_some() || (s.seq, s.phase) != (seq, phase)
+        let (g, _) = self.wait(&self.changed, g, deadline, |s| {
+            (s.seq, s.phase) != (seq, phase)
+                || self.is_faulted()
+                || !self.departed_ranks().is_empty()
         });
-        if let Some(b) = &g.broken {
-            return Err(comm_err(format!("communicator is broken: {b}")));
-        }
-        if !ok {
+        if (g.seq, g.phase) == (seq, phase) {
             let missing: Vec<usize> = (0..self.size).filter(|&r| g.posts[r].is_none()).collect();
-            let msg = if phase == 0 {
+            drop(g);
+            if let Some(e) = self.broken_err() {
+                return Err(e);
+            }
+            let gone = self.departed_ranks();
+            let msg = if !gone.is_empty() {
+                format!("rank {rank}: {what} (collective #{seq}) can never complete: ranks {gone:?} left (dropped their communicator, or their thread exited)")
+            } else if phase == 0 {
                 format!("rank {rank}: {what} (collective #{seq}) timed out after {:?} waiting for ranks {missing:?}", self.timeout)
             } else {
                 format!(
@@ -180,9 +254,7 @@ impl World {
                     self.timeout
                 )
             };
-            g.broken = Some(msg.clone());
-            self.changed.notify_all();
-            return Err(comm_err(msg));
+            return Err(self.break_with(msg));
         }
         Ok(g.posts.iter().flatten().copied().collect())
     }
@@ -196,10 +268,24 @@ fn describe(d: &OpDesc) -> String {
     }
 }
 
+/// Marks its rank departed when the last holder goes: the [`Rank`] and every
+/// operation it enqueued hold one, so a departed rank posts nothing more.
+struct Presence {
+    world: Arc<World>,
+    rank: usize,
+}
+
+impl Drop for Presence {
+    fn drop(&mut self) {
+        self.world.depart(self.rank);
+    }
+}
+
 /// One rank's handle.
 pub(crate) struct Rank {
     world: Arc<World>,
     rank: usize,
+    presence: Arc<Presence>,
 }
 
 /// A planned point-to-point transfer (validated by the caller).
@@ -234,7 +320,24 @@ unsafe fn slice_mut<'a, T>(addr: u64, len: usize) -> &'a mut [T] {
 
 impl Rank {
     pub fn new(world: Arc<World>, rank: usize) -> Rank {
-        Rank { world, rank }
+        let presence = Arc::new(Presence {
+            world: world.clone(),
+            rank,
+        });
+        Rank {
+            world,
+            rank,
+            presence,
+        }
+    }
+
+    /// The first fault of this rank's world, if it is broken.
+    pub fn fault(&self) -> Option<String> {
+        self.world.fault()
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        self.world.broken_err().map_or(Ok(()), Err)
     }
 
     pub fn enqueue<T: CommElement>(
@@ -245,32 +348,46 @@ impl Rank {
         send: u64,
         recv: u64,
     ) -> Result<()> {
+        self.check_usable()?;
         let world = self.world.clone();
         let rank = self.rank;
+        let presence = self.presence.clone();
         stream.enqueue_task(Box::new(move || {
-            run_collective::<T>(&world, rank, seq, Post { desc, send, recv })
+            let r = run_collective::<T>(&world, rank, seq, Post { desc, send, recv });
+            drop(presence);
+            r
         }))
     }
 
     pub fn enqueue_p2p(&self, stream: &Stream, plan: Vec<P2pPlan>) -> Result<()> {
+        self.check_usable()?;
         let world = self.world.clone();
         let rank = self.rank;
-        stream.enqueue_task(Box::new(move || run_p2p(&world, rank, &plan)))
+        let presence = self.presence.clone();
+        stream.enqueue_task(Box::new(move || {
+            let r = run_p2p(&world, rank, &plan);
+            drop(presence);
+            r
+        }))
     }
 
     pub fn split(&self, color: Option<usize>, key: usize) -> Result<Option<(usize, usize, Rank)>> {
+        self.check_usable()?;
         let w = &self.world;
         let deadline = Instant::now() + w.timeout;
         let g = lock(&w.split);
         // Wait for the previous round to be fully collected.
         let (mut g, ok) = w.wait(&w.split_changed, g, deadline, |s| {
-            s.taken == 0 || s.arrived == 0
+            s.taken == 0 || s.arrived == 0 || w.is_faulted()
         });
-        if !ok {
-            return Err(comm_err(format!(
-                "rank {}: split: previous split never completed",
-                self.rank
-            )));
+        if !ok || (g.taken != 0 && g.arrived != 0) {
+            drop(g);
+            return Err(w.broken_err().unwrap_or_else(|| {
+                w.break_with(format!(
+                    "rank {}: split: previous split never completed",
+                    self.rank
+                ))
+            }));
         }
         let round = g.round;
         g.posts[self.rank] = Some((color, key));
@@ -296,14 +413,34 @@ impl Rank {
             g.round += 1;
             w.split_changed.notify_all();
         } else {
-            let (g2, ok) = w.wait(&w.split_changed, g, deadline, |s| s.round > round);
+            let (g2, _) = w.wait(&w.split_changed, g, deadline, |s| {
+                s.round > round
+                    || w.is_faulted()
+                    || (0..w.size).any(|r| s.posts[r].is_none() && w.has_departed(r))
+            });
             g = g2;
-            if !ok {
+            if g.round == round {
                 let missing: Vec<usize> = (0..w.size).filter(|&r| g.posts[r].is_none()).collect();
-                return Err(comm_err(format!(
-                    "rank {}: split timed out after {:?} waiting for ranks {missing:?}",
-                    self.rank, w.timeout
-                )));
+                drop(g);
+                if let Some(e) = w.broken_err() {
+                    return Err(e);
+                }
+                let gone: Vec<usize> = missing
+                    .iter()
+                    .copied()
+                    .filter(|&r| w.has_departed(r))
+                    .collect();
+                return Err(w.break_with(if gone.is_empty() {
+                    format!(
+                        "rank {}: split timed out after {:?} waiting for ranks {missing:?}",
+                        self.rank, w.timeout
+                    )
+                } else {
+                    format!(
+                        "rank {}: split can never complete: ranks {gone:?} left (dropped their communicator, or their thread exited)",
+                        self.rank
+                    )
+                }));
             }
         }
         let mine = g.results[self.rank].take();
@@ -412,7 +549,26 @@ fn run_collective<T: CommElement>(world: &World, rank: usize, seq: u64, post: Po
     }
 }
 
+/// The error for a transfer with `peer` that cannot complete: the existing
+/// fault, or a new one (the peer left, or the timeout passed).
+fn p2p_fault(world: &World, rank: usize, what: &str, peer: usize) -> Error {
+    if let Some(e) = world.broken_err() {
+        return e;
+    }
+    world.break_with(if world.has_departed(peer) {
+        format!("rank {rank}: {what} rank {peer}: rank {peer} left (dropped its communicator, or its thread exited) without a matching operation")
+    } else {
+        format!(
+            "rank {rank}: {what} rank {peer} timed out after {:?} (no matching operation)",
+            world.timeout
+        )
+    })
+}
+
 fn run_p2p(world: &World, rank: usize, plan: &[P2pPlan]) -> Result<()> {
+    if let Some(e) = world.broken_err() {
+        return Err(e);
+    }
     let deadline = Instant::now() + world.timeout;
     let mut sent = Vec::new();
     {
@@ -434,15 +590,14 @@ fn run_p2p(world: &World, rank: usize, plan: &[P2pPlan]) -> Result<()> {
     }
     let mut first_err: Option<Error> = None;
     for p in plan.iter().filter(|p| !p.send) {
+        let has_mail = |b: &Mailboxes| b.get(&(p.peer, rank)).is_some_and(|q| !q.is_empty());
         let g = lock(&world.mail);
-        let (mut g, ok) = world.wait(&world.mail_changed, g, deadline, |b| {
-            b.get(&(p.peer, rank)).is_some_and(|q| !q.is_empty())
+        let (mut g, _) = world.wait(&world.mail_changed, g, deadline, |b| {
+            has_mail(b) || world.is_faulted() || world.has_departed(p.peer)
         });
-        if !ok {
-            first_err.get_or_insert(comm_err(format!(
-                "rank {rank}: recv from rank {} timed out after {:?} (no matching send)",
-                p.peer, world.timeout
-            )));
+        if !has_mail(&g) || world.is_faulted() {
+            drop(g);
+            first_err.get_or_insert(p2p_fault(world, rank, "recv from", p.peer));
             continue;
         }
         let mail = g
@@ -477,16 +632,33 @@ fn run_p2p(world: &World, rank: usize, plan: &[P2pPlan]) -> Result<()> {
     }
     for (peer, m) in sent {
         let g = lock(&world.mail);
-        let (_g, ok) = world.wait(&world.mail_changed, g, deadline, |_| {
-            lock(&m.outcome).is_some()
+        let (mut g, _) = world.wait(&world.mail_changed, g, deadline, |_| {
+            lock(&m.outcome).is_some() || world.is_faulted() || world.has_departed(peer)
         });
-        if !ok {
-            first_err.get_or_insert(comm_err(format!(
-                "rank {rank}: send to rank {peer} timed out after {:?} (no matching recv)",
-                world.timeout
-            )));
-            continue;
+        if lock(&m.outcome).is_none() {
+            // Withdraw the send while no receiver has claimed it: once this
+            // task returns, its buffer may be freed, so it must not stay
+            // in the mailbox for a late receiver to copy from.
+            let queue = g.get_mut(&(rank, peer));
+            let at = queue
+                .as_ref()
+                .and_then(|q| q.iter().position(|x| Arc::ptr_eq(x, &m)));
+            if let (Some(q), Some(i)) = (queue, at) {
+                q.remove(i);
+                drop(g);
+                first_err.get_or_insert(p2p_fault(world, rank, "send to", peer));
+                continue;
+            }
+            // Claimed: the receiver is copying now and reports the outcome
+            // in bounded time.
+            while lock(&m.outcome).is_none() {
+                g = world
+                    .mail_changed
+                    .wait(g)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
         }
+        drop(g);
         if let Some(Err(e)) = lock(&m.outcome).as_ref() {
             first_err.get_or_insert(comm_err(e.clone()));
         }

@@ -145,6 +145,14 @@ impl Communicator {
                 "none",
             ));
         }
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "Communicator::in_process_with_timeout",
+                "timeout",
+                "a positive duration (every wait would fail at once)",
+                "0",
+            ));
+        }
         if let Some(d) = devices.iter().find(|d| d.kind() != BackendKind::Emu) {
             return Err(Error::invalid(
                 "Communicator::in_process",
@@ -545,6 +553,22 @@ impl Communicator {
                 .split(color, key)?
                 .map(|(rank, size, imp)| self.sub(rank, size, CommImpl::Nccl(imp)))
                 .transpose(),
+        }
+    }
+
+    /// The first fault of this communicator, if it is broken: `None` while
+    /// it is usable. In-process: a peer timed out, left (its communicator
+    /// was dropped, e.g. its thread panicked) while others waited, or a
+    /// point-to-point transfer could not complete; the fault is shared by
+    /// every rank. NCCL: [`Communicator::wait`] found an asynchronous error
+    /// or timed out and aborted this rank's communicator. Once broken, every
+    /// operation fails at the call with "communicator is broken: <fault>";
+    /// dropping it is always safe and does not wait for peers.
+    pub fn fault(&self) -> Option<String> {
+        match &self.imp {
+            CommImpl::InProcess(r) => r.fault(),
+            #[cfg(feature = "cuda")]
+            CommImpl::Nccl(n) => n.fault(),
         }
     }
 

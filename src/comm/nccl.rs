@@ -5,6 +5,10 @@
 //! NCCL on the caller's stream: no extra copies and no host synchronisation.
 //! `Communicator::wait` polls `ncclCommGetAsyncError` and aborts the
 //! communicator on an error or timeout, so a dead peer becomes an error.
+//! `ncclCommAbort` frees the communicator, so an aborted rank remembers why
+//! (its fault): every later operation, split or wait fails at the call with
+//! "communicator is broken: <fault>" instead of touching the freed handle,
+//! and dropping it does not call `ncclCommDestroy` again.
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +51,8 @@ fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
 pub(crate) struct NcclRank {
     comm: sys::ncclComm_t,
     device: Device,
+    /// Why this rank's communicator was aborted (then `comm` is freed).
+    aborted: std::sync::Mutex<Option<String>>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread, one call at a time; the
@@ -85,7 +91,27 @@ impl NcclRank {
         Ok(NcclRank {
             comm,
             device: device.clone(),
+            aborted: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Why this rank's communicator was aborted, if it was.
+    pub fn fault(&self) -> Option<String> {
+        self.aborted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Fails once the communicator was aborted (its handle is freed then).
+    fn check_usable(&self) -> Result<()> {
+        match self.fault() {
+            Some(f) => Err(Error::Backend {
+                backend: "nccl",
+                message: format!("communicator is broken: {f}"),
+            }),
+            None => Ok(()),
+        }
     }
 
     fn raw_stream(&self, stream: &Stream) -> Result<sys::cudaStream_t> {
@@ -104,6 +130,7 @@ impl NcclRank {
     }
 
     pub fn enqueue(&self, stream: &Stream, desc: OpDesc, send: u64, recv: u64) -> Result<()> {
+        self.check_usable()?;
         let lib = nccl()?;
         let s = self.raw_stream(stream)?;
         let (sp, rp) = (
@@ -153,6 +180,7 @@ impl NcclRank {
     }
 
     pub fn enqueue_p2p(&self, stream: &Stream, plan: &[P2pPlan]) -> Result<()> {
+        self.check_usable()?;
         let lib = nccl()?;
         let s = self.raw_stream(stream)?;
         // SAFETY: no arguments.
@@ -191,6 +219,7 @@ impl NcclRank {
         color: Option<usize>,
         key: usize,
     ) -> Result<Option<(usize, usize, NcclRank)>> {
+        self.check_usable()?;
         let lib = nccl()?;
         let mut new = std::ptr::null_mut();
         let c = color.map_or(-1, |c| c as i32); // NCCL_SPLIT_NOCOLOR
@@ -205,6 +234,7 @@ impl NcclRank {
         let sub = NcclRank {
             comm: new,
             device: self.device.clone(),
+            aborted: std::sync::Mutex::new(None),
         };
         let mut rank = 0;
         // SAFETY: a live communicator and a valid out-pointer.
@@ -218,6 +248,7 @@ impl NcclRank {
     /// Waits for `event`, polling NCCL's asynchronous error; aborts the
     /// communicator on an error or after `timeout`.
     pub fn wait(&self, event: &crate::backend::Event, timeout: Duration) -> Result<()> {
+        self.check_usable()?;
         let lib = nccl()?;
         let deadline = Instant::now() + timeout;
         loop {
@@ -230,15 +261,21 @@ impl NcclRank {
             let failed = state != sys::ncclResult_t::ncclSuccess
                 && state != sys::ncclResult_t::ncclInProgress;
             if failed || Instant::now() >= deadline {
-                // SAFETY: aborting a live communicator; later calls fail cleanly.
-                let _ = unsafe { (lib.comm_abort)(self.comm) };
+                let message = if failed {
+                    format!("asynchronous NCCL error {state:?}; communicator aborted")
+                } else {
+                    format!("operation did not complete within {timeout:?}; communicator aborted (a peer may be dead)")
+                };
+                let mut aborted = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+                if aborted.is_none() {
+                    // SAFETY: aborting a live communicator once (recorded
+                    // under the lock); it is never used again after this.
+                    let _ = unsafe { (lib.comm_abort)(self.comm) };
+                    *aborted = Some(message.clone());
+                }
                 return Err(Error::Backend {
                     backend: "nccl",
-                    message: if failed {
-                        format!("asynchronous NCCL error {state:?}; communicator aborted")
-                    } else {
-                        format!("operation did not complete within {timeout:?}; communicator aborted (a peer may be dead)")
-                    },
+                    message,
                 });
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -248,9 +285,18 @@ impl NcclRank {
 
 impl Drop for NcclRank {
     fn drop(&mut self) {
-        // SAFETY: destroying our own communicator once (it exists, so NCCL
-        // loaded); errors are ignored (never panic in Drop).
+        // An aborted communicator was already freed by ncclCommAbort.
+        let aborted = self
+            .aborted
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if aborted {
+            return;
+        }
         if let Ok(lib) = nccl() {
+            // SAFETY: destroying our own communicator once (it exists, so
+            // NCCL loaded); errors are ignored (never panic in Drop).
             let _ = unsafe { (lib.comm_destroy)(self.comm) };
         }
     }

@@ -239,6 +239,8 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
 /// `ftn_comm_get_stream`) keeps its context from being destroyed. A
 /// communicator used by a live DDP (`ftn_ddp_create`) is not destroyed:
 /// ftnInvalidArgument; destroy the DDP first.
+/// Destroying a broken communicator (after a timeout or a lost peer)
+/// succeeds; in-process, peers waiting for this rank then fail at once.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
     export!(|op| {
@@ -326,7 +328,10 @@ pub unsafe extern "C" fn ftn_comm_split(
 /// enqueued on the communicator's own stream and made `stream` wait for).
 /// On timeout it fails with ftnBackendError and, on NCCL, aborts the
 /// communicator (a dead peer becomes an error instead of a hang); the
-/// communicator must then be destroyed.
+/// communicator is then broken (every later call fails with
+/// ftnBackendError naming the fault) and must be destroyed. In-process the
+/// operation keeps waiting (up to the communicator's own timeout) and the
+/// communicator stays usable.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_wait(
     comm: ftnComm_t,

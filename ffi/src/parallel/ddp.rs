@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use ferrotron::parallel::ddp::{
     bytes_per_param, DdpConfig, DistOptConfig, DistributedDataParallel, DistributedOptimizer,
-    GradAveraging, ParamId, ParamRegistry,
+    GradAveraging, ParamId, ParamRegistry, MAX_PARAM_DIMS,
 };
 use ferrotron::{with_dtype, Device, Result};
 
@@ -139,6 +139,10 @@ pub unsafe extern "C" fn ftn_param_registry_destroy(reg: ftnParamRegistry_t) -> 
     })
 }
 
+/// The most dimensions a parameter of `ftn_param_registry_register` may have.
+pub const FTN_MAX_PARAM_DIMS: c_int = 16;
+const _: () = assert!(FTN_MAX_PARAM_DIMS as usize == MAX_PARAM_DIMS);
+
 /// Registers a parameter: `name` (NUL-terminated UTF-8, unique in the
 /// registry), `shape` (`ndims` dimensions, a host array; NULL only when
 /// `ndims` is 0: a scalar), `param_dtype` and `grad_dtype` (ftnFloat32,
@@ -148,7 +152,8 @@ pub unsafe extern "C" fn ftn_param_registry_destroy(reg: ftnParamRegistry_t) -> 
 ///
 /// Bad input (ftnInvalidArgument, nothing registered): `reg` NULL, stale
 /// or of another kind; `name` NULL, not UTF-8 or registered before;
-/// `ndims` negative; `shape` NULL with `ndims > 0`, a negative dimension
+/// `ndims` negative or above `FTN_MAX_PARAM_DIMS` (16; checked before
+/// `shape` is read); `shape` NULL with `ndims > 0`, a negative dimension
 /// or an element count that overflows; a dtype that is not a float type;
 /// `param_id` NULL or misaligned.
 #[no_mangle]
@@ -178,6 +183,16 @@ pub unsafe extern "C" fn ftn_param_registry_register(
             .to_str()
             .map_err(|e| invalid(op, "name", "UTF-8", e))?;
         let nd = dim(op, "ndims", ndims as i64)?;
+        // Before reading `shape`: its length is trusted, so an absurd
+        // `ndims` must not make the library read that far.
+        if nd > MAX_PARAM_DIMS {
+            return Err(invalid(
+                op,
+                "ndims",
+                format!("at most {MAX_PARAM_DIMS} (FTN_MAX_PARAM_DIMS)"),
+                ndims,
+            ));
+        }
         // SAFETY: pointer contract: `ndims` entries.
         let dims = unsafe { host_slice::<i64>(op, "shape", shape as *const c_void, nd)? };
         let mut sh = try_vec(op, "shape", nd)?;

@@ -285,6 +285,9 @@ unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
 /// of the padded vocabulary). Every rank calls it (three all-reduces).
 /// `*saved` receives the statistics the backward needs (a new handle; free
 /// it with `ftn_cross_entropy_saved_destroy`).
+/// A label outside `[0, V)` is not an error (labels are device data, not
+/// checked): it has no target on any rank, its loss is `log(sum exp)` and
+/// the backward gives it the plain softmax.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_forward(

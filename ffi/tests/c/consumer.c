@@ -521,6 +521,20 @@ static void test_collectives(void) {
                NULL);
   ftnComm_t sub = NULL;
   expect_error(ftn_comm_split(comm[0], -5, 0, &sub), ftnInvalidArgument, "bad color", "color", NULL);
+  {
+    /* A destroyed peer: the survivor's collective fails at synchronize
+     * instead of hanging, every later call fails at once with the fault,
+     * and the survivor is destroyed cleanly. */
+    ftnComm_t pair[2];
+    CHECK(ftn_comm_init_all_with_timeout(pair, 2, ctx, 60000));
+    CHECK(ftn_comm_destroy(pair[1]));
+    CHECK(ftn_all_reduce(send[0], recv[0], C, ftnFloat32, ftnSum, pair[0], st[0]));
+    expect_error(ftn_stream_synchronize(st[0]), ftnBackendError, "collective with a destroyed peer", "left",
+                 NULL);
+    expect_error(ftn_barrier(pair[0], st[0]), ftnBackendError, "call on a broken communicator",
+                 "communicator is broken", "left");
+    CHECK(ftn_comm_destroy(pair[0]));
+  }
   ftnUniqueId_t id;
   expect_error(ftn_get_unique_id(&id), ftnBackendUnavailable, "unique id without cuda", "cuda", NULL);
   for (int r = 0; r < N; r++) CHECK(ftn_comm_destroy(comm[r]));

@@ -71,6 +71,9 @@ pub struct ParamInfo {
     pub kind: ParamKind,
 }
 
+/// The most dimensions a registered parameter may have.
+pub const MAX_PARAM_DIMS: usize = 16;
+
 /// Parameters in registration order (forward order), before allocation.
 #[derive(Clone, Debug, Default)]
 pub struct ParamRegistry {
@@ -97,8 +100,8 @@ impl ParamRegistry {
     }
 
     /// Registers a parameter whose gradient has `grad_dtype`. Errors: a name
-    /// registered before, a non-float dtype, an element count that
-    /// overflows.
+    /// registered before, a non-float dtype, more than [`MAX_PARAM_DIMS`]
+    /// dimensions, an element count that overflows.
     pub fn register_with_grad(
         &mut self,
         name: &str,
@@ -132,6 +135,14 @@ impl ParamRegistry {
         }
         float(REG, "param_dtype", param_dtype)?;
         float(REG, "grad_dtype", grad_dtype)?;
+        if shape.len() > MAX_PARAM_DIMS {
+            return Err(Error::invalid(
+                REG,
+                "shape",
+                format!("at most {MAX_PARAM_DIMS} dimensions"),
+                shape.len(),
+            ));
+        }
         let numel = shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
@@ -512,5 +523,22 @@ impl ParamAndGradBuffers {
             buf: view,
             _owner: PhantomData,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_many_dimensions_are_rejected() {
+        let mut r = ParamRegistry::default();
+        let ok = [1usize; MAX_PARAM_DIMS];
+        r.register("ok", &ok, DType::F32).unwrap();
+        let e = r
+            .register("bad", &[1usize; MAX_PARAM_DIMS + 1], DType::F32)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 16 dimensions"), "{e}");
     }
 }

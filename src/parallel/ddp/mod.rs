@@ -14,6 +14,7 @@ pub mod reducer;
 pub use crate::core::ddp_layout::{bytes_per_param, default_bucket_size, BytesPerParam};
 pub use buffers::{
     BucketId, BufferView, ParamAndGradBuffers, ParamId, ParamInfo, ParamKind, ParamRegistry,
+    MAX_PARAM_DIMS,
 };
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{load_checkpoint, save_checkpoint, CHECKPOINT_FORMAT};
