@@ -128,108 +128,66 @@ fn header_compiles_as_c99_and_cpp17() {
     }
 }
 
-#[test]
-fn c_consumer_passes_on_the_emulator() {
+/// Compiles `ffi/tests/c/<source>` as C99 against the static library, runs
+/// it with a seed and expects its "all checks passed".
+fn c_consumer_passes(source: &str, exe_name: &str, extra_flags: &[&str], what: &str) {
     let lib = lib_dir().join("libferrotron.a");
     assert!(lib.exists(), "{} not built", lib.display());
-    let exe = out_dir().join("consumer_c");
+    let exe = out_dir().join(exe_name);
     run(
         Command::new(tool("CC", "cc"))
             .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+            .args(extra_flags)
             .arg("-I")
             .arg(repo().join("include"))
-            .arg(repo().join("ffi/tests/c/consumer.c"))
+            .arg(repo().join("ffi/tests/c").join(source))
             .arg(&lib)
             .args(NATIVE)
             .arg("-o")
             .arg(&exe),
-        "compiling the C consumer",
+        &format!("compiling the {what}"),
     );
     let seed = seed();
     let out = run(
         Command::new(&exe).arg(seed.to_string()),
-        &format!("the C consumer (seed {seed})"),
+        &format!("the {what} (seed {seed})"),
     );
     assert!(out.contains("all checks passed"), "{out}");
+}
+
+#[test]
+fn c_consumer_passes_on_the_emulator() {
+    c_consumer_passes("consumer.c", "consumer_c", &[], "C consumer");
 }
 
 #[test]
 fn c_tp_consumer_passes_on_the_emulator() {
-    let lib = lib_dir().join("libferrotron.a");
-    assert!(lib.exists(), "{} not built", lib.display());
-    let exe = out_dir().join("consumer_tp_c");
-    run(
-        Command::new(tool("CC", "cc"))
-            .args([
-                "-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-pthread",
-            ])
-            .arg("-I")
-            .arg(repo().join("include"))
-            .arg(repo().join("ffi/tests/c/consumer_tp.c"))
-            .arg(&lib)
-            .args(NATIVE)
-            .arg("-o")
-            .arg(&exe),
-        "compiling the C tensor-parallel consumer",
+    c_consumer_passes(
+        "consumer_tp.c",
+        "consumer_tp_c",
+        &["-pthread"],
+        "C tensor-parallel consumer",
     );
-    let seed = seed();
-    let out = run(
-        Command::new(&exe).arg(seed.to_string()),
-        &format!("the C tensor-parallel consumer (seed {seed})"),
-    );
-    assert!(out.contains("all checks passed"), "{out}");
 }
 
 #[test]
 fn c_ddp_consumer_passes_on_the_emulator() {
-    let lib = lib_dir().join("libferrotron.a");
-    assert!(lib.exists(), "{} not built", lib.display());
-    let exe = out_dir().join("consumer_ddp_c");
-    run(
-        Command::new(tool("CC", "cc"))
-            .args([
-                "-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-pthread",
-            ])
-            .arg("-I")
-            .arg(repo().join("include"))
-            .arg(repo().join("ffi/tests/c/consumer_ddp.c"))
-            .arg(&lib)
-            .args(NATIVE)
-            .arg("-o")
-            .arg(&exe),
-        "compiling the C optimizer / data-parallel consumer",
+    c_consumer_passes(
+        "consumer_ddp.c",
+        "consumer_ddp_c",
+        &["-pthread"],
+        "C optimizer / data-parallel consumer",
     );
-    let seed = seed();
-    let out = run(
-        Command::new(&exe).arg(seed.to_string()),
-        &format!("the C optimizer / data-parallel consumer (seed {seed})"),
-    );
-    assert!(out.contains("all checks passed"), "{out}");
 }
 
 #[test]
 fn c_pipeline_consumer_passes() {
-    let lib = lib_dir().join("libferrotron.a");
-    assert!(lib.exists(), "{} not built", lib.display());
-    let exe = out_dir().join("consumer_pipeline_c");
-    run(
-        Command::new(tool("CC", "cc"))
-            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-            .arg("-I")
-            .arg(repo().join("include"))
-            .arg(repo().join("ffi/tests/c/consumer_pipeline.c"))
-            .arg(&lib)
-            .args(NATIVE)
-            .arg("-o")
-            .arg(&exe),
-        "compiling the C pipeline consumer",
+    c_consumer_passes(
+        "consumer_pipeline.c",
+        "consumer_pipeline_c",
+        &[],
+        "C pipeline consumer",
     );
-    let seed = seed();
-    let out = run(
-        Command::new(&exe).arg(seed.to_string()),
-        &format!("the C pipeline consumer (seed {seed})"),
-    );
-    assert!(out.contains("all checks passed"), "{out}");
 }
 
 #[test]
