@@ -29,29 +29,7 @@
 #include "philox.cuh"
 #include "vec.cuh"
 
-// Multipliers (scale or 0) of the V elements whose random values are
-// j0 .. j0+V-1: one Philox block per 4 values, fetched when j crosses a
-// block boundary.
-template <int V>
-FTN_DEVICE void dropout_factors(uint64_t seed, uint64_t j0, uint32_t threshold, float scale,
-                                float (&f)[V]) {
-  if (threshold == 0u) {
-#pragma unroll
-    for (int k = 0; k < V; ++k) f[k] = scale;
-    return;
-  }
-  FtnPhilox4 blk = ftn_philox_block(seed, j0 >> 2);
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const uint64_t j = j0 + (uint64_t)k;
-    if (k > 0 && (j & 3u) == 0u) blk = ftn_philox_block(seed, j >> 2);
-    f[k] = blk.v[j & 3u] >= threshold ? scale : 0.0f;
-  }
-}
-
-// A dropped element is exactly 0 (a select, not a multiply by 0: an inf or
-// NaN input of a dropped element does not leak into the output).
-FTN_DEVICE float dropout_apply(float f, float v) { return f != 0.0f ? v * f : 0.0f; }
+// ftn_dropout_factors / ftn_dropout_apply: philox.cuh.
 
 template <typename T>
 FTN_DEVICE void bda_fwd_scalar(const FtnBiasDropoutAddFwdParams &p, int64_t begin, int64_t n,
@@ -62,10 +40,10 @@ FTN_DEVICE void bda_fwd_scalar(const FtnBiasDropoutAddFwdParams &p, int64_t begi
   T *out = static_cast<T *>(p.out);
   for (int64_t i = begin + tid; i < n; i += stride) {
     float f[1];
-    dropout_factors<1>(p.seed, p.offset + (uint64_t)i, p.drop_threshold, p.scale, f);
+    ftn_dropout_factors<1>(p.seed, p.offset + (uint64_t)i, p.drop_threshold, p.scale, f);
     float v = ftn_to_float(x[i]);
     if (bias != nullptr) v += ftn_to_float(bias[i % p.cols]);
-    out[i] = ftn_from_float<T>(ftn_to_float(res[i]) + dropout_apply(f[0], v));
+    out[i] = ftn_from_float<T>(ftn_to_float(res[i]) + ftn_dropout_apply(f[0], v));
   }
 }
 
@@ -92,7 +70,7 @@ FTN_DEVICE void bda_fwd(const FtnBiasDropoutAddFwdParams &p) {
     float f[V];
     ftn_load_vec<T>(x + i * V, v);
     ftn_load_vec<T>(res + i * V, r);
-    dropout_factors<V>(p.seed, p.offset + (uint64_t)(i * V), p.drop_threshold, p.scale, f);
+    ftn_dropout_factors<V>(p.seed, p.offset + (uint64_t)(i * V), p.drop_threshold, p.scale, f);
     int64_t c = (i * V) % p.cols;
     if (bias_vectorised) {
       float b[V];
@@ -107,7 +85,7 @@ FTN_DEVICE void bda_fwd(const FtnBiasDropoutAddFwdParams &p) {
       }
     }
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = r[k] + dropout_apply(f[k], v[k]);
+    for (int k = 0; k < V; ++k) v[k] = r[k] + ftn_dropout_apply(f[k], v[k]);
     ftn_store_vec<T>(out + i * V, v);
   }
   bda_fwd_scalar<T>(p, nvec * V, n, tid, stride);
@@ -129,10 +107,10 @@ FTN_DEVICE void bda_bwd_columns(const FtnBiasDropoutAddBwdParams &p, int64_t c0,
     float f[VEC];
     ftn_load<T, VEC>(dy + off, g);
     if (dres != nullptr) ftn_store<T, VEC>(dres + off, g);
-    dropout_factors<VEC>(p.seed, p.offset + (uint64_t)off, p.drop_threshold, p.scale, f);
+    ftn_dropout_factors<VEC>(p.seed, p.offset + (uint64_t)off, p.drop_threshold, p.scale, f);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      g[k] = dropout_apply(f[k], g[k]);
+      g[k] = ftn_dropout_apply(f[k], g[k]);
       acc[k] += g[k];
     }
     ftn_store<T, VEC>(dx + off, g);

@@ -66,4 +66,30 @@ FTN_DEVICE uint32_t ftn_philox_value(uint64_t seed, uint64_t j) {
   return ftn_philox_block(seed, j >> 2).v[j & 3];
 }
 
+// Dropout multipliers (scale or 0) of the V elements whose random values are
+// j0 .. j0+V-1: one Philox block per 4 values, fetched when j crosses a
+// block boundary; an element is kept iff its word >= threshold. threshold 0
+// keeps everything without calling Philox. Shared by dropout.cu and the
+// attention dropout of softmax.cu.
+template <int V>
+FTN_DEVICE void ftn_dropout_factors(uint64_t seed, uint64_t j0, uint32_t threshold, float scale,
+                                    float (&f)[V]) {
+  if (threshold == 0u) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) f[k] = scale;
+    return;
+  }
+  FtnPhilox4 blk = ftn_philox_block(seed, j0 >> 2);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const uint64_t j = j0 + (uint64_t)k;
+    if (k > 0 && (j & 3u) == 0u) blk = ftn_philox_block(seed, j >> 2);
+    f[k] = blk.v[j & 3u] >= threshold ? scale : 0.0f;
+  }
+}
+
+// A dropped element is exactly 0 (a select, not a multiply by 0: an inf or
+// NaN input of a dropped element does not leak into the output).
+FTN_DEVICE float ftn_dropout_apply(float f, float v) { return f != 0.0f ? v * f : 0.0f; }
+
 #endif /* FTN_PHILOX_CUH */

@@ -31,6 +31,21 @@
 //   The long path reads the row twice: 3n|T| forward / 5n|T| backward from
 //   HBM in the worst case (L2 misses), 2n|T| / 3n|T| when the re-read hits L2.
 // FLOPs: ~5 per element plus one expf -> far below the FP32 rate: HBM-bound.
+//
+// Attention dropout (Megatron: probs_d = dropout(softmax(...), p)), the same
+// kernels with p.y_dropped / p.drop_threshold set:
+//   forward  writes y (undropped, what backward needs) and, at the same
+//            store, y_dropped = keep(i) * y / (1-p) (from the fp32 value);
+//   backward g = keep(i) * dy / (1-p) as dy is loaded (dy: the gradient of
+//            the dropped probabilities), then the softmax backward on g.
+//   keep(i) is dropout.cu's rule (philox.cuh: random value offset + i of
+//   stream `seed`, i = r*sk + c the row-major element index), a pure function
+//   of (seed, offset, i): the backward regenerates the mask, nothing stores it.
+//   Floors: forward 3n|T| (read x, write y and y_dropped; the long path
+//   +n|T| for the re-read), backward unchanged 3n|T|; plus ~1/4 Philox call
+//   (~40 integer ops) per element (one per element on the scalar path), which
+//   stays under the HBM time on A100/H100.
+#include "philox.cuh"
 #include "reduce.cuh"
 #include "vec.cuh"
 
@@ -89,6 +104,30 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
   }
 }
 
+// Attention dropout of the V probabilities v of elements i0 .. i0+V-1:
+// writes keep * drop_scale * v to yd (v is left unchanged).
+template <typename T, int V>
+FTN_DEVICE void sm_store_dropped(const FtnSoftmaxFwdParams &p, T *yd, int64_t i0,
+                                 const float (&v)[V]) {
+  float f[V];
+  ftn_dropout_factors<V>(p.seed, p.offset + (uint64_t)i0, p.drop_threshold, p.drop_scale, f);
+  float o[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) o[k] = ftn_dropout_apply(f[k], v[k]);
+  ftn_store<T, V>(yd, o);
+}
+
+// Backward: the incoming gradient of the dropped probabilities of elements
+// i0 .. i0+V-1 becomes the gradient of the undropped ones (mask regenerated).
+template <int V>
+FTN_DEVICE void sm_undrop_grad(const FtnSoftmaxBwdParams &p, int64_t i0, float (&g)[V]) {
+  if (p.drop_threshold == 0u) return;
+  float f[V];
+  ftn_dropout_factors<V>(p.seed, p.offset + (uint64_t)i0, p.drop_threshold, p.drop_scale, f);
+#pragma unroll
+  for (int k = 0; k < V; ++k) g[k] = ftn_dropout_apply(f[k], g[k]);
+}
+
 // ---------------------------------------------------------------- forward
 
 // Warp path: lane l holds columns (c*32 + l)*V + k, c < CHUNKS, k < V.
@@ -98,6 +137,7 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
   const T *x = static_cast<const T *>(p.x);
   T *y = static_cast<T *>(p.y);
+  T *yd = static_cast<T *>(p.y_dropped);
   const int sk = (int)p.sk;
   const int first = (int)(threadIdx.x & 31) * V;
   const int64_t warps = blockDim.x >> 5;
@@ -156,6 +196,10 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
         for (int k = 0; k < V; ++k) v[c][k] *= inv;
         ftn_store<T, V>(yr + c * 32 * V, v[c]);
+        if (yd != nullptr) {
+          const int64_t i0 = r * p.sk + first + c * 32 * V;
+          sm_store_dropped<T, V>(p, yd + i0, i0, v[c]);
+        }
       }
     }
   }
@@ -169,6 +213,7 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
   FTN_SHARED(float, red, [32]);
   const T *x = static_cast<const T *>(p.x);
   T *y = static_cast<T *>(p.y);
+  T *yd = static_cast<T *>(p.y_dropped);
   const int sk = (int)p.sk;
   const int stride = (int)blockDim.x * V;
   const int first = (int)threadIdx.x * V;
@@ -226,6 +271,7 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
         for (int k = 0; k < V; ++k) v[c][k] *= inv;
         ftn_store<T, V>(yr + col0, v[c]);
+        if (yd != nullptr) sm_store_dropped<T, V>(p, yd + r * p.sk + col0, r * p.sk + col0, v[c]);
       }
     }
   }
@@ -237,6 +283,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
   FTN_SHARED(float, red, [32]);
   const T *x = static_cast<const T *>(p.x);
   T *y = static_cast<T *>(p.y);
+  T *yd = static_cast<T *>(p.y_dropped);
   const int64_t step = (int64_t)blockDim.x * V;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const SmRowMask m = sm_row_mask(p, r);
@@ -271,6 +318,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = expf(v[k] - mx) * inv;
       ftn_store<T, V>(yr + col0, v);
+      if (yd != nullptr) sm_store_dropped<T, V>(p, yd + r * p.sk + col0, r * p.sk + col0, v);
     }
   }
 }
@@ -302,6 +350,7 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
       if (first + c * stride < sk) {
         ftn_load<T, V>(y + off + c * stride, yv[c]);
         ftn_load<T, V>(dy + off + c * stride, gv[c]);
+        sm_undrop_grad<V>(p, off + c * stride, gv[c]);
       } else {
 #pragma unroll
         for (int k = 0; k < V; ++k) yv[c][k] = gv[c][k] = 0.0f;
@@ -352,6 +401,7 @@ template <typename T, int V> FTN_DEVICE void sm_bwd_long_impl(const FtnSoftmaxBw
       float yv[V], gv[V];
       ftn_load<T, V>(y + off + col0, yv);
       ftn_load<T, V>(dy + off + col0, gv);
+      sm_undrop_grad<V>(p, off + col0, gv);
 #pragma unroll
       for (int k = 0; k < V; ++k) dot += yv[k] * gv[k];
     }
@@ -360,6 +410,7 @@ template <typename T, int V> FTN_DEVICE void sm_bwd_long_impl(const FtnSoftmaxBw
       float yv[V], gv[V];
       ftn_load<T, V>(y + off + col0, yv);
       ftn_load<T, V>(dy + off + col0, gv);
+      sm_undrop_grad<V>(p, off + col0, gv);
 #pragma unroll
       for (int k = 0; k < V; ++k) gv[k] = p.scale * (gv[k] * yv[k] - yv[k] * dot);
       ftn_store<T, V>(dx + off + col0, gv);

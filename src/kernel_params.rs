@@ -127,10 +127,15 @@ pub struct FtnSoftmaxFwdParams {
     pub scale: f32,
     pub mask_mode: u32,
     pub vec: u32,
+    pub y_dropped: *mut ::core::ffi::c_void,
+    pub seed: u64,
+    pub offset: u64,
+    pub drop_threshold: u32,
+    pub drop_scale: f32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of FtnSoftmaxFwdParams"][::core::mem::size_of::<FtnSoftmaxFwdParams>() - 80usize];
+    ["Size of FtnSoftmaxFwdParams"][::core::mem::size_of::<FtnSoftmaxFwdParams>() - 112usize];
     ["Alignment of FtnSoftmaxFwdParams"][::core::mem::align_of::<FtnSoftmaxFwdParams>() - 8usize];
     ["Offset of field: FtnSoftmaxFwdParams::y"]
         [::core::mem::offset_of!(FtnSoftmaxFwdParams, y) - 0usize];
@@ -154,6 +159,16 @@ const _: () = {
         [::core::mem::offset_of!(FtnSoftmaxFwdParams, mask_mode) - 68usize];
     ["Offset of field: FtnSoftmaxFwdParams::vec"]
         [::core::mem::offset_of!(FtnSoftmaxFwdParams, vec) - 72usize];
+    ["Offset of field: FtnSoftmaxFwdParams::y_dropped"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, y_dropped) - 80usize];
+    ["Offset of field: FtnSoftmaxFwdParams::seed"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, seed) - 88usize];
+    ["Offset of field: FtnSoftmaxFwdParams::offset"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, offset) - 96usize];
+    ["Offset of field: FtnSoftmaxFwdParams::drop_threshold"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, drop_threshold) - 104usize];
+    ["Offset of field: FtnSoftmaxFwdParams::drop_scale"]
+        [::core::mem::offset_of!(FtnSoftmaxFwdParams, drop_scale) - 108usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -165,10 +180,14 @@ pub struct FtnSoftmaxBwdParams {
     pub sk: i64,
     pub scale: f32,
     pub vec: u32,
+    pub seed: u64,
+    pub offset: u64,
+    pub drop_threshold: u32,
+    pub drop_scale: f32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of FtnSoftmaxBwdParams"][::core::mem::size_of::<FtnSoftmaxBwdParams>() - 48usize];
+    ["Size of FtnSoftmaxBwdParams"][::core::mem::size_of::<FtnSoftmaxBwdParams>() - 72usize];
     ["Alignment of FtnSoftmaxBwdParams"][::core::mem::align_of::<FtnSoftmaxBwdParams>() - 8usize];
     ["Offset of field: FtnSoftmaxBwdParams::dx"]
         [::core::mem::offset_of!(FtnSoftmaxBwdParams, dx) - 0usize];
@@ -184,6 +203,14 @@ const _: () = {
         [::core::mem::offset_of!(FtnSoftmaxBwdParams, scale) - 40usize];
     ["Offset of field: FtnSoftmaxBwdParams::vec"]
         [::core::mem::offset_of!(FtnSoftmaxBwdParams, vec) - 44usize];
+    ["Offset of field: FtnSoftmaxBwdParams::seed"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, seed) - 48usize];
+    ["Offset of field: FtnSoftmaxBwdParams::offset"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, offset) - 56usize];
+    ["Offset of field: FtnSoftmaxBwdParams::drop_threshold"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, drop_threshold) - 64usize];
+    ["Offset of field: FtnSoftmaxBwdParams::drop_scale"]
+        [::core::mem::offset_of!(FtnSoftmaxBwdParams, drop_scale) - 68usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -4,7 +4,10 @@
 //! sequence parallelism on and off, bf16 and fp16; the overlapped backward
 //! (communication on the communicator's stream) against the serialised one,
 //! bitwise. Sizes are odd (`ffn/tp = 9`, `head_dim = 6`, `hidden = 20`) so
-//! the GEMMs take their unaligned paths.
+//! the GEMMs take their unaligned paths. Attention dropout (mask from the
+//! host Philox twin, per-rank model-parallel seeds) against the same f64
+//! reference; selective recomputation against the stored path, bitwise; saved
+//! activations moved out and back between micro-batches, bitwise.
 
 mod common;
 
@@ -12,6 +15,8 @@ use common::ranks::{col_sums, mm, mm_at, mm_bt, run_ranks};
 use common::{assert_close_scaled, to_f64, Rng};
 use ferrotron::comm::Communicator;
 use ferrotron::core::dtype::FloatElement;
+use ferrotron::core::rng::{RngTracker, MODEL_PARALLEL_SEED_OFFSET, MODEL_PARALLEL_STREAM};
+use ferrotron::ops::DropoutMode;
 use ferrotron::ops::Gelu;
 use ferrotron::parallel::attention::{AttentionGrads, AttentionOptions, TpAttention};
 use ferrotron::parallel::linear::{
@@ -19,6 +24,7 @@ use ferrotron::parallel::linear::{
 };
 use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
 use ferrotron::reference::bias_gelu::{gelu, gelu_grad};
+use ferrotron::reference::softmax::keeps;
 use ferrotron::{Device, DeviceBuffer};
 use half::{bf16, f16};
 
@@ -97,10 +103,36 @@ fn mlp_reference<T>(p: &Problem<T>, g: Gelu) -> Full {
     ]
 }
 
+/// Attention dropout of the reference: probability `p` and whether head `n`
+/// of batch entry `b` keeps probability `(i, k)`.
+struct RefDropout<'a> {
+    p: f64,
+    keep: &'a dyn Fn(usize, usize, usize, usize) -> bool,
+}
+
+/// The mask `TpAttention` draws on `tp` ranks with `AttnCfg { seed, .. }`:
+/// rank `r` (heads `[r*hp, (r+1)*hp)`) uses its model-parallel stream
+/// (`seed + 2718 + r`, offset 0) over its packed `[BATCH, hp, SEQ, SEQ]`
+/// probabilities.
+fn tp_keep(p: f32, seed: u64, tp: usize) -> impl Fn(usize, usize, usize, usize) -> bool {
+    let hp = HEADS / tp;
+    move |b, n, i, k| {
+        let (r, nl) = (n / hp, n % hp);
+        let s = seed + MODEL_PARALLEL_SEED_OFFSET + r as u64;
+        keeps(p, s, 0, ((b * hp + nl) * SEQ + i) * SEQ + k)
+    }
+}
+
 /// Unsharded causal self-attention in f64, with the module's layouts: rows
 /// `i*BATCH + b`, QKV columns `(head, {q,k,v}, dim)`, context columns
-/// `(head, dim)`.
-fn attention_reference<T>(p: &Problem<T>) -> Full {
+/// `(head, dim)`; with `drop`, `C = dropout(P) V`.
+fn attention_reference<T>(p: &Problem<T>, drop: Option<RefDropout<'_>>) -> Full {
+    // The multiplier of probability (b, n, i, k) after dropout.
+    let f = |b: usize, n: usize, i: usize, k: usize| match &drop {
+        None => 1.0,
+        Some(dr) if (dr.keep)(b, n, i, k) => 1.0 / (1.0 - dr.p),
+        Some(_) => 0.0,
+    };
     let (h, d) = (HEADS, HEAD_DIM);
     let (w3, wc) = (3 * h * d, h * d);
     let scale = 1.0 / (d as f64).sqrt();
@@ -130,7 +162,7 @@ fn attention_reference<T>(p: &Problem<T>) -> Full {
                 }
                 for j in 0..d {
                     ctx[(i * BATCH + b) * wc + n * d + j] = (0..=i)
-                        .map(|k| pr[i * SEQ + k] * qkv[at(2, b, n, k, j)])
+                        .map(|k| f(b, n, i, k) * pr[i * SEQ + k] * qkv[at(2, b, n, k, j)])
                         .sum();
                 }
             }
@@ -147,8 +179,14 @@ fn attention_reference<T>(p: &Problem<T>) -> Full {
             let pr = &probs[b * h + n];
             let dc = |i: usize, j: usize| dctx[(i * BATCH + b) * wc + n * d + j];
             for i in 0..SEQ {
+                // The gradient of the dropped probabilities, through the mask.
                 let dp: Vec<f64> = (0..SEQ)
-                    .map(|k| (0..d).map(|j| dc(i, j) * qkv[at(2, b, n, k, j)]).sum())
+                    .map(|k| {
+                        f(b, n, i, k)
+                            * (0..d)
+                                .map(|j| dc(i, j) * qkv[at(2, b, n, k, j)])
+                                .sum::<f64>()
+                    })
                     .collect();
                 let dot: f64 = (0..SEQ).map(|k| dp[k] * pr[i * SEQ + k]).sum();
                 let ds: Vec<f64> = (0..SEQ)
@@ -160,7 +198,7 @@ fn attention_reference<T>(p: &Problem<T>) -> Full {
                         .sum::<f64>();
                     for k in 0..SEQ {
                         dqkv[at(1, b, n, k, j)] += ds[k] * qkv[at(0, b, n, i, j)];
-                        dqkv[at(2, b, n, k, j)] += pr[i * SEQ + k] * dc(i, j);
+                        dqkv[at(2, b, n, k, j)] += f(b, n, i, k) * pr[i * SEQ + k] * dc(i, j);
                     }
                 }
             }
@@ -194,6 +232,16 @@ impl Block {
     }
 }
 
+/// The attention options a run sets beyond sequence parallelism and overlap:
+/// dropout `p` with per-rank states from `RngTracker::megatron(seed, rank)`'s
+/// model-parallel stream, selective recomputation.
+#[derive(Clone, Copy, Debug, Default)]
+struct AttnCfg {
+    dropout: f32,
+    recompute: bool,
+    seed: u64,
+}
+
 /// Runs one block's forward + backward on `tp` ranks. `fuse`: weight
 /// gradients accumulated into fp32 main_grads (starting at zero) instead of
 /// stored in `T`.
@@ -204,6 +252,19 @@ fn run_block<T: TpElement>(
     sp: bool,
     overlap: bool,
     fuse: bool,
+) -> Vec<RankOut> {
+    run_block_with(block, p, tp, sp, overlap, fuse, AttnCfg::default())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_block_with<T: TpElement>(
+    block: Block,
+    p: &Problem<T>,
+    tp: usize,
+    sp: bool,
+    overlap: bool,
+    fuse: bool,
+    cfg: AttnCfg,
 ) -> Vec<RankOut> {
     let (out1, in2) = block.widths();
     run_ranks(tp, |c| {
@@ -264,12 +325,19 @@ fn run_block<T: TpElement>(
                 let o = AttentionOptions {
                     sequence_parallel: sp,
                     overlap,
+                    attention_dropout: cfg.dropout,
+                    recompute_core: cfg.recompute,
                 };
                 let mut a = TpAttention::from_full(
                     &c, HIDDEN, HEADS, HEAD_DIM, &p.w1.0, &p.b1.0, &p.w2.0, &p.b2.0, o,
                 )
                 .unwrap();
-                a.forward(&c, &s, &x, &mut y, SEQ, BATCH).unwrap();
+                let mut rng = RngTracker::megatron(cfg.seed, r as u64);
+                let state = rng
+                    .next(MODEL_PARALLEL_STREAM, a.random_values(SEQ, BATCH))
+                    .unwrap();
+                a.forward_with_dropout(&c, &s, &x, &mut y, SEQ, BATCH, DropoutMode::Train(state))
+                    .unwrap();
                 let grads = AttentionGrads { qkv: l1, proj: l2 };
                 a.backward(&c, &s, &x, &dy, &mut dx, grads).unwrap();
             }
@@ -289,14 +357,33 @@ fn run_block<T: TpElement>(
 }
 
 fn check_block<T: TpElement>(block: Block, tp: usize, sp: bool, fuse: bool, salt: u64) {
+    check_block_with::<T>(block, tp, sp, fuse, salt, AttnCfg::default());
+}
+
+fn check_block_with<T: TpElement>(
+    block: Block,
+    tp: usize,
+    sp: bool,
+    fuse: bool,
+    salt: u64,
+    mut cfg: AttnCfg,
+) {
     let (out1, in2) = block.widths();
     let (mut rng, seed) = Rng::new(salt);
     let p = problem::<T>(&mut rng, out1, in2);
+    cfg.seed = rng.next_u64() >> 1;
+    let keep = tp_keep(cfg.dropout, cfg.seed, tp);
     let full = match block {
         Block::Mlp => mlp_reference(&p, Gelu::Tanh),
-        Block::Attention => attention_reference(&p),
+        Block::Attention => attention_reference(
+            &p,
+            (cfg.dropout > 0.0).then_some(RefDropout {
+                p: cfg.dropout as f64,
+                keep: &keep,
+            }),
+        ),
     };
-    let outs = run_block(block, &p, tp, sp, true, fuse);
+    let outs = run_block_with(block, &p, tp, sp, true, fuse, cfg);
     assert_eq!(outs.len(), tp);
     for (r, out) in outs.iter().enumerate() {
         let rows_of = |v: &[f64]| {
@@ -323,7 +410,7 @@ fn check_block<T: TpElement>(block: Block, tp: usize, sp: bool, fuse: bool, salt
             "layer 2 bias grad",
         ];
         for ((o, w), n) in out.iter().zip(&want).zip(names) {
-            let what = format!("{block:?} tp={tp} sp={sp} fuse={fuse} rank {r}: {n}");
+            let what = format!("{block:?} tp={tp} sp={sp} fuse={fuse} {cfg:?} rank {r}: {n}");
             // The attention backward chains five ops that each store their
             // result in T (QKV, scores P, dP/dS, context, projection), so its
             // gradients carry up to ~3 single-op roundings; the MLP two.
@@ -354,6 +441,253 @@ fn tp_attention_matches_unsharded_on_tp_1_2_4_with_and_without_sp() {
         }
     }
     check_block::<f16>(Block::Attention, 2, false, true, 207);
+}
+
+#[test]
+fn tp_attention_with_dropout_matches_unsharded() {
+    let cfg = |recompute| AttnCfg {
+        dropout: 0.3,
+        recompute,
+        seed: 0,
+    };
+    for (tp, sp) in [(1, false), (2, true), (4, false)] {
+        check_block_with::<bf16>(Block::Attention, tp, sp, true, 400 + tp as u64, cfg(false));
+    }
+    check_block_with::<bf16>(Block::Attention, 2, false, false, 405, cfg(true));
+    check_block_with::<f16>(Block::Attention, 2, true, true, 406, cfg(false));
+}
+
+/// Selective recomputation (probabilities recomputed in backward from the
+/// saved QKV and Philox state) gives the stored path's results bit for bit,
+/// with and without dropout.
+#[test]
+fn recompute_core_equals_stored_bitwise() {
+    let (mut rng, seed) = Rng::new(500);
+    let (out1, in2) = Block::Attention.widths();
+    let p = problem::<bf16>(&mut rng, out1, in2);
+    for (tp, sp) in [(1, false), (2, true), (2, false)] {
+        for dropout in [0.0, 0.25] {
+            let cfg = |recompute| AttnCfg {
+                dropout,
+                recompute,
+                seed: 77,
+            };
+            let a = run_block_with(Block::Attention, &p, tp, sp, true, true, cfg(false));
+            let b = run_block_with(Block::Attention, &p, tp, sp, true, true, cfg(true));
+            assert_eq!(a, b, "tp={tp} sp={sp} dropout={dropout} (seed {seed})");
+        }
+    }
+}
+
+/// One micro-batch's input, output gradient and dropout state.
+struct MicroBatch {
+    x: Vec<bf16>,
+    dy: Vec<bf16>,
+    mode: DropoutMode,
+}
+
+/// Forward + backward of each micro-batch on one layer: one at a time
+/// (`interleave = false`), or every forward first, moving the saved
+/// activations out with `take_saved`, then the backwards in reverse order,
+/// each after `restore_saved`. Returns, per micro-batch, the output, input
+/// gradient and the four weight / bias gradients, plus the bytes of each
+/// saved set.
+fn run_micro_batches(
+    c: &Communicator,
+    p: &Problem<bf16>,
+    options: AttentionOptions,
+    mbs: &[MicroBatch],
+    interleave: bool,
+) -> (Vec<RankOut>, Vec<usize>) {
+    let dev = c.device().clone();
+    let s = dev.new_stream().unwrap();
+    let mut a = TpAttention::from_full(
+        c, HIDDEN, HEADS, HEAD_DIM, &p.w1.0, &p.b1.0, &p.w2.0, &p.b2.0, options,
+    )
+    .unwrap();
+    let tp = c.size();
+    let (o1, i2) = (3 * HEADS * HEAD_DIM / tp, HEADS * HEAD_DIM / tp);
+    let t = |b: &DeviceBuffer<bf16>| to_f64(&b.to_host().unwrap());
+    let xs: Vec<_> = mbs.iter().map(|m| dev.upload(&m.x).unwrap()).collect();
+    let mut ys: Vec<_> = mbs
+        .iter()
+        .map(|_| poisoned::<bf16>(c, TOKENS * HIDDEN))
+        .collect();
+    let mut out = vec![None; mbs.len()];
+    let mut bytes = Vec::new();
+    let mut backward = |a: &mut TpAttention<bf16>, k: usize, y: &DeviceBuffer<bf16>| {
+        let dy = dev.upload(&mbs[k].dy).unwrap();
+        let mut dx = poisoned::<bf16>(c, TOKENS * HIDDEN);
+        let mut gw1 = poisoned::<bf16>(c, o1 * HIDDEN);
+        let mut gb1 = poisoned::<bf16>(c, o1);
+        let mut gw2 = poisoned::<bf16>(c, HIDDEN * i2);
+        let mut gb2 = poisoned::<bf16>(c, HIDDEN);
+        c.stream().synchronize().unwrap();
+        let grads = AttentionGrads {
+            qkv: LinearGrads {
+                weight: WeightGrad::Store(&mut gw1),
+                bias: Some(&mut gb1),
+            },
+            proj: LinearGrads {
+                weight: WeightGrad::Store(&mut gw2),
+                bias: Some(&mut gb2),
+            },
+        };
+        a.backward(c, &s, &xs[k], &dy, &mut dx, grads).unwrap();
+        s.synchronize().unwrap();
+        out[k] = Some([t(y), t(&dx), t(&gw1), t(&gb1), t(&gw2), t(&gb2)]);
+    };
+    if interleave {
+        let mut saved = Vec::new();
+        for (k, m) in mbs.iter().enumerate() {
+            a.forward_with_dropout(c, &s, &xs[k], &mut ys[k], SEQ, BATCH, m.mode)
+                .unwrap();
+            let sv = a.take_saved().unwrap();
+            assert_eq!(sv.shape(), (SEQ, BATCH));
+            // The dropout applied: none at p = 0.
+            let applied = match options.attention_dropout > 0.0 {
+                true => m.mode,
+                false => DropoutMode::Eval,
+            };
+            assert_eq!(sv.dropout(), applied);
+            assert_eq!(sv.holds_probabilities(), !options.recompute_core);
+            assert!(a.take_saved().is_none() && a.saved_shape().is_none());
+            bytes.push(sv.bytes());
+            saved.push(sv);
+        }
+        for k in (0..mbs.len()).rev() {
+            a.restore_saved(saved.pop().unwrap()).unwrap();
+            backward(&mut a, k, &ys[k]);
+        }
+    } else {
+        for (k, m) in mbs.iter().enumerate() {
+            a.forward_with_dropout(c, &s, &xs[k], &mut ys[k], SEQ, BATCH, m.mode)
+                .unwrap();
+            backward(&mut a, k, &ys[k]);
+        }
+    }
+    (out.into_iter().map(Option::unwrap).collect(), bytes)
+}
+
+/// Pipeline-style use: two forwards with `take_saved` in between, then the
+/// backwards in reverse order after `restore_saved`, equal bit for bit to
+/// forward + backward one micro-batch at a time; stored and recomputed
+/// probabilities, with and without dropout. `bytes()` counts what is held.
+#[test]
+fn saved_activations_move_between_micro_batches() {
+    let (mut rng, seed) = Rng::new(600);
+    let (out1, in2) = Block::Attention.widths();
+    let p = problem::<bf16>(&mut rng, out1, in2);
+    let inputs: Vec<_> = (0..2)
+        .map(|_| {
+            (
+                rng.tensor::<bf16>(TOKENS * HIDDEN, 1.0).0,
+                rng.tensor::<bf16>(TOKENS * HIDDEN, 1.0).0,
+            )
+        })
+        .collect();
+    for dropout in [0.0f32, 0.2] {
+        for recompute in [false, true] {
+            let options = AttentionOptions {
+                attention_dropout: dropout,
+                recompute_core: recompute,
+                ..Default::default()
+            };
+            let tp = 2;
+            let res = run_ranks(tp, |c| {
+                let mut tracker = RngTracker::megatron(31, c.rank() as u64);
+                let n = (BATCH * HEADS / tp * SEQ * SEQ) as u64;
+                let mbs: Vec<MicroBatch> = inputs
+                    .iter()
+                    .map(|(x, dy)| MicroBatch {
+                        x: x.clone(),
+                        dy: dy.clone(),
+                        mode: DropoutMode::Train(tracker.next(MODEL_PARALLEL_STREAM, n).unwrap()),
+                    })
+                    .collect();
+                let (a, _) = run_micro_batches(&c, &p, options, &mbs, false);
+                let (b, bytes) = run_micro_batches(&c, &p, options, &mbs, true);
+                (a, b, bytes)
+            });
+            let hp = HEADS / tp;
+            let (qkv, ctx, probs) = (
+                TOKENS * 3 * hp * HEAD_DIM,
+                TOKENS * hp * HEAD_DIM,
+                BATCH * hp * SEQ * SEQ,
+            );
+            let held = match (recompute, dropout > 0.0) {
+                (true, _) => qkv + ctx,
+                (false, false) => qkv + ctx + probs,
+                (false, true) => qkv + ctx + 2 * probs,
+            } * 2;
+            for (r, (a, b, bytes)) in res.iter().enumerate() {
+                let what =
+                    format!("dropout={dropout} recompute={recompute} rank {r} (seed {seed})");
+                assert_eq!(a, b, "{what}");
+                assert_eq!(bytes, &vec![held; 2], "{what}");
+                // The two micro-batches really differ.
+                assert_ne!(a[0][1], a[1][1], "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn saved_activations_of_another_shape_are_rejected() {
+    run_ranks(2, |c| {
+        let z = |n: usize| vec![bf16::from_f32(0.125); n];
+        let layer = |heads: usize, o: AttentionOptions| {
+            let (w3, wc) = (3 * heads * HEAD_DIM, heads * HEAD_DIM);
+            TpAttention::<bf16>::from_full(
+                &c,
+                HIDDEN,
+                heads,
+                HEAD_DIM,
+                &z(w3 * HIDDEN),
+                &z(w3),
+                &z(HIDDEN * wc),
+                &z(HIDDEN),
+                o,
+            )
+        };
+        let mut a = layer(HEADS, AttentionOptions::default()).unwrap();
+        let mut b = layer(2, AttentionOptions::default()).unwrap();
+        let dev = c.device();
+        let x = dev.upload(&z(TOKENS * HIDDEN)).unwrap();
+        let mut y = dev.alloc_zeros::<bf16>(TOKENS * HIDDEN).unwrap();
+        b.forward(&c, c.stream(), &x, &mut y, SEQ, BATCH).unwrap();
+        a.forward(&c, c.stream(), &x, &mut y, SEQ, BATCH).unwrap();
+        let sv = a.take_saved().unwrap();
+        match b.restore_saved(sv) {
+            Err(ferrotron::Error::InvalidArgument { arg: "saved", .. }) => {}
+            other => panic!("expected an error naming `saved`, got {:?}", other.err()),
+        }
+        assert_eq!(b.saved_shape(), Some((SEQ, BATCH)), "b kept its own");
+        for p in [1.0f32, -0.5, f32::NAN] {
+            let o = AttentionOptions {
+                attention_dropout: p,
+                ..Default::default()
+            };
+            match layer(HEADS, o) {
+                Err(ferrotron::Error::InvalidArgument {
+                    arg: "options.attention_dropout",
+                    ..
+                }) => {}
+                other => panic!(
+                    "p={p}: expected a named error, got {:?}",
+                    other.err().map(|e| e.to_string())
+                ),
+            }
+        }
+        // A dropout probability set on the options after construction is
+        // checked by the forward.
+        a.options.attention_dropout = 2.0;
+        let e = a
+            .forward(&c, c.stream(), &x, &mut y, SEQ, BATCH)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("attention_dropout"), "{e}");
+    });
 }
 
 #[test]

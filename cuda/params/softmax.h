@@ -18,7 +18,13 @@
  * Kernels ftn_softmax_fwd_{warp1,warp2,warp4,warp8,warp16,warp32,block,long}_
  * {f32,f16,bf16}: warpN holds N values per lane (sk <= 32*N, 128 threads =
  * 4 rows per block), block holds 32 values per thread (sk <= 32*blockDim.x,
- * blockDim.x <= 512), long (<= 1024 threads) streams the row twice. */
+ * blockDim.x <= 512), long (<= 1024 threads) streams the row twice.
+ * Attention dropout: when y_dropped is not NULL, y_dropped[r, c] =
+ * keep(i) * drop_scale * y[r, c] is written too (y keeps the undropped
+ * probabilities), with i = r * sk + c the row-major element index and keep(i)
+ * the rule of dropout.h: random value offset + i of the Philox stream `seed`
+ * >= drop_threshold. drop_threshold = 0, drop_scale = 1 copies y. y_dropped
+ * must not alias x or y. */
 typedef struct FtnSoftmaxFwdParams {
   void *y;               /* [rows, sk] */
   const void *x;         /* [rows, sk] */
@@ -31,10 +37,18 @@ typedef struct FtnSoftmaxFwdParams {
   float scale;
   uint32_t mask_mode; /* FTN_SOFTMAX_MASK_* */
   uint32_t vec;       /* elements per 128-bit access, or 1 for the scalar path */
+  void *y_dropped;    /* [rows, sk], or NULL: no dropout output */
+  uint64_t seed;      /* Philox stream of the dropout mask */
+  uint64_t offset;    /* first random value of the stream this call uses */
+  uint32_t drop_threshold; /* keep iff the element's random word >= this */
+  float drop_scale;        /* multiplier of kept elements, 1/(1-p) */
 } FtnSoftmaxFwdParams;
 
-/* dx[r, c] = scale * (dy[r, c] * y[r, c] - y[r, c] * sum_j dy[r, j] * y[r, j])
- * with y the forward output; dx may alias dy (in place).
+/* dx[r, c] = scale * (g[r, c] * y[r, c] - y[r, c] * sum_j g[r, j] * y[r, j])
+ * with y the forward output (undropped) and g = dy when drop_threshold = 0,
+ * else g[r, c] = keep(i) * drop_scale * dy[r, c] with the forward's dropout
+ * mask regenerated from (seed, offset) (dy: the gradient of the dropped
+ * probabilities); dx may alias dy (in place).
  * Kernels ftn_softmax_bwd_{warp1,...,warp32,block,long}_{f32,f16,bf16}. */
 typedef struct FtnSoftmaxBwdParams {
   void *dx;       /* [rows, sk] */
@@ -44,6 +58,10 @@ typedef struct FtnSoftmaxBwdParams {
   int64_t sk; /* >= 1 */
   float scale;
   uint32_t vec; /* elements per 128-bit access, or 1 */
+  uint64_t seed;
+  uint64_t offset;
+  uint32_t drop_threshold; /* 0: no dropout (drop_scale ignored) */
+  float drop_scale;
 } FtnSoftmaxBwdParams;
 
 #endif /* FTN_KERNELS_SOFTMAX_H */

@@ -23,18 +23,51 @@
 //! println!("{:?}", y.to_host()?);
 //! # Ok::<(), ferrotron::Error>(())
 //! ```
+//!
+//! # Attention dropout
+//! [`ScaleMaskSoftmax::with_dropout`] sets a drop probability `p`;
+//! [`ScaleMaskSoftmax::forward_dropout`] writes the probabilities `y` (kept
+//! for backward) and `dropout(y, p)` in one pass, and
+//! [`ScaleMaskSoftmax::backward_dropout`] takes the gradient of the dropped
+//! probabilities and regenerates the same mask from the same
+//! [`PhiloxState`](crate::core::rng::PhiloxState): element `i` (row-major in `[batch, heads, sq, sk]`) is
+//! kept iff random value `offset + i` of the stream is `>=`
+//! [`philox::drop_threshold`]`(p)`, exactly the rule of
+//! [`crate::ops::BiasDropoutAdd`]; kept values are scaled by `1/(1-p)`.
+//! The plain [`forward`](ScaleMaskSoftmax::forward) and
+//! [`backward`](ScaleMaskSoftmax::backward) never drop. In a tensor-parallel
+//! model the heads are sharded, so draw the state from the model-parallel
+//! stream ([`crate::core::rng::MODEL_PARALLEL_STREAM`]), as Megatron does.
+//!
+//! ```no_run
+//! use ferrotron::{Device, core::rng::{RngTracker, MODEL_PARALLEL_STREAM}};
+//! use ferrotron::ops::{DropoutMode, softmax::{ScaleMaskSoftmax, SoftmaxMask}};
+//! let dev = Device::emu();
+//! let stream = dev.new_stream()?;
+//! let mut rng = RngTracker::megatron(1234, 0);
+//! let x = dev.upload(&[0.5f32, -1.0, 2.0, 0.0])?;
+//! let (mut y, mut yd) = (dev.alloc_zeros::<f32>(4)?, dev.alloc_zeros::<f32>(4)?);
+//! let sm = ScaleMaskSoftmax::new(1, 1, 2, 2, 0.5).with_dropout(0.1);
+//! let mode = DropoutMode::Train(rng.next(MODEL_PARALLEL_STREAM, sm.random_values())?);
+//! sm.forward_dropout(&stream, &x, SoftmaxMask::Causal, &mut y, &mut yd, mode)?;
+//! let dyd = dev.upload(&[1.0f32, 0.0, 0.5, -0.5])?;
+//! let mut dx = dev.alloc_zeros::<f32>(4)?;
+//! sm.backward_dropout(&stream, &y, &dyd, &mut dx, mode)?; // same `mode`
+//! # Ok::<(), ferrotron::Error>(())
+//! ```
 
 use super::{all_aligned16, check_buffer};
 use crate::backend::{DeviceBuffer, Stream};
 use crate::core::dtype::FloatElement;
 pub use crate::core::plan::softmax::SoftmaxPath;
 use crate::core::plan::softmax::{self as plan, Plan};
-use crate::core::{DType, Result};
+use crate::core::{philox, DType, Result};
 use crate::kernel_params::{
     FtnSoftmaxBwdParams, FtnSoftmaxFwdParams, FTN_SOFTMAX_MASK_CAUSAL, FTN_SOFTMAX_MASK_NONE,
     FTN_SOFTMAX_MASK_PADDING,
 };
 use crate::kernels::{self, Kernel};
+use crate::ops::dropout::DropoutMode;
 use crate::Error;
 
 /// The mask of a forward pass.
@@ -64,7 +97,27 @@ pub struct ScaleMaskSoftmax {
     /// Run this path instead of the one the plan picks from `sk` (tests and
     /// benches); it must be able to hold a row.
     pub path: Option<SoftmaxPath>,
+    /// Attention-dropout probability in `[0, 1)` (default 0), used by
+    /// [`ScaleMaskSoftmax::forward_dropout`] and
+    /// [`ScaleMaskSoftmax::backward_dropout`] only.
+    pub dropout: f32,
 }
+
+/// What the kernels receive for a dropout mode.
+#[derive(Clone, Copy)]
+struct DropArgs {
+    seed: u64,
+    offset: u64,
+    threshold: u32,
+    scale: f32,
+}
+
+const NO_DROP: DropArgs = DropArgs {
+    seed: 0,
+    offset: 0,
+    threshold: 0,
+    scale: 1.0,
+};
 
 const FWD: &str = "scale_mask_softmax_forward";
 const BWD: &str = "scale_mask_softmax_backward";
@@ -106,7 +159,53 @@ impl ScaleMaskSoftmax {
             scale,
             vectorize: true,
             path: None,
+            dropout: 0.0,
         }
+    }
+
+    /// Sets the attention-dropout probability (checked, `[0, 1)`, when a
+    /// dropout call runs).
+    pub fn with_dropout(self, p: f32) -> Self {
+        ScaleMaskSoftmax { dropout: p, ..self }
+    }
+
+    /// Random values one training call consumes from its stream before
+    /// rounding: `batch * heads * sq * sk` (pass it to
+    /// [`crate::core::rng::RngTracker::next`]).
+    pub fn random_values(&self) -> u64 {
+        [self.heads, self.sq, self.sk]
+            .iter()
+            .fold(self.batch as u64, |a, &b| a.saturating_mul(b as u64))
+    }
+
+    fn drop_args(&self, op: &'static str, mode: DropoutMode, n: usize) -> Result<DropArgs> {
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::invalid(
+                op,
+                "dropout",
+                "a probability in [0, 1)",
+                self.dropout,
+            ));
+        }
+        Ok(match mode {
+            DropoutMode::Eval => NO_DROP,
+            DropoutMode::Train(st) => {
+                if st.offset.checked_add(n as u64).is_none() {
+                    return Err(Error::invalid(
+                        op,
+                        "offset",
+                        "offset + batch*heads*sq*sk within the stream's 2^64 values",
+                        format!("{} + {n}", st.offset),
+                    ));
+                }
+                DropArgs {
+                    seed: st.seed,
+                    offset: st.offset,
+                    threshold: philox::drop_threshold(self.dropout),
+                    scale: (1.0 / (1.0 - self.dropout as f64)) as f32,
+                }
+            }
+        })
     }
 
     pub fn with_vectorize(self, vectorize: bool) -> Self {
@@ -182,7 +281,36 @@ impl ScaleMaskSoftmax {
         let s = self.sizes(FWD)?;
         check_buffer(FWD, "x", stream, x, s.elements)?;
         check_buffer(FWD, "y", stream, y, s.elements)?;
-        self.forward_unchecked::<T>(stream, x.addr(), mask, y.addr(), &s)
+        self.forward_unchecked::<T>(stream, x.addr(), mask, y.addr(), None, &s)
+    }
+
+    /// Attention dropout: `y = softmax(mask(scale * x))` (the undropped
+    /// probabilities, what [`ScaleMaskSoftmax::backward_dropout`] needs) and
+    /// `dropped = dropout(y, self.dropout)` (kept values scaled by
+    /// `1/(1-p)`), the mask drawn from `mode`'s [`PhiloxState`](crate::core::rng::PhiloxState).
+    /// [`DropoutMode::Eval`] (or `p = 0`) writes `dropped = y`.
+    pub fn forward_dropout<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        x: &DeviceBuffer<T>,
+        mask: SoftmaxMask<'_>,
+        y: &mut DeviceBuffer<T>,
+        dropped: &mut DeviceBuffer<T>,
+        mode: DropoutMode,
+    ) -> Result<()> {
+        let s = self.sizes(FWD)?;
+        check_buffer(FWD, "x", stream, x, s.elements)?;
+        check_buffer(FWD, "y", stream, y, s.elements)?;
+        check_buffer(FWD, "dropped", stream, dropped, s.elements)?;
+        let d = self.drop_args(FWD, mode, s.elements)?;
+        self.forward_unchecked::<T>(
+            stream,
+            x.addr(),
+            mask,
+            y.addr(),
+            Some((dropped.addr(), d)),
+            &s,
+        )
     }
 
     /// `x = softmax(mask(scale * x))` in place.
@@ -194,7 +322,7 @@ impl ScaleMaskSoftmax {
     ) -> Result<()> {
         let s = self.sizes(FWD)?;
         check_buffer(FWD, "x", stream, x, s.elements)?;
-        self.forward_unchecked::<T>(stream, x.addr(), mask, x.addr(), &s)
+        self.forward_unchecked::<T>(stream, x.addr(), mask, x.addr(), None, &s)
     }
 
     fn forward_unchecked<T: FloatElement>(
@@ -203,6 +331,7 @@ impl ScaleMaskSoftmax {
         x: u64,
         mask: SoftmaxMask<'_>,
         y: u64,
+        dropped: Option<(u64, DropArgs)>,
         s: &Sizes,
     ) -> Result<()> {
         let (mode, mask_addr, mask_batch_stride) = match mask {
@@ -243,7 +372,8 @@ impl ScaleMaskSoftmax {
         if s.rows == 0 {
             return Ok(());
         }
-        let p = self.plan::<T>(FWD, s, &[x, y, mask_addr])?;
+        let (yd, d) = dropped.unwrap_or((0, NO_DROP));
+        let p = self.plan::<T>(FWD, s, &[x, y, mask_addr, yd])?;
         let params = FtnSoftmaxFwdParams {
             y: y as *mut _,
             x: x as *const _,
@@ -256,6 +386,11 @@ impl ScaleMaskSoftmax {
             scale: self.scale,
             mask_mode: mode,
             vec: p.vec,
+            y_dropped: yd as *mut _,
+            seed: d.seed,
+            offset: d.offset,
+            drop_threshold: d.threshold,
+            drop_scale: d.scale,
         };
         stream.launch(fwd_kernel(T::DTYPE, &p)?, p.cfg, params)
     }
@@ -273,7 +408,43 @@ impl ScaleMaskSoftmax {
         check_buffer(BWD, "y", stream, y, s.elements)?;
         check_buffer(BWD, "dy", stream, dy, s.elements)?;
         check_buffer(BWD, "dx", stream, dx, s.elements)?;
-        self.backward_unchecked::<T>(stream, y.addr(), dy.addr(), dx.addr(), &s)
+        self.backward_unchecked::<T>(stream, y.addr(), dy.addr(), dx.addr(), NO_DROP, &s)
+    }
+
+    /// Backward of [`ScaleMaskSoftmax::forward_dropout`]: `y` the undropped
+    /// probabilities, `dy` the gradient of the dropped ones, `mode` the
+    /// forward's (the mask is regenerated, not read). Per row,
+    /// `g = keep * dy / (1-p)`, `dx = scale * (g*y - y * sum(g*y))`.
+    pub fn backward_dropout<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        y: &DeviceBuffer<T>,
+        dy: &DeviceBuffer<T>,
+        dx: &mut DeviceBuffer<T>,
+        mode: DropoutMode,
+    ) -> Result<()> {
+        let s = self.sizes(BWD)?;
+        check_buffer(BWD, "y", stream, y, s.elements)?;
+        check_buffer(BWD, "dy", stream, dy, s.elements)?;
+        check_buffer(BWD, "dx", stream, dx, s.elements)?;
+        let d = self.drop_args(BWD, mode, s.elements)?;
+        self.backward_unchecked::<T>(stream, y.addr(), dy.addr(), dx.addr(), d, &s)
+    }
+
+    /// As [`ScaleMaskSoftmax::backward_dropout`], overwriting `grad` (the
+    /// gradient of the dropped probabilities on entry) with dx.
+    pub fn backward_dropout_in_place<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        y: &DeviceBuffer<T>,
+        grad: &mut DeviceBuffer<T>,
+        mode: DropoutMode,
+    ) -> Result<()> {
+        let s = self.sizes(BWD)?;
+        check_buffer(BWD, "y", stream, y, s.elements)?;
+        check_buffer(BWD, "grad", stream, grad, s.elements)?;
+        let d = self.drop_args(BWD, mode, s.elements)?;
+        self.backward_unchecked::<T>(stream, y.addr(), grad.addr(), grad.addr(), d, &s)
     }
 
     /// As [`ScaleMaskSoftmax::backward`], overwriting `grad` (dy on entry)
@@ -287,7 +458,7 @@ impl ScaleMaskSoftmax {
         let s = self.sizes(BWD)?;
         check_buffer(BWD, "y", stream, y, s.elements)?;
         check_buffer(BWD, "grad", stream, grad, s.elements)?;
-        self.backward_unchecked::<T>(stream, y.addr(), grad.addr(), grad.addr(), &s)
+        self.backward_unchecked::<T>(stream, y.addr(), grad.addr(), grad.addr(), NO_DROP, &s)
     }
 
     fn backward_unchecked<T: FloatElement>(
@@ -296,6 +467,7 @@ impl ScaleMaskSoftmax {
         y: u64,
         dy: u64,
         dx: u64,
+        d: DropArgs,
         s: &Sizes,
     ) -> Result<()> {
         if s.rows == 0 {
@@ -310,6 +482,10 @@ impl ScaleMaskSoftmax {
             sk: self.sk as i64,
             scale: self.scale,
             vec: p.vec,
+            seed: d.seed,
+            offset: d.offset,
+            drop_threshold: d.threshold,
+            drop_scale: d.scale,
         };
         stream.launch(bwd_kernel(T::DTYPE, &p)?, p.cfg, params)
     }

@@ -40,11 +40,42 @@
 //! `dQ = dS K`, `dK = dS^T Q` (all batched), `dQKV` assembled, and the QKV
 //! layer's backward gives `dX` and the QKV gradients. Communication (and its
 //! overlap with the weight gradients) is that of the two linear layers.
+//!
+//! # Attention dropout
+//! With [`AttentionOptions::attention_dropout`] `= p > 0` and
+//! [`TpAttention::forward_with_dropout`] in [`DropoutMode::Train`], `C = P_d V`
+//! with `P_d = dropout(P, p)` (kept values scaled by `1/(1-p)`), fused into the
+//! softmax ([`ScaleMaskSoftmax::forward_dropout`]). Element `i` of the
+//! packed `[batch, hp, seq, seq]` probabilities draws random value
+//! `offset + i` of the state's Philox stream; the heads are sharded, so pass a
+//! state of the **model-parallel stream**
+//! ([`crate::core::rng::MODEL_PARALLEL_STREAM`], seeded differently on every
+//! tensor-parallel rank, as Megatron does), drawing
+//! [`TpAttention::random_values`] values. The saved activations keep the
+//! state: backward regenerates the mask (`dV = P_d^T dC`, and the softmax
+//! backward takes `dP_d` through the mask).
+//!
+//! # Selective recomputation
+//! With [`AttentionOptions::recompute_core`] (Korthikanti et al., "Reducing
+//! Activation Recomputation in Large Transformer Models"), forward keeps only
+//! QKV and the context; backward recomputes `Q K^T`, the softmax and the
+//! dropout from the saved QKV and Philox state with the same kernels, so the
+//! gradients equal the stored path's bit for bit while the `5·a·s/h` bytes per
+//! token and hidden unit of the probabilities are not held between forward
+//! and backward.
+//!
+//! # Saved activations as values
+//! [`TpAttention::take_saved`] moves the last forward's activations out
+//! ([`AttentionSaved`], with [`AttentionSaved::bytes`] for memory reports)
+//! and [`TpAttention::restore_saved`] puts them back before their backward:
+//! several micro-batches' forwards can run before their backwards (pipeline
+//! parallelism).
 
 use crate::backend::{DeviceBuffer, Stream};
 use crate::comm::Communicator;
 use crate::core::{Element, Error, Result};
 use crate::ops::copy::{copy_2d, Block2d};
+use crate::ops::dropout::DropoutMode;
 use crate::ops::gemm::{Aux, Gemm, GemmInputs};
 use crate::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask};
 use crate::parallel::linear::{
@@ -55,13 +86,21 @@ use crate::parallel::mlp::{check_block_io, exact_buf};
 const OP: &str = "TpAttention";
 
 /// Options of [`TpAttention`] (defaults: no sequence parallelism, overlapped
-/// backward communication).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// backward communication, no attention dropout, probabilities stored).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionOptions {
     /// Input and output sharded along tokens (`[tokens/tp, hidden]`).
     pub sequence_parallel: bool,
     /// Backward communication overlapped with the weight gradients.
     pub overlap: bool,
+    /// Dropout probability on the attention probabilities, in `[0, 1)`;
+    /// applied only by [`TpAttention::forward_with_dropout`] in
+    /// [`DropoutMode::Train`].
+    pub attention_dropout: f32,
+    /// Selective recomputation: forward does not keep the softmax / dropout
+    /// outputs; backward recomputes them from the saved QKV (bitwise the
+    /// same gradients).
+    pub recompute_core: bool,
 }
 
 impl Default for AttentionOptions {
@@ -69,7 +108,22 @@ impl Default for AttentionOptions {
         AttentionOptions {
             sequence_parallel: false,
             overlap: true,
+            attention_dropout: 0.0,
+            recompute_core: false,
         }
+    }
+}
+
+fn check_dropout(p: f32) -> Result<()> {
+    if (0.0..1.0).contains(&p) {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            OP,
+            "options.attention_dropout",
+            "a probability in [0, 1)",
+            p,
+        ))
     }
 }
 
@@ -81,13 +135,56 @@ pub struct AttentionGrads<'a, T: TpElement> {
     pub proj: LinearGrads<'a, T>,
 }
 
-/// Activations of the last forward.
-struct Saved<T: Element> {
+/// The activations one [`TpAttention`] forward saves for its backward, as a
+/// value: [`TpAttention::take_saved`] moves them out of the layer and
+/// [`TpAttention::restore_saved`] back in (several micro-batches in flight
+/// with pipeline parallelism). They own device memory
+/// ([`AttentionSaved::bytes`]) and remember the forward's dropout state.
+pub struct AttentionSaved<T: Element> {
     seq: usize,
     batch: usize,
+    /// `[tokens, 3*hp*d]`.
     qkv: DeviceBuffer<T>,
-    probs: DeviceBuffer<T>,
+    /// Undropped probabilities `[batch, hp, seq, seq]`; `None` with
+    /// selective recomputation.
+    probs: Option<DeviceBuffer<T>>,
+    /// Dropped probabilities (the `P V` operand); `None` without dropout or
+    /// with selective recomputation.
+    dropped: Option<DeviceBuffer<T>>,
+    /// `[tokens, hp*d]`.
     ctx: DeviceBuffer<T>,
+    /// `Train(state)` when attention dropout was applied, else `Eval`.
+    mode: DropoutMode,
+    /// The drop probability of that dropout (0 with `Eval`).
+    p: f32,
+}
+
+impl<T: Element> AttentionSaved<T> {
+    /// Device bytes held (for activation-memory reports).
+    pub fn bytes(&self) -> usize {
+        let n = self.qkv.len()
+            + self.ctx.len()
+            + self.probs.as_ref().map_or(0, DeviceBuffer::len)
+            + self.dropped.as_ref().map_or(0, DeviceBuffer::len);
+        n * T::DTYPE.size()
+    }
+
+    /// `(seq, batch)` of the forward that saved them.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.seq, self.batch)
+    }
+
+    /// The dropout the forward applied: `Train(state)` (the backward
+    /// regenerates its mask from `state`) or `Eval` (none).
+    pub fn dropout(&self) -> DropoutMode {
+        self.mode
+    }
+
+    /// Whether the probabilities are held (`false`: selective
+    /// recomputation, the backward recomputes them).
+    pub fn holds_probabilities(&self) -> bool {
+        self.probs.is_some()
+    }
 }
 
 struct Scratch<T: Element> {
@@ -95,6 +192,9 @@ struct Scratch<T: Element> {
     packed: [Option<DeviceBuffer<T>>; 3],
     dctx: Option<DeviceBuffer<T>>,
     dqkv: Option<DeviceBuffer<T>>,
+    /// Probabilities (and dropped ones) not kept: selective recomputation.
+    probs: Option<DeviceBuffer<T>>,
+    dropped: Option<DeviceBuffer<T>>,
 }
 
 impl<T: Element> Default for Scratch<T> {
@@ -104,6 +204,8 @@ impl<T: Element> Default for Scratch<T> {
             packed: [None, None, None],
             dctx: None,
             dqkv: None,
+            probs: None,
+            dropped: None,
         }
     }
 }
@@ -117,7 +219,7 @@ pub struct TpAttention<T: TpElement> {
     pub qkv: ColumnParallelLinear<T>,
     pub proj: RowParallelLinear<T>,
     tp: usize,
-    saved: Option<Saved<T>>,
+    saved: Option<AttentionSaved<T>>,
     scratch: Scratch<T>,
 }
 
@@ -139,6 +241,101 @@ fn view_from<T: Element>(buf: &DeviceBuffer<T>, offset: usize) -> Result<DeviceB
     // address is aligned for `T` since `buf`'s is and `offset` counts whole
     // elements.
     unsafe { DeviceBuffer::from_raw_parts(buf.device(), addr, len) }
+}
+
+/// Reuses `old` when it has `n` elements, else allocates.
+fn reuse<T: TpElement>(
+    old: Option<DeviceBuffer<T>>,
+    comm: &Communicator,
+    n: usize,
+) -> Result<DeviceBuffer<T>> {
+    match old {
+        Some(b) if b.len() == n => Ok(b),
+        _ => comm.device().alloc_zeros::<T>(n),
+    }
+}
+
+/// Scores `S_k = Q_k K_k^T` of the `bh` entries, straight from the QKV
+/// activation (`l = bh*3d`). Forward and recomputation share it, so the
+/// recomputed scores are the forward's bit for bit.
+fn scores_gemm<T: TpElement>(
+    stream: &Stream,
+    qkv: &DeviceBuffer<T>,
+    scores: &mut DeviceBuffer<T>,
+    (bh, seq, d): (usize, usize, usize),
+) -> Result<()> {
+    let l = bh * 3 * d;
+    let q = view_from(qkv, 0)?;
+    let k = view_from(qkv, d)?;
+    Gemm::new(seq, seq, d)
+        .trans_b(true)
+        .batch(bh)
+        .lds(Some(l), Some(l), None, None, None)
+        .strides(Some(3 * d), Some(3 * d), None, None, None)
+        .run(
+            stream,
+            GemmInputs {
+                a: &q,
+                b: &k,
+                bias: None,
+                c: None,
+            },
+            Aux::None,
+            scores,
+        )
+}
+
+/// The causal softmax of the scores into `probs` and, with dropout, the
+/// dropped probabilities into `dropped` (forward and recomputation).
+fn core_probs<T: TpElement>(
+    softmax: &ScaleMaskSoftmax,
+    stream: &Stream,
+    scores: &DeviceBuffer<T>,
+    probs: &mut DeviceBuffer<T>,
+    dropped: Option<&mut DeviceBuffer<T>>,
+    mode: DropoutMode,
+) -> Result<()> {
+    match dropped {
+        Some(dr) => softmax.forward_dropout(stream, scores, SoftmaxMask::Causal, probs, dr, mode),
+        None => softmax.forward(stream, scores, SoftmaxMask::Causal, probs),
+    }
+}
+
+/// `C_k = P_k V_k` into packed `[bh, seq, d]`.
+fn pv_gemm<T: TpElement>(
+    stream: &Stream,
+    probs: &DeviceBuffer<T>,
+    qkv: &DeviceBuffer<T>,
+    packed: &mut DeviceBuffer<T>,
+    (bh, seq, d): (usize, usize, usize),
+) -> Result<()> {
+    let l = bh * 3 * d;
+    let v = view_from(qkv, 2 * d)?;
+    Gemm::new(seq, d, seq)
+        .batch(bh)
+        .lds(None, Some(l), None, None, None)
+        .strides(None, Some(3 * d), None, None, None)
+        .run(
+            stream,
+            GemmInputs {
+                a: probs,
+                b: &v,
+                bias: None,
+                c: None,
+            },
+            Aux::None,
+            packed,
+        )
+}
+
+/// The layer's own buffer if it keeps one, else the scratch one.
+fn held<'a, T: Element>(
+    own: &'a Option<DeviceBuffer<T>>,
+    scratch: &'a Option<DeviceBuffer<T>>,
+) -> Result<&'a DeviceBuffer<T>> {
+    own.as_ref()
+        .or(scratch.as_ref())
+        .ok_or_else(|| Error::invalid(OP, "scratch", "an allocated buffer", "none"))
 }
 
 /// Copies packed `[heads, seq, d]` into a strided layout where element
@@ -225,6 +422,7 @@ impl<T: TpElement> TpAttention<T> {
         if hidden == 0 {
             return Err(Error::invalid(OP, "hidden", "a positive size", hidden));
         }
+        check_dropout(options.attention_dropout)?;
         let proj_in = mul("heads", heads, head_dim)?;
         let co = ColumnOptions {
             sequence_parallel: options.sequence_parallel,
@@ -269,6 +467,71 @@ impl<T: TpElement> TpAttention<T> {
         self.saved.as_ref().map(|s| (s.seq, s.batch))
     }
 
+    /// Moves the last forward's activations out of the layer (`None` if
+    /// there are none): the next forward then allocates fresh ones. Put them
+    /// back with [`TpAttention::restore_saved`] before their backward.
+    pub fn take_saved(&mut self) -> Option<AttentionSaved<T>> {
+        self.saved.take()
+    }
+
+    /// Makes `saved` (from [`TpAttention::take_saved`] on this layer) the
+    /// activations the next [`TpAttention::backward`] uses, replacing any the
+    /// layer holds. Activations of another shape or device are an error (and
+    /// the layer's own are kept).
+    pub fn restore_saved(&mut self, saved: AttentionSaved<T>) -> Result<()> {
+        self.qkv
+            .weight
+            .device()
+            .check_same_as(OP, "saved", saved.qkv.device(), "the layer")?;
+        let (hp, d) = (self.heads_per_rank(), self.head_dim);
+        let (seq, batch) = (saved.seq, saved.batch);
+        let expect = |n: Option<usize>| {
+            n.ok_or_else(|| {
+                Error::invalid(OP, "saved", "activations of a valid shape", "an overflow")
+            })
+        };
+        let tokens = expect(seq.checked_mul(batch))?;
+        let qkv_n = expect(tokens.checked_mul(3 * hp * d))?;
+        let ctx_n = expect(tokens.checked_mul(hp * d))?;
+        let sc_n = expect(
+            batch
+                .checked_mul(hp)
+                .and_then(|v| v.checked_mul(seq))
+                .and_then(|v| v.checked_mul(seq)),
+        )?;
+        let ok = seq > 0
+            && batch > 0
+            && saved.qkv.len() == qkv_n
+            && saved.ctx.len() == ctx_n
+            && saved.probs.as_ref().is_none_or(|b| b.len() == sc_n)
+            && saved.dropped.as_ref().is_none_or(|b| b.len() == sc_n)
+            && (saved.dropped.is_none() || saved.probs.is_some());
+        if !ok {
+            return Err(Error::invalid(
+                OP,
+                "saved",
+                format!(
+                    "activations of this layer ({hp} heads of {d} per rank) for seq {seq} x batch {batch}: QKV {qkv_n}, context {ctx_n}, probabilities {sc_n} elements"
+                ),
+                format!(
+                    "QKV {}, context {}, probabilities {:?}",
+                    saved.qkv.len(),
+                    saved.ctx.len(),
+                    saved.probs.as_ref().map(DeviceBuffer::len)
+                ),
+            ));
+        }
+        self.saved = Some(saved);
+        Ok(())
+    }
+
+    /// Random values one training forward of `(seq, batch)` draws from its
+    /// Philox stream: `batch * heads_per_rank * seq * seq` (pass it to
+    /// [`crate::core::rng::RngTracker::next`] on the model-parallel stream).
+    pub fn random_values(&self, seq: usize, batch: usize) -> u64 {
+        self.softmax(seq, batch).random_values()
+    }
+
     /// Heads on this rank.
     pub fn heads_per_rank(&self) -> usize {
         self.heads / self.tp
@@ -286,7 +549,9 @@ impl<T: TpElement> TpAttention<T> {
     /// `output = attention(input)`: `input` and `output` `[seq*batch,
     /// hidden]` in `[s, b]` row order (`[seq*batch/tp, hidden]`, this rank's
     /// rows, with sequence parallelism). Saves the activations (QKV, softmax
-    /// output, context) for [`TpAttention::backward`].
+    /// output unless [`AttentionOptions::recompute_core`], context) for
+    /// [`TpAttention::backward`]. No attention dropout (evaluation):
+    /// [`TpAttention::forward_with_dropout`] with [`DropoutMode::Eval`].
     pub fn forward(
         &mut self,
         comm: &Communicator,
@@ -295,6 +560,26 @@ impl<T: TpElement> TpAttention<T> {
         output: &mut DeviceBuffer<T>,
         seq: usize,
         batch: usize,
+    ) -> Result<()> {
+        self.forward_with_dropout(comm, stream, input, output, seq, batch, DropoutMode::Eval)
+    }
+
+    /// [`TpAttention::forward`] with attention dropout: in
+    /// [`DropoutMode::Train`] and with [`AttentionOptions::attention_dropout`]
+    /// `> 0`, the probabilities are dropped before `P V`, the mask drawn from
+    /// the state (take it from the **model-parallel** stream, drawing
+    /// [`TpAttention::random_values`]`(seq, batch)` values). The saved
+    /// activations remember the state; backward needs no extra argument.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with_dropout(
+        &mut self,
+        comm: &Communicator,
+        stream: &Stream,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        seq: usize,
+        batch: usize,
+        mode: DropoutMode,
     ) -> Result<()> {
         if seq == 0 || batch == 0 {
             return Err(Error::invalid(
@@ -319,79 +604,93 @@ impl<T: TpElement> TpAttention<T> {
             output.len(),
         )?;
         let bh = mul("batch", batch, hp)?;
-        let l = mul("batch", bh, 3 * d)?;
+        mul("batch", bh, 3 * d)?;
         let qkv_n = mul("seq", tokens, 3 * hp * d)?;
         let ctx_n = mul("seq", tokens, hp * d)?;
         let sc_n = mul("seq", bh, mul("seq", seq, seq)?)?;
         let packed_n = mul("seq", bh, seq * d)?;
-
-        let (mut qkv, mut probs, mut ctx) = match self.saved.take() {
-            Some(s) if s.qkv.len() == qkv_n && s.probs.len() == sc_n => (s.qkv, s.probs, s.ctx),
-            _ => {
-                let dev = comm.device();
-                (
-                    dev.alloc_zeros::<T>(qkv_n)?,
-                    dev.alloc_zeros::<T>(sc_n)?,
-                    dev.alloc_zeros::<T>(ctx_n)?,
-                )
+        let p = self.options.attention_dropout;
+        check_dropout(p)?;
+        // The dropout actually applied (and remembered for backward).
+        let (mode, p) = match mode {
+            DropoutMode::Train(st) if p > 0.0 => {
+                if st.offset.checked_add(sc_n as u64).is_none() {
+                    return Err(Error::invalid(
+                        OP,
+                        "mode",
+                        "a Philox offset with offset + batch*heads*seq*seq within 2^64",
+                        st.offset,
+                    ));
+                }
+                (mode, p)
             }
+            _ => (DropoutMode::Eval, 0.0),
+        };
+        let dropping = p > 0.0;
+        let keep = !self.options.recompute_core;
+
+        let old = self.saved.take();
+        let (old_qkv, old_probs, old_dropped, old_ctx) = match old {
+            Some(s) => (Some(s.qkv), s.probs, s.dropped, Some(s.ctx)),
+            None => (None, None, None, None),
+        };
+        let mut qkv = reuse(old_qkv, comm, qkv_n)?;
+        let mut ctx = reuse(old_ctx, comm, ctx_n)?;
+        let mut probs = if keep {
+            Some(reuse(old_probs, comm, sc_n)?)
+        } else {
+            None
+        };
+        let mut dropped = if keep && dropping {
+            Some(reuse(old_dropped, comm, sc_n)?)
+        } else {
+            None
         };
         self.qkv
             .forward(comm, stream, input, &mut qkv, None, tokens)?;
 
-        // Scores S_k = Q_k K_k^T, straight from the QKV activation.
-        let softmax = self.softmax(seq, batch);
-        let scores = exact_buf(&mut self.scratch.scores, comm, sc_n)?;
-        {
-            let q = view_from(&qkv, 0)?;
-            let k = view_from(&qkv, d)?;
-            Gemm::new(seq, seq, d)
-                .trans_b(true)
-                .batch(bh)
-                .lds(Some(l), Some(l), None, None, None)
-                .strides(Some(3 * d), Some(3 * d), None, None, None)
-                .run(
-                    stream,
-                    GemmInputs {
-                        a: &q,
-                        b: &k,
-                        bias: None,
-                        c: None,
-                    },
-                    Aux::None,
-                    scores,
-                )?;
-        }
-        softmax.forward(stream, scores, SoftmaxMask::Causal, &mut probs)?;
-
-        // C_k = P_k V_k, packed, then interleaved into [tokens, hp*d].
-        let packed = exact_buf(&mut self.scratch.packed[0], comm, packed_n)?;
-        {
-            let v = view_from(&qkv, 2 * d)?;
-            Gemm::new(seq, d, seq)
-                .batch(bh)
-                .lds(None, Some(l), None, None, None)
-                .strides(None, Some(3 * d), None, None, None)
-                .run(
-                    stream,
-                    GemmInputs {
-                        a: &probs,
-                        b: &v,
-                        bias: None,
-                        c: None,
-                    },
-                    Aux::None,
-                    packed,
-                )?;
-        }
+        let softmax = self.softmax(seq, batch).with_dropout(p);
+        let sc = &mut self.scratch;
+        let scores = exact_buf(&mut sc.scores, comm, sc_n)?;
+        scores_gemm(stream, &qkv, scores, (bh, seq, d))?;
+        // Probabilities: kept (saved) or in scratch (recomputed in backward).
+        let probs_buf = match probs.as_mut() {
+            Some(b) => b,
+            None => exact_buf(&mut sc.probs, comm, sc_n)?,
+        };
+        let dropped_buf = match (dropping, dropped.as_mut()) {
+            (false, _) => None,
+            (true, Some(b)) => Some(b),
+            (true, None) => Some(exact_buf(&mut sc.dropped, comm, sc_n)?),
+        };
+        core_probs(
+            &softmax,
+            stream,
+            scores,
+            probs_buf,
+            dropped_buf.map(|b| &mut *b),
+            mode,
+        )?;
+        // C_k = P_k V_k (P dropped with dropout), packed, then interleaved
+        // into [tokens, hp*d].
+        let pv_in = if dropping {
+            held(&dropped, &sc.dropped)?
+        } else {
+            held(&probs, &sc.probs)?
+        };
+        let packed = exact_buf(&mut sc.packed[0], comm, packed_n)?;
+        pv_gemm(stream, pv_in, &qkv, packed, (bh, seq, d))?;
         unpack_heads(stream, packed, &mut ctx, (bh, seq, d), 0, bh * d, d)?;
         self.proj.forward(comm, stream, &ctx, output, tokens)?;
-        self.saved = Some(Saved {
+        self.saved = Some(AttentionSaved {
             seq,
             batch,
             qkv,
             probs,
+            dropped,
             ctx,
+            mode,
+            p,
         });
         Ok(())
     }
@@ -422,7 +721,9 @@ impl<T: TpElement> TpAttention<T> {
         let bh = batch * hp;
         let l = bh * 3 * d;
         let packed_n = bh * seq * d;
-        let softmax = ScaleMaskSoftmax::new(batch, hp, seq, seq, self.scale());
+        let sc_n = bh * seq * seq;
+        let softmax = ScaleMaskSoftmax::new(batch, hp, seq, seq, self.scale()).with_dropout(sv.p);
+        let dropping = matches!(sv.mode, DropoutMode::Train(_));
         let sc = &mut self.scratch;
 
         // dC from the output projection.
@@ -437,13 +738,32 @@ impl<T: TpElement> TpAttention<T> {
             grads.proj,
             tokens,
         )?;
+        // The probabilities: saved, or recomputed from the saved QKV and
+        // Philox state by the forward's own kernels (selective recomputation).
+        if sv.probs.is_none() {
+            let scores = exact_buf(&mut sc.scores, comm, sc_n)?;
+            scores_gemm(stream, &sv.qkv, scores, (bh, seq, d))?;
+            let probs = exact_buf(&mut sc.probs, comm, sc_n)?;
+            let dropped = match dropping {
+                true => Some(exact_buf(&mut sc.dropped, comm, sc_n)?),
+                false => None,
+            };
+            core_probs(&softmax, stream, scores, probs, dropped, sv.mode)?;
+        }
+        let probs = held(&sv.probs, &sc.probs)?;
+        let pv_in = match dropping {
+            true => held(&sv.dropped, &sc.dropped)?,
+            false => probs,
+        };
         let q = view_from(&sv.qkv, 0)?;
         let k = view_from(&sv.qkv, d)?;
         let v = view_from(&sv.qkv, 2 * d)?;
         let dctx = &*dctx;
 
-        // dP_k = dC_k V_k^T, then dS = softmax backward (in place).
-        let dp = exact_buf(&mut sc.scores, comm, sv.probs.len())?;
+        // dP_k = dC_k V_k^T (the gradient of the dropped probabilities with
+        // dropout), then dS = softmax backward (in place, through the
+        // regenerated dropout mask).
+        let dp = exact_buf(&mut sc.scores, comm, sc_n)?;
         Gemm::new(seq, seq, d)
             .trans_b(true)
             .batch(bh)
@@ -461,7 +781,7 @@ impl<T: TpElement> TpAttention<T> {
                 dp,
             )?;
         let dqkv = exact_buf(&mut sc.dqkv, comm, sv.qkv.len())?;
-        // dV_k = P_k^T dC_k.
+        // dV_k = P_k^T dC_k (P dropped with dropout).
         {
             let dv = exact_buf(&mut sc.packed[2], comm, packed_n)?;
             Gemm::new(seq, d, seq)
@@ -472,7 +792,7 @@ impl<T: TpElement> TpAttention<T> {
                 .run(
                     stream,
                     GemmInputs {
-                        a: &sv.probs,
+                        a: pv_in,
                         b: dctx,
                         bias: None,
                         c: None,
@@ -482,7 +802,7 @@ impl<T: TpElement> TpAttention<T> {
                 )?;
             unpack_heads(stream, dv, dqkv, (bh, seq, d), 2 * d, l, 3 * d)?;
         }
-        softmax.backward_in_place(stream, &sv.probs, dp)?;
+        softmax.backward_dropout_in_place(stream, probs, dp, sv.mode)?;
         let ds = &*dp;
         // dQ_k = dS_k K_k, dK_k = dS_k^T Q_k.
         for (slot, trans, operand, base) in [(0, false, &k, 0), (1, true, &q, d)] {

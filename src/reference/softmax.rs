@@ -4,6 +4,13 @@
 //! are replaced by -10000 after scaling; causal-masked columns are exact 0; a
 //! row whose every column is padding-masked is all zeros (Apex/TE fused
 //! behaviour; PyTorch's unfused path would give uniform `1/sk`).
+//!
+//! Attention dropout ([`dropout`], [`backward_dropout`]): element `i`
+//! (row-major) is kept iff [`philox::keep`]`(seed, offset, i,
+//! drop_threshold(p))` — the host Philox twin — and kept values are scaled
+//! by `1/(1-p)`.
+
+use crate::core::philox;
 
 /// The mask of [`forward`].
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +82,43 @@ pub fn backward(y: &[f64], dy: &[f64], sk: usize, scale: f64) -> Vec<f64> {
     dx
 }
 
+/// Whether attention dropout with probability `p` and stream position
+/// `(seed, offset)` keeps element `i`.
+pub fn keeps(p: f32, seed: u64, offset: u64, i: usize) -> bool {
+    philox::keep(seed, offset, i as u64, philox::drop_threshold(p))
+}
+
+/// `dropout(y, p)`: kept elements (see [`keeps`]) scaled by `1/(1-p)`,
+/// dropped ones 0.
+pub fn dropout(y: &[f64], p: f32, seed: u64, offset: u64) -> Vec<f64> {
+    let s = 1.0 / (1.0 - p as f64);
+    y.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            if keeps(p, seed, offset, i) {
+                v * s
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// Backward of `dropout(softmax(...))`: `y` the undropped probabilities,
+/// `dy` the gradient of the dropped ones; `g = dropout(dy)` with the same
+/// mask, then [`backward`] on `g`.
+pub fn backward_dropout(
+    y: &[f64],
+    dy: &[f64],
+    sk: usize,
+    scale: f64,
+    p: f32,
+    seed: u64,
+    offset: u64,
+) -> Vec<f64> {
+    backward(y, &dropout(dy, p, seed, offset), sk, scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +187,39 @@ mod tests {
             Mask::Causal,
         );
         assert_eq!(&y[..2], &[1.0, 0.0]);
+    }
+
+    #[test]
+    fn dropout_backward_matches_finite_differences() {
+        let sh = Shape {
+            b: 1,
+            np: 1,
+            sq: 2,
+            sk: 4,
+        };
+        let x = [0.3, -1.2, 0.7, 2.0, -0.4, 0.1, 1.5, -2.0];
+        let dy = [0.5, -0.25, 1.0, 0.125, -1.0, 0.75, 0.3, 0.9];
+        let (scale, p, seed, offset) = (0.7, 0.5, 99, 12);
+        let drops = (0..8).filter(|&i| !keeps(p, seed, offset, i)).count();
+        assert!(drops > 0 && drops < 8, "{drops}"); // both kinds occur
+        let loss = |x: &[f64]| -> f64 {
+            dropout(&forward(x, sh, scale, Mask::None), p, seed, offset)
+                .iter()
+                .zip(&dy)
+                .map(|(a, b)| a * b)
+                .sum()
+        };
+        let y = forward(&x, sh, scale, Mask::None);
+        let dx = backward_dropout(&y, &dy, 4, scale, p, seed, offset);
+        for j in 0..8 {
+            let (mut xp, mut xm) = (x, x);
+            xp[j] += 1e-6;
+            xm[j] -= 1e-6;
+            let fd = (loss(&xp) - loss(&xm)) / 2e-6;
+            assert!((fd - dx[j]).abs() < 1e-8, "{j}: {fd} vs {}", dx[j]);
+        }
+        // p = 0 keeps everything.
+        assert_eq!(dropout(&y, 0.0, seed, offset), y);
     }
 
     #[test]

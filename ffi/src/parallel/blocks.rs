@@ -336,6 +336,7 @@ pub unsafe extern "C" fn ftn_tp_attention_create(
                 let options = AttentionOptions {
                     sequence_parallel: flag(d.sequence_parallel),
                     overlap: !flag(d.serialize_comm),
+                    ..Default::default()
                 };
                 let proj_in = mul(op, "desc.heads * head_dim", heads, head_dim)?;
                 let qkv_out = mul(op, "desc.heads * head_dim", 3, proj_in)?;
