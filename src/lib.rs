@@ -36,6 +36,8 @@ pub mod comm;
 #[cfg(feature = "std")]
 pub mod kernels;
 #[cfg(feature = "std")]
+pub mod models;
+#[cfg(feature = "std")]
 pub mod ops;
 #[cfg(feature = "std")]
 pub mod parallel;

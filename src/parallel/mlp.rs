@@ -60,6 +60,27 @@ pub struct MlpGrads<'a, T: TpElement> {
     pub fc2: LinearGrads<'a, T>,
 }
 
+/// The activations one [`TpMlp`] forward keeps for its backward (the GeLU
+/// output and its pre-activation, `[tokens, ffn/tp]` each), moved out with
+/// [`TpMlp::take_saved`].
+pub struct MlpSaved<T: TpElement> {
+    tokens: usize,
+    h: DeviceBuffer<T>,
+    pre: DeviceBuffer<T>,
+}
+
+impl<T: TpElement> MlpSaved<T> {
+    /// Device bytes held.
+    pub fn bytes(&self) -> usize {
+        (self.h.len() + self.pre.len()) * std::mem::size_of::<T>()
+    }
+
+    /// Tokens of the forward that saved them.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
 /// One rank's shard of the tensor-parallel MLP block.
 pub struct TpMlp<T: TpElement> {
     pub hidden: usize,
@@ -174,6 +195,34 @@ impl<T: TpElement> TpMlp<T> {
     /// `tokens` of the last forward (what [`TpMlp::backward`] will use), if any.
     pub fn saved_tokens(&self) -> Option<usize> {
         self.saved.as_ref().map(|s| s.0)
+    }
+
+    /// Moves the last forward's saved activations out of the block (for
+    /// pipeline schedules that run several micro-batches' forwards before
+    /// their backwards); `None` if there are none. The next forward then
+    /// allocates fresh buffers.
+    pub fn take_saved(&mut self) -> Option<MlpSaved<T>> {
+        self.saved.take().map(|(tokens, h, pre)| MlpSaved { tokens, h, pre })
+    }
+
+    /// Puts back activations [`TpMlp::take_saved`] took (from this block or
+    /// one of the same shape), for the matching backward. Errors (nothing
+    /// changes): buffers not shaped `[tokens, ffn/tp]` for this block.
+    pub fn restore_saved(&mut self, saved: MlpSaved<T>) -> Result<()> {
+        let want = saved
+            .tokens
+            .checked_mul(self.fc1.out_per_rank())
+            .ok_or_else(|| Error::invalid(OP, "saved", "a size that fits in usize", saved.tokens))?;
+        if saved.h.len() != want || saved.pre.len() != want {
+            return Err(Error::invalid(
+                OP,
+                "saved",
+                format!("activations of {want} elements ([tokens, ffn/tp])"),
+                format!("{} and {}", saved.h.len(), saved.pre.len()),
+            ));
+        }
+        self.saved = Some((saved.tokens, saved.h, saved.pre));
+        Ok(())
     }
 
     /// Rows of the input and output on this rank: `tokens / tp` with

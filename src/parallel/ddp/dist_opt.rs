@@ -78,6 +78,11 @@ pub struct DistributedOptimizer {
     local_norm: DeviceBuffer<f32>,
     norms: DeviceBuffer<f32>,
     norm: DeviceBuffer<f32>,
+    /// Per model-parallel rank: the data-parallel norms, gathered.
+    mp_norms: Option<DeviceBuffer<f32>>,
+    /// Global parameter ids whose gradient the norm leaves out (replicas
+    /// counted on another model-parallel rank).
+    not_in_norm: Vec<usize>,
     /// Megatron's `overlap_param_gather`: `step` dispatches the parameter
     /// all-gathers without making `compute` wait for them.
     overlap_param_gather: bool,
@@ -213,8 +218,29 @@ impl DistributedOptimizer {
             local_norm: dev.alloc_zeros(1)?,
             norms: dev.alloc_zeros(dp)?,
             norm: dev.alloc_zeros(1)?,
+            mp_norms: None,
+            not_in_norm: Vec::new(),
             overlap_param_gather: false,
         })
+    }
+
+    /// Leaves `params` out of the global gradient norm (they are still
+    /// clipped and updated): Megatron's rule that a parameter replicated
+    /// over the model-parallel ranks counts once — e.g. LayerNorm weights on
+    /// every tensor-parallel rank but the first, or the last pipeline
+    /// stage's copy of a tied embedding. Errors: an id of another registry.
+    pub fn exclude_from_norm(
+        &mut self,
+        ddp: &DistributedDataParallel<'_>,
+        params: &[super::ParamId],
+    ) -> Result<()> {
+        for &p in params {
+            ddp.buffers.check(OP, p)?;
+            if !self.not_in_norm.contains(&p.index()) {
+                self.not_in_norm.push(p.index());
+            }
+        }
+        Ok(())
     }
 
     /// Megatron's `overlap_param_gather` (off by default). On: [`Self::step`]
@@ -301,7 +327,32 @@ impl DistributedOptimizer {
         scalars: &mut AdamScalars,
         scaler: Option<(&DeviceGradScaler, &mut DeviceBuffer<f32>)>,
     ) -> Result<()> {
+        self.step_model_parallel(ddp, compute, scalars, scaler, None)
+    }
+
+    /// [`Self::step`] for one model-parallel shard of a model (tensor and
+    /// pipeline parallelism): `model_parallel` is the group of every rank
+    /// holding another part of the same data-parallel replica (tp · pp
+    /// ranks). `found_inf` is also max-reduced over it, and the gradient
+    /// norm is `sqrt(sum over its ranks of norm_r^2)`, so every rank of the
+    /// model clips and skips alike; parameters [`Self::exclude_from_norm`]
+    /// names are left out of this rank's share. Every rank of both groups
+    /// must call it.
+    pub fn step_model_parallel(
+        &mut self,
+        ddp: &mut DistributedDataParallel<'_>,
+        compute: &Stream,
+        scalars: &mut AdamScalars,
+        scaler: Option<(&DeviceGradScaler, &mut DeviceBuffer<f32>)>,
+        model_parallel: Option<&crate::comm::Communicator>,
+    ) -> Result<()> {
         const STEP: &str = "DistributedOptimizer::step";
+        let mp = model_parallel.filter(|c| c.size() > 1);
+        if let Some(c) = mp {
+            ddp.buffers
+                .device()
+                .check_same(STEP, "model_parallel", c.device())?;
+        }
         let comm = ddp.comm();
         let dev = ddp.buffers.device().clone();
         dev.check_same(STEP, "compute", compute.device())?;
@@ -368,12 +419,22 @@ impl DistributedOptimizer {
             cs.wait_event(&compute.record_event()?)?;
             comm.all_reduce_in_place(cs, flag, ReduceOp::Max)?
                 .wait_on(compute)?;
+            if let Some(c) = mp {
+                c.stream().wait_event(&compute.record_event()?)?;
+                c.all_reduce_in_place(c.stream(), flag, ReduceOp::Max)?
+                    .wait_on(compute)?;
+            }
             found = Some(flag);
         }
 
         // Global norm: sqrt(sum over ranks of shard_norm^2).
         {
-            let list: Vec<TensorRef<'_>> = grads.iter().map(tensor_ref).collect::<Result<_>>()?;
+            let list: Vec<TensorRef<'_>> = grads
+                .iter()
+                .zip(&self.segments)
+                .filter(|(_, s)| !self.not_in_norm.contains(&s.param))
+                .map(|(g, _)| tensor_ref(g))
+                .collect::<Result<_>>()?;
             self.mt.l2_norm(compute, &list, &mut self.local_norm)?;
         }
         cs.wait_event(&compute.record_event()?)?;
@@ -381,6 +442,17 @@ impl DistributedOptimizer {
             .wait_on(compute)?;
         self.mt
             .l2_norm(compute, &[TensorRef::F32(&self.norms)], &mut self.norm)?;
+        if let Some(c) = mp {
+            let gathered = match &mut self.mp_norms {
+                Some(b) if b.len() == c.size() => b,
+                slot => slot.insert(dev.alloc_zeros(c.size())?),
+            };
+            c.stream().wait_event(&compute.record_event()?)?;
+            c.all_gather(c.stream(), &self.norm, gathered)?
+                .wait_on(compute)?;
+            self.mt
+                .l2_norm(compute, &[TensorRef::F32(gathered)], &mut self.norm)?;
+        }
         if let Some(max) = self.config.max_grad_norm {
             let mut list: Vec<GradRef<'_>> =
                 grads.iter_mut().map(grad_ref).collect::<Result<_>>()?;

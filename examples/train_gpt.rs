@@ -1,0 +1,310 @@
+//! Trains a character-level GPT with tensor × pipeline × data parallelism
+//! on in-process emulator ranks (one thread per rank), then draws the loss
+//! curve and samples text from the trained model.
+//!
+//!     cargo run --release --example train_gpt
+//!     cargo run --release --example train_gpt -- --tp 2 --pp 2 --dp 2 --steps 300
+//!
+//! Defaults: Shakespeare's sonnets (`data/sonnets.txt`), 4 layers, hidden
+//! 128, 4 heads, seq 64, TP 2 × PP 2 × DP 2 = 8 ranks, 1F1B, bf16,
+//! distributed optimizer.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use ferrotron::models::gpt::plot::{loss_svg, Series};
+use ferrotron::models::gpt::sample::generate;
+use ferrotron::models::gpt::{
+    train_in_process, CharCorpus, GptConfig, JobOptions, ParallelConfig, Precision, Recompute,
+    Schedule, StepReport, TrainConfig,
+};
+
+const USAGE: &str = "usage: train_gpt [--tp N] [--pp N] [--vp N] [--dp N] [--schedule 1f1b|interleaved]
+  [--micro-batch SEQS] [--micro-batches N (per data-parallel rank)]
+  [--recompute none|selective|uniform:N|block:N] [--precision bf16|fp16] [--steps N]
+  [--data FILE] [--layers N] [--hidden N] [--heads N] [--seq N] [--lr X]
+  [--dropout P] [--attention-dropout P] [--seed N] [--save DIR] [--resume DIR]
+  [--out DIR] [--sample CHARS] [--target LOSS]
+  defaults: --tp 2 --pp 2 --vp 1 --dp 2 --schedule 1f1b --micro-batch 4 --micro-batches 2
+            --recompute none --precision bf16 --steps 300 --data data/sonnets.txt
+            --layers 4 --hidden 128 --heads 4 --seq 64 --lr 3e-3 --out target/train_gpt
+            --sample 300 --target 2.0";
+
+struct Args {
+    par: ParallelConfig,
+    model: GptConfig,
+    train: TrainConfig,
+    data: PathBuf,
+    micro_batches: usize,
+    save: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    out: PathBuf,
+    sample: usize,
+    target: f64,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        par: ParallelConfig {
+            tp: 2,
+            pp: 2,
+            vp: 1,
+            dp: 2,
+            schedule: Schedule::OneFOneB,
+            micro_batch: 4,
+            global_batch: 0,
+            recompute: Recompute::None,
+            distributed_optimizer: true,
+            precision: Precision::Bf16,
+        },
+        model: GptConfig::small(0, 64),
+        train: TrainConfig::default(),
+        data: PathBuf::from("data/sonnets.txt"),
+        micro_batches: 2,
+        save: None,
+        resume: None,
+        out: PathBuf::from("target/train_gpt"),
+        sample: 300,
+        target: 2.0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(String::new());
+        }
+        let v = it.next().ok_or(format!("{flag} needs a value"))?;
+        let n = || v.parse::<usize>().map_err(|_| format!("{flag}: expected a whole number, got {v}"));
+        let f = || v.parse::<f32>().map_err(|_| format!("{flag}: expected a number, got {v}"));
+        match flag.as_str() {
+            "--tp" => a.par.tp = n()?,
+            "--pp" => a.par.pp = n()?,
+            "--vp" => a.par.vp = n()?,
+            "--dp" => a.par.dp = n()?,
+            "--schedule" => {
+                a.par.schedule = match v.as_str() {
+                    "1f1b" => Schedule::OneFOneB,
+                    "interleaved" => Schedule::Interleaved,
+                    _ => return Err(format!("--schedule: expected 1f1b or interleaved, got {v}")),
+                }
+            }
+            "--micro-batch" => a.par.micro_batch = n()?,
+            "--micro-batches" => a.micro_batches = n()?,
+            "--recompute" => a.par.recompute = parse_recompute(&v)?,
+            "--precision" => {
+                a.par.precision = match v.as_str() {
+                    "bf16" => Precision::Bf16,
+                    "fp16" => Precision::Fp16,
+                    _ => return Err(format!("--precision: expected bf16 or fp16, got {v}")),
+                }
+            }
+            "--steps" => a.train.steps = n()? as u64,
+            "--data" => a.data = PathBuf::from(&v),
+            "--layers" => a.model.layers = n()?,
+            "--hidden" => {
+                a.model.hidden = n()?;
+                a.model.ffn = 4 * a.model.hidden;
+            }
+            "--heads" => a.model.heads = n()?,
+            "--seq" => a.model.seq = n()?,
+            "--lr" => {
+                a.train.lr = f()?;
+                a.train.min_lr = a.train.lr / 10.0;
+            }
+            "--dropout" => a.model.hidden_dropout = f()?,
+            "--attention-dropout" => a.model.attention_dropout = f()?,
+            "--seed" => a.model.seed = n()? as u64,
+            "--save" => a.save = Some(PathBuf::from(&v)),
+            "--resume" => a.resume = Some(PathBuf::from(&v)),
+            "--out" => a.out = PathBuf::from(&v),
+            "--sample" => a.sample = n()?,
+            "--target" => a.target = f()? as f64,
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    a.par.global_batch = a.par.micro_batch * a.par.dp * a.micro_batches;
+    Ok(a)
+}
+
+fn parse_recompute(v: &str) -> Result<Recompute, String> {
+    let count = |s: &str| {
+        s.parse::<usize>()
+            .map_err(|_| format!("--recompute: expected a layer count after ':', got {s}"))
+    };
+    match v.split_once(':') {
+        None if v == "none" => Ok(Recompute::None),
+        None if v == "selective" => Ok(Recompute::Selective),
+        Some(("uniform", n)) => Ok(Recompute::Uniform(count(n)?)),
+        Some(("block", n)) => Ok(Recompute::Block(count(n)?)),
+        _ => Err(format!("--recompute: expected none, selective, uniform:N or block:N, got {v}")),
+    }
+}
+
+fn bar(done: u64, total: u64) -> String {
+    let w = 24;
+    let f = (done as usize * w) / total.max(1) as usize;
+    format!("[{}{}]", "#".repeat(f), ".".repeat(w - f))
+}
+
+fn main() -> ExitCode {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("train_gpt: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("train_gpt: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(&a.data)
+        .map_err(|e| format!("reading --data {}: {e}", a.data.display()))?;
+    let corpus = CharCorpus::new(&text)?;
+    a.model.vocab = corpus.vocab();
+    let (m, p) = (&a.model, &a.par);
+    p.validate(m, p.world())?;
+    let tokens_per_step = p.global_batch * m.seq;
+    println!(
+        "ferrotron train_gpt: {} layers, hidden {}, {} heads, seq {}, vocab {} ({} chars of {}), {:.2} M parameters",
+        m.layers,
+        m.hidden,
+        m.heads,
+        m.seq,
+        m.vocab,
+        corpus.len(),
+        a.data.display(),
+        m.parameters() as f64 / 1e6
+    );
+    println!(
+        "  ranks: tp {} x pp {} (vp {}) x dp {} = {} in-process emulator ranks; {:?}, {:?}, recompute {:?}, distributed optimizer",
+        p.tp, p.pp, p.vp, p.dp, p.world(), p.schedule, p.precision, p.recompute
+    );
+    println!(
+        "  batch: {} sequences = {} tokens per step ({} micro-batches of {} per data-parallel rank); {} steps, lr {} (warm-up {}, cosine to {})",
+        p.global_batch, tokens_per_step, p.micro_batches(), p.micro_batch, a.train.steps,
+        a.train.lr, a.train.warmup, a.train.min_lr
+    );
+    println!("  loss of a uniform guess: ln({}) = {:.3} nats/char", m.vocab, (m.vocab as f64).ln());
+    let flops_per_step = m.flops_per_token() * tokens_per_step as f64;
+    let opts = JobOptions {
+        resume: a.resume.clone(),
+        save: a.save.clone(),
+        gather_params: a.sample > 0,
+    };
+    let started = Instant::now();
+    let total = a.train.steps;
+    let mut first_below: Option<(u64, f64)> = None;
+    let target = a.target;
+    let mut last_elapsed = 0.0;
+    let mut on_step = |r: &StepReport| {
+        let dt = (r.elapsed - last_elapsed).max(1e-9);
+        last_elapsed = r.elapsed;
+        if r.loss < target && first_below.is_none() {
+            first_below = Some((r.step, r.elapsed));
+        }
+        let line = format!(
+            "{} step {:>4}/{total} loss {:.3} | {:>6.0} tok/s {:>5.2} GFLOP/s | lr {:.2e} | norm {:.2} | scale {}{}",
+            bar(r.step + 1, total),
+            r.step + 1,
+            r.loss,
+            tokens_per_step as f64 / dt,
+            flops_per_step / dt / 1e9,
+            r.lr,
+            r.grad_norm,
+            r.loss_scale,
+            if r.skipped { " | SKIPPED (inf/nan)" } else { "" }
+        );
+        if (r.step + 1) % 25 == 0 || r.step == 0 || r.step + 1 == total || r.skipped {
+            println!("\r{line}");
+        } else {
+            print!("\r{line}");
+            let _ = std::io::stdout().flush();
+        }
+    };
+    let summary = train_in_process(m, p, &a.train, &corpus, &opts, &mut on_step)?;
+    let wall = started.elapsed().as_secs_f64();
+    let steps = &summary.steps;
+    let Some(last) = steps.last() else {
+        println!("nothing to train: the checkpoint is already at step {total}");
+        return Ok(());
+    };
+    let skipped = steps.iter().filter(|s| s.skipped).count();
+    let tail: Vec<f64> = steps.iter().rev().take(10).map(|s| s.loss).collect();
+    let tail_mean = tail.iter().sum::<f64>() / tail.len() as f64;
+    println!();
+    println!(
+        "done: {} steps in {:.1} s ({:.0} tokens/s, {:.2} GFLOP/s of model FLOPs on the emulator; MFU is reported on GPUs only)",
+        steps.len(),
+        wall,
+        (steps.len() * tokens_per_step) as f64 / wall,
+        flops_per_step * steps.len() as f64 / wall / 1e9
+    );
+    println!(
+        "  loss {:.3} -> {:.3} (mean of the last 10 steps {:.3}); skipped steps {skipped}",
+        steps[0].loss, last.loss, tail_mean
+    );
+    match first_below {
+        Some((s, t)) => println!("  loss first below {target} at step {} after {t:.1} s", s + 1),
+        None => println!("  loss never went below {target}"),
+    }
+    let mut per_layer: Vec<_> = summary.activation_bytes.iter().collect();
+    per_layer.sort();
+    if let Some((_, &bytes)) = per_layer.first() {
+        println!(
+            "  activations kept per layer and micro-batch (layer 0, this rank's share): {:.1} KiB",
+            bytes as f64 / 1024.0
+        );
+    }
+    std::fs::create_dir_all(&a.out)?;
+    let pts: Vec<(f64, f64)> = steps.iter().map(|s| ((s.step + 1) as f64, s.loss)).collect();
+    let title = format!(
+        "GPT {}L h{} on {} — tp {} x pp {} x dp {}, {:?}",
+        m.layers,
+        m.hidden,
+        a.data.file_name().and_then(|f| f.to_str()).unwrap_or("data"),
+        p.tp,
+        p.pp,
+        p.dp,
+        p.precision
+    );
+    let svg = loss_svg(&title, &[Series { name: "training loss", color: "#1f6fb4", points: &pts }], Some(target));
+    let svg_path = a.out.join("loss.svg");
+    std::fs::write(&svg_path, svg)?;
+    let csv: String = std::iter::once("step,loss,grad_norm,lr,loss_scale,skipped,elapsed_s\n".to_string())
+        .chain(steps.iter().map(|s| {
+            format!(
+                "{},{},{},{},{},{},{:.3}\n",
+                s.step + 1,
+                s.loss,
+                s.grad_norm,
+                s.lr,
+                s.loss_scale,
+                s.skipped as u8,
+                s.elapsed
+            )
+        }))
+        .collect();
+    std::fs::write(a.out.join("loss.csv"), csv)?;
+    println!("  loss curve: {} (and loss.csv)", svg_path.display());
+    if let Some(dir) = &a.save {
+        println!("  checkpoint: {}", dir.display());
+    }
+    if a.sample > 0 {
+        let prompt = "From fairest";
+        let prompt = if corpus.encode(prompt).is_ok() { prompt } else { "T" };
+        let text = generate(m, &summary.params, &corpus, prompt, a.sample, 0.8, 7)?;
+        println!("\nsample (temperature 0.8):\n{prompt}{text}");
+    }
+    Ok(())
+}
