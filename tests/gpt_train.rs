@@ -89,13 +89,79 @@ fn one_rank_learns() {
     assert!(tail < l[0] - 0.4, "loss did not fall: {l:?}");
 }
 
+/// Every factorisation tp · pp · dp = 8 (heads 8, layers 8), the
+/// interleaved schedule, full and selective recomputation, against one rank.
 #[test]
-fn tp2_pp2_dp2_matches_one_rank() {
+fn every_split_of_8_ranks_matches_one_rank() {
     let c = corpus();
     let m = model(c.vocab());
-    let want = losses(&m, &par(1, 1, 1), 5);
-    let got = losses(&m, &par(2, 2, 2), 5);
-    assert_curves_close("tp2 pp2 dp2", &got, &want);
+    const STEPS: u64 = 4;
+    let want = losses(&m, &par(1, 1, 1), STEPS);
+    let mut splits: Vec<(String, ParallelConfig)> = Vec::new();
+    for tp in [1, 2, 4, 8] {
+        for pp in [1, 2, 4, 8] {
+            if 8 % (tp * pp) == 0 {
+                let dp = 8 / (tp * pp);
+                splits.push((format!("tp{tp} pp{pp} dp{dp}"), par(tp, pp, dp)));
+            }
+        }
+    }
+    let inter = |tp, pp, dp, vp| ParallelConfig {
+        vp,
+        schedule: Schedule::Interleaved,
+        ..par(tp, pp, dp)
+    };
+    splits.push(("tp1 pp4 vp2 dp2 interleaved".into(), inter(1, 4, 2, 2)));
+    splits.push(("tp2 pp2 vp2 dp2 interleaved".into(), inter(2, 2, 2, 2)));
+    splits.push((
+        "tp2 pp2 dp2 selective recompute".into(),
+        ParallelConfig { recompute: Recompute::Selective, ..par(2, 2, 2) },
+    ));
+    splits.push((
+        "tp2 pp2 dp2 uniform:2 recompute".into(),
+        ParallelConfig { recompute: Recompute::Uniform(2), ..par(2, 2, 2) },
+    ));
+    for (name, p) in &splits {
+        let got = losses(&m, p, STEPS);
+        assert_curves_close(name, &got, &want);
+    }
+}
+
+/// Recomputation replays the forward exactly (dropout masks included):
+/// bitwise the losses of the run that stores everything.
+#[test]
+fn recomputation_is_bitwise_the_stored_run() {
+    let c = corpus();
+    let m = GptConfig {
+        hidden_dropout: 0.1,
+        attention_dropout: 0.1,
+        ..model(c.vocab())
+    };
+    let base = par(2, 2, 1);
+    let want = losses(&m, &base, 3);
+    for r in [Recompute::Selective, Recompute::Uniform(2), Recompute::Block(1)] {
+        let got = losses(&m, &ParallelConfig { recompute: r, ..base }, 3);
+        assert_eq!(got, want, "{r:?}");
+    }
+}
+
+/// A run saved after 2 steps and resumed for 2 more equals 4 steps in one
+/// go, bit for bit.
+#[test]
+fn a_resumed_run_continues_the_same_curve() {
+    let c = corpus();
+    let m = model(c.vocab());
+    let p = par(2, 1, 2);
+    let want = losses(&m, &p, 4);
+    let dir = std::env::temp_dir().join(format!("ftn-gpt-ckpt-{}", std::process::id()));
+    let save = JobOptions { save: Some(dir.clone()), ..JobOptions::default() };
+    let first = train_in_process(&m, &p, &train(2), &c, &save, &mut |_| {}).unwrap();
+    let resume = JobOptions { resume: Some(dir.clone()), ..JobOptions::default() };
+    let rest = train_in_process(&m, &p, &train(4), &c, &resume, &mut |_| {}).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let got: Vec<f64> = first.steps.iter().chain(&rest.steps).map(|r| r.loss).collect();
+    assert_eq!(rest.steps[0].step, 2);
+    assert_eq!(got, want);
 }
 
 #[test]
