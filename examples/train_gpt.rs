@@ -9,7 +9,7 @@
 //! 128, 4 heads, seq 64, TP 2 × PP 2 × DP 2 = 8 ranks, 1F1B, bf16,
 //! distributed optimizer.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -26,7 +26,7 @@ const USAGE: &str = "usage: train_gpt [--tp N] [--pp N] [--vp N] [--dp N] [--sch
   [--recompute none|selective|uniform:N|block:N] [--precision bf16|fp16] [--steps N]
   [--data FILE] [--layers N] [--hidden N] [--heads N] [--seq N] [--lr X]
   [--dropout P] [--attention-dropout P] [--seed N] [--save DIR] [--resume DIR]
-  [--out DIR] [--sample CHARS] [--target LOSS]
+  [--out DIR] [--sample CHARS] [--target LOSS] [--memory-report] [--no-dist-opt]
   defaults: --tp 2 --pp 2 --vp 1 --dp 2 --schedule 1f1b --micro-batch 4 --micro-batches 2
             --recompute none --precision bf16 --steps 300 --data data/sonnets.txt
             --layers 4 --hidden 128 --heads 4 --seq 64 --lr 3e-3 --out target/train_gpt
@@ -43,6 +43,7 @@ struct Args {
     out: PathBuf,
     sample: usize,
     target: f64,
+    memory_report: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -68,11 +69,20 @@ fn parse() -> Result<Args, String> {
         out: PathBuf::from("target/train_gpt"),
         sample: 300,
         target: 2.0,
+        memory_report: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
+        }
+        if flag == "--memory-report" {
+            a.memory_report = true;
+            continue;
+        }
+        if flag == "--no-dist-opt" {
+            a.par.distributed_optimizer = false;
+            continue;
         }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
         let n = || v.parse::<usize>().map_err(|_| format!("{flag}: expected a whole number, got {v}"));
@@ -187,8 +197,9 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         m.parameters() as f64 / 1e6
     );
     println!(
-        "  ranks: tp {} x pp {} (vp {}) x dp {} = {} in-process emulator ranks; {:?}, {:?}, recompute {:?}, distributed optimizer",
-        p.tp, p.pp, p.vp, p.dp, p.world(), p.schedule, p.precision, p.recompute
+        "  ranks: tp {} x pp {} (vp {}) x dp {} = {} in-process emulator ranks; {:?}, {:?}, recompute {:?}, {}",
+        p.tp, p.pp, p.vp, p.dp, p.world(), p.schedule, p.precision, p.recompute,
+        if p.distributed_optimizer { "distributed optimizer (ZeRO-1)" } else { "replicated optimizer (plain DDP)" }
     );
     println!(
         "  batch: {} sequences = {} tokens per step ({} micro-batches of {} per data-parallel rank); {} steps, lr {} (warm-up {}, cosine to {})",
@@ -196,6 +207,9 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         a.train.lr, a.train.warmup, a.train.min_lr
     );
     println!("  loss of a uniform guess: ln({}) = {:.3} nats/char", m.vocab, (m.vocab as f64).ln());
+    if a.memory_report {
+        return memory_report(m, p, &a.train, &corpus);
+    }
     let flops_per_step = m.flops_per_token() * tokens_per_step as f64;
     let opts = JobOptions {
         resume: a.resume.clone(),
@@ -207,6 +221,7 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut first_below: Option<(u64, f64)> = None;
     let target = a.target;
     let mut last_elapsed = 0.0;
+    let tty = std::io::stdout().is_terminal();
     let mut on_step = |r: &StepReport| {
         let dt = (r.elapsed - last_elapsed).max(1e-9);
         last_elapsed = r.elapsed;
@@ -227,7 +242,7 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         if (r.step + 1) % 25 == 0 || r.step == 0 || r.step + 1 == total || r.skipped {
             println!("\r{line}");
-        } else {
+        } else if tty {
             print!("\r{line}");
             let _ = std::io::stdout().flush();
         }
@@ -306,5 +321,51 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         let text = generate(m, &summary.params, &corpus, prompt, a.sample, 0.8, 7)?;
         println!("\nsample (temperature 0.8):\n{prompt}{text}");
     }
+    Ok(())
+}
+
+/// One step per recomputation mode; the bytes layer 0 keeps per
+/// micro-batch (measured from its buffers) next to Korthikanti et al.'s
+/// per-layer formulas for 16-bit activations.
+fn memory_report(
+    m: &GptConfig,
+    p: &ParallelConfig,
+    train: &TrainConfig,
+    corpus: &CharCorpus,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (s, b, h, a, t) = (
+        m.seq as f64,
+        p.micro_batch as f64,
+        m.hidden as f64,
+        m.heads as f64,
+        p.tp as f64,
+    );
+    let sbh = s * b * h;
+    let paper_full_act = sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+    println!(
+        "activation memory per layer and micro-batch (s {} b {} h {} a {} tp {}; KiB):",
+        m.seq, p.micro_batch, m.hidden, m.heads, p.tp
+    );
+    println!("  {:<28} {:>10} {:>10}  paper formula", "mode", "measured", "paper");
+    let train = TrainConfig { steps: 1, ..*train };
+    for (mode, paper, formula) in [
+        (Recompute::None, paper_full_act, "sbh(10 + 24/t + 5as/(ht))"),
+        (Recompute::Selective, sbh * (10.0 + 24.0 / t), "sbh(10 + 24/t)"),
+        (Recompute::Uniform(1), 2.0 * sbh, "2sbh"),
+    ] {
+        let pm = ParallelConfig { recompute: mode, ..*p };
+        let sum = train_in_process(m, &pm, &train, corpus, &JobOptions::default(), &mut |_| {})?;
+        let got = sum.activation_bytes.get(&0).copied().unwrap_or(0);
+        println!(
+            "  {:<28} {:>10.1} {:>10.1}  {formula}",
+            format!("{mode:?}"),
+            got as f64 / 1024.0,
+            paper / 1024.0
+        );
+    }
+    println!(
+        "  (ferrotron stores no dropout masks — they are regenerated from Philox — and no dropped \
+probabilities when attention dropout is 0; the MLP keeps both its pre-activation and GeLU output)"
+    );
     Ok(())
 }

@@ -118,6 +118,10 @@ fn every_split_of_8_ranks_matches_one_rank() {
         ParallelConfig { recompute: Recompute::Selective, ..par(2, 2, 2) },
     ));
     splits.push((
+        "tp2 pp1 dp4 plain DDP (replicated optimizer)".into(),
+        ParallelConfig { distributed_optimizer: false, ..par(2, 1, 4) },
+    ));
+    splits.push((
         "tp2 pp2 dp2 uniform:2 recompute".into(),
         ParallelConfig { recompute: Recompute::Uniform(2), ..par(2, 2, 2) },
     ));
@@ -180,4 +184,38 @@ fn bad_configurations_are_named_before_any_work() {
     assert_eq!(arg(run(&par(1, 2, 1), &odd)), "layers");
     let batch = ParallelConfig { global_batch: 9, ..par(1, 1, 2) };
     assert_eq!(arg(run(&batch, &m)), "global_batch");
+}
+
+/// Activation bytes a layer keeps per micro-batch, measured from the
+/// buffers it actually holds, against the count from the shapes: inputs of
+/// the two LayerNorms and of the two blocks `4 · 2sbh`, LayerNorm
+/// statistics `2 · 2 · 4sb`, QKV and context `2 · (3h + h)sb/t`, the
+/// MLP's pre-activation and GeLU output `2 · 2fsb/t`, the softmax output
+/// `2as²b/t` and, with attention dropout, its dropped copy `2as²b/t`
+/// (masks are regenerated, never stored); selective recomputation drops
+/// both softmax tensors, full recomputation keeps the input `2sbh` only.
+#[test]
+fn activation_memory_per_layer_matches_the_shapes() {
+    let c = corpus();
+    for p_drop in [0.0f32, 0.1] {
+        let m = GptConfig {
+            attention_dropout: p_drop,
+            ..model(c.vocab())
+        };
+        let (s, b, h, a, f, t) = (m.seq, 1usize, m.hidden, m.heads, m.ffn, 2usize);
+        let base = 8 * s * b * h + 16 * s * b + 2 * 4 * h * s * b / t + 4 * f * s * b / t;
+        let probs = 2 * a * s * s * b / t * if p_drop > 0.0 { 2 } else { 1 };
+        for (r, want) in [
+            (Recompute::None, base + probs),
+            (Recompute::Selective, base),
+            (Recompute::Uniform(1), 2 * s * b * h),
+        ] {
+            let p = ParallelConfig { recompute: r, ..par(2, 1, 1) };
+            let sum = train_in_process(&m, &p, &train(1), &c, &JobOptions::default(), &mut |_| {})
+                .unwrap();
+            for layer in 0..m.layers {
+                assert_eq!(sum.activation_bytes[&layer], want, "{r:?} p {p_drop} layer {layer}");
+            }
+        }
+    }
 }

@@ -179,14 +179,6 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         scaled: bool,
     ) -> Result<Self> {
         par.validate(cfg, comms.world.size())?;
-        if !par.distributed_optimizer {
-            return Err(Error::invalid(
-                OP,
-                "distributed_optimizer",
-                "true (the trainer's optimizer is the distributed one)",
-                false,
-            ));
-        }
         let dev = comms.world.device().clone();
         let compute = dev.new_stream()?;
         let mut stage = GptStage::<T>::new(&comms.tp, cfg, par, comms.coords.pp)?;
@@ -207,14 +199,16 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
             order.push(id);
         }
         stage.assign_ids(&names)?;
-        let ddp = DistributedDataParallel::new(
+        let mut ddp = DistributedDataParallel::new(
             &comms.dp,
             reg,
             DdpConfig {
-                distributed_optimizer: true,
+                distributed_optimizer: par.distributed_optimizer,
                 ..DdpConfig::default()
             },
         )?;
+        // Plain DDP: the optimizer, replicated, needs the parameter buffers.
+        ddp.allocate_param_buffers()?;
         for (p, &id) in stage.params_mut().into_iter().zip(&order) {
             compute.copy_device(p.buf, &mut *ddp.buffers().param::<T>(id)?)?;
         }

@@ -49,6 +49,20 @@ pub const CHECKPOINT_FORMAT: &str = "ferrotron-dist-opt-v1";
 const STATE: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 const STEP_TENSOR: &str = "optimizer/step";
 
+/// Checkpoints are of the sharded (distributed) optimizer's state.
+fn sharded_only(op: &'static str, ddp: &DistributedDataParallel<'_>) -> Result<()> {
+    if ddp.config().distributed_optimizer {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            op,
+            "ddp",
+            "a distributed-optimizer layout (checkpoints of a replicated optimizer are not supported)",
+            "plain data parallelism",
+        ))
+    }
+}
+
 fn model_name(name: &str) -> String {
     format!("model/{name}")
 }
@@ -145,6 +159,7 @@ pub fn save_checkpoint(
     path: &Path,
 ) -> Result<()> {
     opt.check_built_from(SAVE, ddp)?;
+    sharded_only(SAVE, ddp)?;
     ddp.wait_param_gathers_shared(compute)?;
     let b = &ddp.buffers;
     let dev = b.device().clone();
@@ -351,6 +366,7 @@ pub fn load_checkpoint(
     path: &Path,
 ) -> Result<()> {
     opt.check_built_from(LOAD, ddp)?;
+    sharded_only(LOAD, ddp)?;
     ddp.finish_param_gather(compute)?;
     let b = &ddp.buffers;
     b.device().check_same(LOAD, "compute", compute.device())?;

@@ -131,20 +131,23 @@ fn tensor_ref(b: &AnyBuffer) -> Result<TensorRef<'_>> {
     })
 }
 
+/// The elements `[lo, hi)` of `bucket` this rank's optimizer updates: its
+/// `1/dp` shard (distributed optimizer), or all of it (plain DDP, where
+/// every rank holds the whole all-reduced gradient).
+fn owned(bucket: &ddp_layout::BucketRange, dp: usize, rank: usize, sharded: bool) -> Result<(usize, usize)> {
+    if sharded {
+        ddp_layout::shard(bucket, dp, rank)
+    } else {
+        Ok((bucket.start, bucket.end))
+    }
+}
+
 impl DistributedOptimizer {
     /// The optimizer state for the shards `ddp`'s rank owns, its master
     /// weights copied from the parameter buffer (write the initial
     /// parameters into `ddp.buffers().param(..)` views first; this waits for
     /// the device). `ddp` must use the distributed optimizer.
     pub fn new(ddp: &DistributedDataParallel<'_>, config: DistOptConfig) -> Result<Self> {
-        if !ddp.config().distributed_optimizer {
-            return Err(Error::invalid(
-                OP,
-                "ddp",
-                "a DistributedDataParallel with distributed_optimizer = true",
-                "plain data parallelism (no shards)",
-            ));
-        }
         if let Some(m) = config.max_grad_norm {
             if !(m.is_finite() && m > 0.0) {
                 return Err(Error::invalid(
@@ -156,6 +159,7 @@ impl DistributedOptimizer {
             }
         }
         let adam = FusedAdam::new(config.adam)?;
+        let sharded = ddp.config().distributed_optimizer;
         let comm = ddp.comm();
         let (dp, rank) = (comm.size(), comm.rank());
         let b = &ddp.buffers;
@@ -170,12 +174,13 @@ impl DistributedOptimizer {
                 Error::invalid(
                     OP,
                     "ddp",
-                    "parameter buffers",
-                    "none (not a distributed-optimizer layout)",
+                    "parameter buffers (a distributed-optimizer layout, or \
+                     DistributedDataParallel::allocate_param_buffers first)",
+                    "none",
                 )
             })?;
             for bucket in &g.layout.buckets {
-                let (lo, hi) = ddp_layout::shard(bucket, dp, rank)?;
+                let (lo, hi) = owned(bucket, dp, rank, sharded)?;
                 for &m in &bucket.params {
                     let slot = g.layout.params[m];
                     if let Some((a, z)) = ddp_layout::overlap(&slot, (lo, hi)) {
@@ -195,7 +200,7 @@ impl DistributedOptimizer {
                         state += z - a;
                     }
                 }
-                gather.push(AnyBuffer::zeros(dev, g.param_dtype, hi - lo)?);
+                gather.push(AnyBuffer::zeros(dev, g.param_dtype, if sharded { hi - lo } else { 0 })?);
             }
             let master = if master_host.is_empty() {
                 dev.alloc_zeros(0)?
@@ -437,11 +442,17 @@ impl DistributedOptimizer {
                 .collect::<Result<_>>()?;
             self.mt.l2_norm(compute, &list, &mut self.local_norm)?;
         }
-        cs.wait_event(&compute.record_event()?)?;
-        comm.all_gather(cs, &self.local_norm, &mut self.norms)?
-            .wait_on(compute)?;
-        self.mt
-            .l2_norm(compute, &[TensorRef::F32(&self.norms)], &mut self.norm)?;
+        if ddp.config().distributed_optimizer {
+            cs.wait_event(&compute.record_event()?)?;
+            comm.all_gather(cs, &self.local_norm, &mut self.norms)?
+                .wait_on(compute)?;
+            self.mt
+                .l2_norm(compute, &[TensorRef::F32(&self.norms)], &mut self.norm)?;
+        } else {
+            // Plain DDP: every rank holds the whole all-reduced gradient.
+            self.mt
+                .l2_norm(compute, &[TensorRef::F32(&self.local_norm)], &mut self.norm)?;
+        }
         if let Some(c) = mp {
             let gathered = match &mut self.mp_norms {
                 Some(b) if b.len() == c.size() => b,
@@ -480,6 +491,10 @@ impl DistributedOptimizer {
                 .step(compute, &mut t, scalars, found, Unscale::None)?;
         }
 
+        // Plain DDP: every rank updated every parameter; nothing to gather.
+        if !ddp.config().distributed_optimizer {
+            return Ok(());
+        }
         // All-gather every bucket's parameters, in forward order.
         cs.wait_event(&compute.record_event()?)?;
         let (dp, rank) = (comm.size(), comm.rank());

@@ -166,6 +166,23 @@ impl<'c> DistributedDataParallel<'c> {
         })
     }
 
+    /// Plain data parallelism only: allocates parameter buffers (the
+    /// distributed-optimizer layout has them already), so that a
+    /// [`super::DistributedOptimizer`] can run on every rank over the whole
+    /// all-reduced gradient — the replicated optimizer of plain DDP: full
+    /// fp32 master weights and moments on every rank, no parameter
+    /// all-gather. Idempotent. Write the initial parameters into
+    /// `buffers().param(..)` before building the optimizer.
+    pub fn allocate_param_buffers(&mut self) -> Result<()> {
+        let dev = self.buffers.device().clone();
+        for g in &mut self.buffers.groups {
+            if g.param.is_none() {
+                g.param = Some(AnyBuffer::zeros(&dev, g.param_dtype, g.layout.numel)?);
+            }
+        }
+        Ok(())
+    }
+
     pub fn comm(&self) -> &'c Communicator {
         self.comm
     }
