@@ -526,7 +526,9 @@ fn reference_params(
     (params, norm.to_host().unwrap()[0])
 }
 
-fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f64>) {
+/// `sharded = false`: plain DDP (all-reduce) with the optimizer replicated
+/// on every rank over the whole buckets (`allocate_param_buffers`).
+fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f64>, sharded: bool) {
     let steps = 2;
     let seed = 99 + dp as u64;
     let lr = 1e-2;
@@ -540,10 +542,14 @@ fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f6
         let (reg, ids) = registry();
         let config = DdpConfig {
             bucket_size: Some(60),
-            distributed_optimizer: true,
+            distributed_optimizer: sharded,
             ..DdpConfig::default()
         };
         let mut ddp = DistributedDataParallel::new(&comm, reg, config).unwrap();
+        if !sharded {
+            assert_eq!(arg_of(DistributedOptimizer::new(&ddp, cfg).unwrap_err()), "ddp");
+            ddp.allocate_param_buffers().unwrap();
+        }
         let compute = comm.device().new_stream().unwrap();
         let rank = comm.rank();
         for (p, &id) in ids.iter().enumerate() {
@@ -631,9 +637,15 @@ fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f6
 #[test]
 fn distributed_optimizer_two_steps_equal_single_rank_adam() {
     for dp in [2, 4] {
-        distributed_optimizer_matches_single_rank(dp, Some(1.0));
+        distributed_optimizer_matches_single_rank(dp, Some(1.0), true);
     }
-    distributed_optimizer_matches_single_rank(2, None);
+    distributed_optimizer_matches_single_rank(2, None, true);
+}
+
+#[test]
+fn replicated_optimizer_over_plain_ddp_equals_single_rank_adam() {
+    distributed_optimizer_matches_single_rank(2, Some(1.0), false);
+    distributed_optimizer_matches_single_rank(4, None, false);
 }
 
 fn arg_of(e: Error) -> &'static str {
