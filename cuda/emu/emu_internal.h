@@ -54,11 +54,21 @@ struct WarpSlot {  // one pending warp rendezvous
   void *aux = nullptr;  // kCollective: the WarpCollectiveFn
 };
 
+// 64 bytes per lane where a warp collective's lane puts its operands and
+// finds its results (mma_emu.cpp): the lane that completes the collective
+// then reads and writes one contiguous 2 KiB block instead of 32 fibers'
+// stacks. Only the lane writes its inputs, only while it is not parked in a
+// collective; only the completing lane writes results, while it is parked.
+struct alignas(64) LaneScratch {
+  unsigned char bytes[64];
+};
+
 struct Warp {
   unsigned existing = 0;  // lanes that exist in this warp
   unsigned exited = 0;    // lanes whose thread has finished
   int nslots = 0;
   WarpSlot slots[32];
+  LaneScratch scratch[32];
 };
 
 struct Launch {
@@ -104,6 +114,7 @@ void stacks_return(std::vector<Stack> &stacks);
 void fiber_prepare(Thread &t, void (*fn)(void *), void *arg);
 void switch_to_fiber(Worker &w, Thread &t);          // scheduler -> fiber
 void switch_to_scheduler(Worker &w, Thread &t, bool exiting);  // fiber -> scheduler
+void switch_fiber_to_fiber(Thread &from, Thread &to);  // fiber -> fiber (no ASan)
 void fiber_entered(Worker &w, Thread &t);             // first thing a new fiber does
 
 // runtime.cpp
@@ -119,6 +130,14 @@ std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 
 // warp.cpp
 void warp_lane_exited(Worker &w, Thread &t);  // may fail: lane named in a pending op
+
+// The calling thread's LaneScratch, as a T (trivial, at most 64 bytes).
+template <typename T>
+T &lane_scratch() {
+  static_assert(sizeof(T) <= sizeof(LaneScratch) && alignof(T) <= alignof(LaneScratch));
+  const unsigned linear = tl_worker->cur->pub.linear;
+  return *reinterpret_cast<T *>(tl_worker->warps[linear >> 5].scratch[linear & 31u].bytes);
+}
 
 }  // namespace ftn_emu::detail
 
