@@ -54,21 +54,19 @@ struct WarpSlot {  // one pending warp rendezvous
   void *aux = nullptr;  // kCollective: the WarpCollectiveFn
 };
 
-// 64 bytes per lane where a warp collective's lane puts its operands and
-// finds its results (mma_emu.cpp): the lane that completes the collective
-// then reads and writes one contiguous 2 KiB block instead of 32 fibers'
-// stacks. Only the lane writes its inputs, only while it is not parked in a
-// collective; only the completing lane writes results, while it is parked.
-struct alignas(64) LaneScratch {
-  unsigned char bytes[64];
-};
+// Bytes per warp where a warp collective's lanes put their operands and find
+// their results (mma_emu.cpp): the lane that completes the collective then
+// reads and writes one small contiguous block instead of 32 fibers' stacks.
+// Each lane writes only its own inputs, and only while it is not parked in a
+// collective; the completing lane writes results while the others are parked.
+constexpr size_t kWarpScratchBytes = 4096;
 
 struct Warp {
   unsigned existing = 0;  // lanes that exist in this warp
   unsigned exited = 0;    // lanes whose thread has finished
   int nslots = 0;
   WarpSlot slots[32];
-  LaneScratch scratch[32];
+  alignas(64) unsigned char scratch[kWarpScratchBytes];
 };
 
 struct Launch {
@@ -131,12 +129,9 @@ std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 // warp.cpp
 void warp_lane_exited(Worker &w, Thread &t);  // may fail: lane named in a pending op
 
-// The calling thread's LaneScratch, as a T (trivial, at most 64 bytes).
-template <typename T>
-T &lane_scratch() {
-  static_assert(sizeof(T) <= sizeof(LaneScratch) && alignof(T) <= alignof(LaneScratch));
-  const unsigned linear = tl_worker->cur->pub.linear;
-  return *reinterpret_cast<T *>(tl_worker->warps[linear >> 5].scratch[linear & 31u].bytes);
+// The calling thread's warp's scratch bytes (kWarpScratchBytes, 64-aligned).
+inline unsigned char *warp_scratch() {
+  return tl_worker->warps[tl_worker->cur->pub.linear >> 5].scratch;
 }
 
 }  // namespace ftn_emu::detail

@@ -1,7 +1,10 @@
 // Tensor-core building blocks on the CPU: mma.sync m16n8k16 (f16/bf16 in,
 // f32 accumulate) and ldmatrix m8n8 .x1/.x2/.x4 (.trans), each one warp
 // rendezvous (detail::warp_collective) in which the last lane to arrive
-// gathers every lane's registers, computes, and scatters the results.
+// computes for the whole warp. Each lane first puts its operands in its
+// warp's scratch area (emu_internal.h, WarpScratch) -- for mma straight into
+// the 16x16 / 16x8 operand tiles, for ldmatrix into its own lane slot -- and
+// after the rendezvous reads its results from there.
 //
 // Fragment layouts, from the PTX ISA ("Matrix Fragments for mma.m16n8k16
 // with floating point type" and "Warp-level matrix load instruction:
@@ -19,155 +22,174 @@
 //     (.trans: rows 2t, 2t+1 of col g, i.e. of the transpose).
 //
 // Arithmetic: products of fp16/bf16 values are exact in fp64; D = C + sum of
-// the 16 products is summed in fp64 (in k order) and rounded once to fp32. Hardware sums
+// the 16 products is summed in fp64 (in k order) and rounded once to fp32
+// (vectorised over n, AVX2 when the CPU has it: bit-identical either way, and
+// the same as the scalar loop this replaced). Hardware sums
 // with its own (unspecified) internal precision, so results can differ from
 // the GPU in the last bits of fp32 -- far below the fp16/bf16 tolerances.
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "emu_internal.h"
 
 namespace ftn_emu {
 namespace {
 
-// One lane's part of an mma, in its LaneScratch (emu_internal.h).
-struct MmaLane {
-  uint32_t a[4], b[2];
-  float c[4];
-  float d[4];
-  bool bf16;
-};
-
-// The fp32 bit pattern (exact) of the low / high 16-bit element of a packed
-// register. bf16 is the top half of an fp32, so these are shifts and masks.
-template <bool BF16>
-uint32_t lo_bits(uint32_t reg) {
-  return BF16 ? reg << 16 : f32_bits(f16_to_f32(uint16_t(reg & 0xFFFFu)));
-}
-template <bool BF16>
-uint32_t hi_bits(uint32_t reg) {
-  return BF16 ? reg & 0xFFFF0000u : f32_bits(f16_to_f32(uint16_t(reg >> 16)));
-}
-
-// The warp's operands gathered from the lanes' fragments (layout above), as
-// fp32 bit patterns (exact for f16/bf16 inputs), and the fp32 result.
+// The warp's mma operands in the warp scratch, as fp32 (exact for f16/bf16
+// inputs): each lane writes its fragment elements to their places.
 struct MmaTile {
-  alignas(32) uint32_t a[16][16];  // A[m][k]
-  alignas(32) uint32_t b[16][8];   // B[k][n]
-  alignas(32) float c[16][8];      // C[m][n]
-  alignas(32) float d[16][8];      // D[m][n]
+  alignas(32) float a[16][16];  // A[m][k]
+  alignas(32) float b[16][8];   // B[k][n]
+  alignas(32) float c[16][8];   // C[m][n]
+  alignas(32) float d[16][8];   // D[m][n], written by the completing lane
+  unsigned char bf16[32];       // per lane: its input type (all must agree)
 };
+// The warp scratch holds the MmaTile at 0 and the ldmatrix lanes after it.
+constexpr size_t kLdmOffset = 3072;
+static_assert(sizeof(MmaTile) <= kLdmOffset);
 
-// Lane l = 4g + t holds A rows g, g+8 and cols 2t, 2t+1, 2t+8, 2t+9
-// (a0: row g, a1: row g+8, a2/a3: the same + 8 cols); B rows (k) 2t, 2t+1
-// (b0) and 2t+8, 2t+9 (b1) of col g; C/D rows g (c0, c1), g+8 (c2, c3) of
-// cols 2t, 2t+1.
+// The low / high 16-bit element of a packed register as fp32 (exact). bf16
+// is the top half of an fp32, so for it these are a shift and a mask.
 template <bool BF16>
-void mma_gather(void *const *data, MmaTile &x) {
-  for (int l = 0; l < 32; ++l) {
-    const MmaLane &ln = *static_cast<MmaLane *>(data[l]);
-    if (ln.bf16 != BF16)
-      detail::fail("mma.sync m16n8k16: lanes disagree on the input type (f16 vs bf16)");
-    const int g = l >> 2, c0 = 2 * (l & 3);
-    for (int r = 0; r < 4; ++r) {  // a0..a3
-      uint32_t *row = &x.a[g + ((r & 1) ? 8 : 0)][c0 + ((r & 2) ? 8 : 0)];
-      row[0] = lo_bits<BF16>(ln.a[r]);
-      row[1] = hi_bits<BF16>(ln.a[r]);
-    }
-    for (int r = 0; r < 2; ++r) {  // b0, b1
-      const int k = c0 + 8 * r;
-      x.b[k][g] = lo_bits<BF16>(ln.b[r]);
-      x.b[k + 1][g] = hi_bits<BF16>(ln.b[r]);
-    }
-    x.c[g][c0] = ln.c[0];
-    x.c[g][c0 + 1] = ln.c[1];
-    x.c[g + 8][c0] = ln.c[2];
-    x.c[g + 8][c0 + 1] = ln.c[3];
+float lo_f32(uint32_t reg) {
+  return BF16 ? bits_f32(reg << 16) : f16_to_f32(uint16_t(reg & 0xFFFFu));
+}
+template <bool BF16>
+float hi_f32(uint32_t reg) {
+  return BF16 ? bits_f32(reg & 0xFFFF0000u) : f16_to_f32(uint16_t(reg >> 16));
+}
+
+// Lane l = 4g + t holds A rows g (a0, a2) and g+8 (a1, a3), cols 2t, 2t+1
+// (a0, a1) and 2t+8, 2t+9 (a2, a3); B rows (k) 2t, 2t+1 (b0) and 2t+8, 2t+9
+// (b1) of col g; C/D rows g (c0, c1) and g+8 (c2, c3) of cols 2t, 2t+1.
+template <bool BF16>
+void mma_put(MmaTile &x, unsigned lane, const uint32_t *a, const uint32_t *b, const float *c) {
+  const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
+  for (unsigned r = 0; r < 4; ++r) {
+    float *row = &x.a[g + ((r & 1) ? 8 : 0)][c0 + ((r & 2) ? 8 : 0)];
+    row[0] = lo_f32<BF16>(a[r]);
+    row[1] = hi_f32<BF16>(a[r]);
   }
+  for (unsigned r = 0; r < 2; ++r) {
+    x.b[c0 + 8 * r][g] = lo_f32<BF16>(b[r]);
+    x.b[c0 + 8 * r + 1][g] = hi_f32<BF16>(b[r]);
+  }
+  x.c[g][c0] = c[0];
+  x.c[g][c0 + 1] = c[1];
+  x.c[g + 8][c0] = c[2];
+  x.c[g + 8][c0 + 1] = c[3];
+  x.bf16[lane] = BF16;
+}
+
+void mma_take(const MmaTile &x, unsigned lane, float *d) {
+  const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
+  d[0] = x.d[g][c0];
+  d[1] = x.d[g][c0 + 1];
+  d[2] = x.d[g + 8][c0];
+  d[3] = x.d[g + 8][c0 + 1];
 }
 
 // D = C + A * B: each D[m][n] is C[m][n] + p_0 + ... + p_15 (p_k = A[m][k] *
 // B[k][n], exact in fp64) summed in k order in fp64, then rounded once to
-// fp32. The 8 columns of a row are two 4-wide vectors; every lane of a vector
-// does exactly the scalar sequence, so the AVX2 clone (picked at load time
-// when the CPU has it) and the baseline SSE2 one give bit-identical results.
-// A fused multiply-add could not change them either: the products are exact.
-typedef double v4d __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
+// fp32. Every variant below does exactly this sequence per element (vector
+// lanes are elements), so they give bit-identical results; a fused
+// multiply-add could not change them either, as the products are exact.
+[[maybe_unused]] void mma_compute_portable(MmaTile &x) {
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      double s = x.c[m][n];
+      for (int k = 0; k < 16; ++k) s += double(x.a[m][k]) * double(x.b[k][n]);
+      x.d[m][n] = float(s);
+    }
+}
 
-// Four fp32 at p as fp64 into out. A macro, not a function: code inlined
-// from a function without the clone's target attribute is lowered for the
-// baseline ISA (and returning a 32-byte vector changes the non-AVX ABI).
-#define FTN_WIDEN(out, p)                           \
-  do {                                              \
-    v4f f4_;                                        \
-    std::memcpy(&f4_, (p), sizeof f4_);             \
-    (out) = __builtin_convertvector(f4_, v4d);      \
-  } while (0)
-
-// Four rows at a time: eight independent fp64 add chains hide the adds'
-// latency (one chain per row would wait on each add in turn).
-__attribute__((target_clones("avx2", "default"))) void mma_compute(MmaTile &x) {
-  v4d b[16][2];
+#if defined(__x86_64__)
+// Two 4-wide fp64 vectors per row of D, four rows at a time (eight
+// independent add chains hide the adds' latency).
+__attribute__((target("avx2"))) void mma_compute_avx2(MmaTile &x) {
+  __m256d b[16][2];
   for (int k = 0; k < 16; ++k) {
-    FTN_WIDEN(b[k][0], &x.b[k][0]);
-    FTN_WIDEN(b[k][1], &x.b[k][4]);
+    b[k][0] = _mm256_cvtps_pd(_mm_load_ps(&x.b[k][0]));
+    b[k][1] = _mm256_cvtps_pd(_mm_load_ps(&x.b[k][4]));
   }
   for (int m0 = 0; m0 < 16; m0 += 4) {
-    v4d acc[4][2], a[4];
+    __m256d acc[4][2];
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      FTN_WIDEN(acc[r][0], &x.c[m0 + r][0]);
-      FTN_WIDEN(acc[r][1], &x.c[m0 + r][4]);
+      acc[r][0] = _mm256_cvtps_pd(_mm_load_ps(&x.c[m0 + r][0]));
+      acc[r][1] = _mm256_cvtps_pd(_mm_load_ps(&x.c[m0 + r][4]));
     }
-    for (int k0 = 0; k0 < 16; k0 += 4) {
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k)
 #pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) FTN_WIDEN(a[r], &x.a[m0 + r][k0]);
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k)
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          acc[r][0] += a[r][k] * b[k0 + k][0];
-          acc[r][1] += a[r][k] * b[k0 + k][1];
-        }
-    }
+      for (int r = 0; r < 4; ++r) {
+        const __m256d a = _mm256_set1_pd(double(x.a[m0 + r][k]));
+        acc[r][0] = _mm256_add_pd(acc[r][0], _mm256_mul_pd(a, b[k][0]));
+        acc[r][1] = _mm256_add_pd(acc[r][1], _mm256_mul_pd(a, b[k][1]));
+      }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const v4f lo = __builtin_convertvector(acc[r][0], v4f);
-      const v4f hi = __builtin_convertvector(acc[r][1], v4f);
-      std::memcpy(&x.d[m0 + r][0], &lo, sizeof lo);
-      std::memcpy(&x.d[m0 + r][4], &hi, sizeof hi);
+      _mm_store_ps(&x.d[m0 + r][0], _mm256_cvtpd_ps(acc[r][0]));
+      _mm_store_ps(&x.d[m0 + r][4], _mm256_cvtpd_ps(acc[r][1]));
     }
   }
 }
 
-#undef FTN_WIDEN
+// Baseline x86-64 (SSE2): 2-wide fp64 vectors, one row at a time.
+void mma_compute_sse2(MmaTile &x) {
+  for (int m = 0; m < 16; ++m) {
+    __m128d acc[4];
+    for (int q = 0; q < 4; ++q) acc[q] = _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(
+                                    reinterpret_cast<const __m128i *>(&x.c[m][2 * q]))));
+    for (int k = 0; k < 16; ++k) {
+      const __m128d a = _mm_set1_pd(double(x.a[m][k]));
+      for (int q = 0; q < 4; ++q) {
+        const __m128d bk = _mm_cvtps_pd(_mm_castsi128_ps(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i *>(&x.b[k][2 * q]))));
+        acc[q] = _mm_add_pd(acc[q], _mm_mul_pd(a, bk));
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m128 f = _mm_cvtpd_ps(acc[q]);
+      _mm_storel_pi(reinterpret_cast<__m64 *>(&x.d[m][2 * q]), f);
+    }
+  }
+}
+#endif
+
+void mma_compute(MmaTile &x) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2)
+    mma_compute_avx2(x);
+  else
+    mma_compute_sse2(x);
+#else
+  mma_compute_portable(x);
+#endif
+}
 
 void mma_collective(unsigned mask, void *const *data) {
   if (mask != 0xFFFFFFFFu)
     detail::fail(detail::strprintf("mma.sync m16n8k16 needs the full warp, got mask 0x%08x", mask));
-  MmaTile x;
-  if (static_cast<MmaLane *>(data[0])->bf16)
-    mma_gather<true>(data, x);
-  else
-    mma_gather<false>(data, x);
+  MmaTile &x = *static_cast<MmaTile *>(data[0]);  // every lane passes the tile
+  for (int l = 1; l < 32; ++l)
+    if (x.bf16[l] != x.bf16[0])
+      detail::fail("mma.sync m16n8k16: lanes disagree on the input type (f16 vs bf16)");
   mma_compute(x);
-  for (int l = 0; l < 32; ++l) {
-    MmaLane &ln = *static_cast<MmaLane *>(data[l]);
-    const int g = l >> 2, c0 = 2 * (l & 3);
-    ln.d[0] = x.d[g][c0];
-    ln.d[1] = x.d[g][c0 + 1];
-    ln.d[2] = x.d[g + 8][c0];
-    ln.d[3] = x.d[g + 8][c0 + 1];
-  }
 }
 
-// One lane's part of an ldmatrix, in its LaneScratch (emu_internal.h).
+// One lane's part of an ldmatrix, in the warp scratch at kLdmOffset.
 struct LdmLane {
   int count;
   bool trans;
   uint32_t r[4];
   const void *row;
 };
+static_assert(kLdmOffset + 32 * sizeof(LdmLane) <= detail::kWarpScratchBytes);
 
 void ldmatrix_collective(unsigned mask, void *const *data) {
   if (mask != 0xFFFFFFFFu)
@@ -201,13 +223,14 @@ void ldmatrix_collective(unsigned mask, void *const *data) {
 
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line) {
-  MmaLane &me = detail::lane_scratch<MmaLane>();
-  std::memcpy(me.a, a, sizeof me.a);
-  std::memcpy(me.b, b, sizeof me.b);
-  std::memcpy(me.c, c, sizeof me.c);
-  me.bf16 = bf16;
-  detail::warp_collective(0xFFFFFFFFu, &mma_collective, &me, file, line);
-  std::memcpy(d, me.d, sizeof me.d);  // d may alias c
+  const unsigned lane = ftn_emu_tl_thread->linear & 31u;
+  MmaTile &x = *reinterpret_cast<MmaTile *>(detail::warp_scratch());
+  if (bf16)
+    mma_put<true>(x, lane, a, b, c);
+  else
+    mma_put<false>(x, lane, a, b, c);
+  detail::warp_collective(0xFFFFFFFFu, &mma_collective, &x, file, line);
+  mma_take(x, lane, d);  // d may alias c: read only now
 }
 
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
@@ -221,7 +244,7 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
           "(ldmatrix reads .shared)",
           file, line, row, lane));
   }
-  LdmLane &me = detail::lane_scratch<LdmLane>();
+  LdmLane &me = reinterpret_cast<LdmLane *>(detail::warp_scratch() + kLdmOffset)[lane];
   me.count = count;
   me.trans = trans;
   me.row = row;
