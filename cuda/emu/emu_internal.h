@@ -59,7 +59,7 @@ struct WarpSlot {  // one pending warp rendezvous
 // reads and writes one small contiguous block instead of 32 fibers' stacks.
 // Each lane writes only its own inputs, and only while it is not parked in a
 // collective; the completing lane writes results while the others are parked.
-constexpr size_t kWarpScratchBytes = 4096;
+constexpr size_t kWarpScratchBytes = 5120;
 
 struct Warp {
   unsigned existing = 0;  // lanes that exist in this warp

@@ -38,17 +38,18 @@
 namespace ftn_emu {
 namespace {
 
-// The warp's mma operands in the warp scratch, as fp32 (exact for f16/bf16
-// inputs): each lane writes its fragment elements to their places.
+// The warp's mma operands in the warp scratch (exact for f16/bf16 inputs):
+// each lane writes its fragment elements to their places. A is stored as
+// fp64, ready to broadcast.
 struct MmaTile {
-  alignas(32) float a[16][16];  // A[m][k]
+  alignas(32) double a[16][16];  // A[m][k]
   alignas(32) float b[16][8];   // B[k][n]
   alignas(32) float c[16][8];   // C[m][n]
   alignas(32) float d[16][8];   // D[m][n], written by the completing lane
   unsigned char bf16[32];       // per lane: its input type (all must agree)
 };
 // The warp scratch holds the MmaTile at 0 and the ldmatrix lanes after it.
-constexpr size_t kLdmOffset = 3072;
+constexpr size_t kLdmOffset = 4096;
 static_assert(sizeof(MmaTile) <= kLdmOffset);
 
 // The low / high 16-bit element of a packed register as fp32 (exact). bf16
@@ -69,7 +70,7 @@ template <bool BF16>
 void mma_put(MmaTile &x, unsigned lane, const uint32_t *a, const uint32_t *b, const float *c) {
   const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
   for (unsigned r = 0; r < 4; ++r) {
-    float *row = &x.a[g + ((r & 1) ? 8 : 0)][c0 + ((r & 2) ? 8 : 0)];
+    double *row = &x.a[g + ((r & 1) ? 8 : 0)][c0 + ((r & 2) ? 8 : 0)];
     row[0] = lo_f32<BF16>(a[r]);
     row[1] = hi_f32<BF16>(a[r]);
   }
@@ -101,15 +102,15 @@ void mma_take(const MmaTile &x, unsigned lane, float *d) {
   for (int m = 0; m < 16; ++m)
     for (int n = 0; n < 8; ++n) {
       double s = x.c[m][n];
-      for (int k = 0; k < 16; ++k) s += double(x.a[m][k]) * double(x.b[k][n]);
+      for (int k = 0; k < 16; ++k) s += x.a[m][k] * double(x.b[k][n]);
       x.d[m][n] = float(s);
     }
 }
 
 #if defined(__x86_64__)
 // Two 4-wide fp64 vectors per row of D, four rows at a time (eight
-// independent add chains hide the adds' latency).
-__attribute__((target("avx2"))) void mma_compute_avx2(MmaTile &x) {
+// independent chains hide the latency); fused multiply-adds, exact here.
+__attribute__((target("avx2,fma"))) void mma_compute_avx2(MmaTile &x) {
   __m256d b[16][2];
   for (int k = 0; k < 16; ++k) {
     b[k][0] = _mm256_cvtps_pd(_mm_load_ps(&x.b[k][0]));
@@ -126,9 +127,9 @@ __attribute__((target("avx2"))) void mma_compute_avx2(MmaTile &x) {
     for (int k = 0; k < 16; ++k)
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        const __m256d a = _mm256_set1_pd(double(x.a[m0 + r][k]));
-        acc[r][0] = _mm256_add_pd(acc[r][0], _mm256_mul_pd(a, b[k][0]));
-        acc[r][1] = _mm256_add_pd(acc[r][1], _mm256_mul_pd(a, b[k][1]));
+        const __m256d a = _mm256_broadcast_sd(&x.a[m0 + r][k]);
+        acc[r][0] = _mm256_fmadd_pd(a, b[k][0], acc[r][0]);
+        acc[r][1] = _mm256_fmadd_pd(a, b[k][1], acc[r][1]);
       }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
@@ -145,7 +146,7 @@ void mma_compute_sse2(MmaTile &x) {
     for (int q = 0; q < 4; ++q) acc[q] = _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(
                                     reinterpret_cast<const __m128i *>(&x.c[m][2 * q]))));
     for (int k = 0; k < 16; ++k) {
-      const __m128d a = _mm_set1_pd(double(x.a[m][k]));
+      const __m128d a = _mm_set1_pd(x.a[m][k]);
       for (int q = 0; q < 4; ++q) {
         const __m128d bk = _mm_cvtps_pd(_mm_castsi128_ps(
             _mm_loadl_epi64(reinterpret_cast<const __m128i *>(&x.b[k][2 * q]))));
@@ -162,7 +163,7 @@ void mma_compute_sse2(MmaTile &x) {
 
 void mma_compute(MmaTile &x) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2)
     mma_compute_avx2(x);
   else
