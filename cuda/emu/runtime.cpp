@@ -60,17 +60,27 @@ void fail(const std::string &what) {
 }
 
 namespace {
-// The thread the scheduler's pass would run after t: the first one after it
-// (in linear order) that is runnable. Null when that one has not started yet
-// (the scheduler gives it a stack), when there is none, or when aborting.
-Thread *next_in_pass(Worker &w, const Thread &t) {
+// The fiber to switch to straight from t when t blocks, or null to go back
+// to the scheduler. First the next runnable lane of t's own warp (after t,
+// wrapping around): a warp keeps running through its warp ops with its 32
+// stacks hot in the cache, which matters for mma/ldmatrix loops. Else the
+// thread the scheduler's pass would run next: the first runnable one after t
+// in linear order. Null when that one has not started yet (the scheduler
+// gives it a stack), when there is none, when aborting, and under ASan.
+Thread *next_runnable(Worker &w, const Thread &t) {
 #ifdef FTN_EMU_ASAN
   (void)w;
   (void)t;
   return nullptr;  // fiber-to-fiber switches skip the ASan stack bookkeeping
 #else
   if (w.aborting) return nullptr;
-  for (unsigned j = t.pub.linear + 1; j < w.nthreads; ++j) {
+  const unsigned base = t.pub.linear & ~31u, lane = t.pub.linear & 31u;
+  const unsigned lanes = w.nthreads - base < 32 ? w.nthreads - base : 32;
+  for (unsigned i = 1; i < lanes; ++i) {
+    Thread &o = w.threads[base + (lane + i) % lanes];
+    if (o.state == TState::Runnable) return &o;
+  }
+  for (unsigned j = base + lanes; j < w.nthreads; ++j) {
     Thread &o = w.threads[j];
     if (o.state == TState::Runnable) return &o;
     if (o.state == TState::NotStarted) return nullptr;
@@ -80,11 +90,11 @@ Thread *next_in_pass(Worker &w, const Thread &t) {
 }
 }  // namespace
 
-// Switches t out. When the scheduler would run an already-started fiber next,
-// switch straight to it (one context switch instead of two, same order);
-// whoever switches back to t has set w.cur = &t.
+// Switches t out: straight to another started fiber when there is one to run
+// (one context switch instead of two through the scheduler), else to the
+// scheduler. Whoever switches back to t has set w.cur = &t.
 void block_current(Worker &w, Thread &t) {
-  if (Thread *next = next_in_pass(w, t)) {
+  if (Thread *next = next_runnable(w, t)) {
     w.cur = next;
     ftn_emu_tl_thread = &next->pub;
     switch_fiber_to_fiber(t, *next);
