@@ -54,11 +54,19 @@ struct WarpSlot {  // one pending warp rendezvous
   void *aux = nullptr;  // kCollective: the WarpCollectiveFn
 };
 
+// Bytes per warp where a warp collective's lanes put their operands and find
+// their results (mma_emu.cpp): the lane that completes the collective then
+// reads and writes one small contiguous block instead of 32 fibers' stacks.
+// Each lane writes only its own inputs, and only while it is not parked in a
+// collective; the completing lane writes results while the others are parked.
+constexpr size_t kWarpScratchBytes = 5120;
+
 struct Warp {
   unsigned existing = 0;  // lanes that exist in this warp
   unsigned exited = 0;    // lanes whose thread has finished
   int nslots = 0;
   WarpSlot slots[32];
+  alignas(64) unsigned char scratch[kWarpScratchBytes];
 };
 
 struct Launch {
@@ -104,6 +112,7 @@ void stacks_return(std::vector<Stack> &stacks);
 void fiber_prepare(Thread &t, void (*fn)(void *), void *arg);
 void switch_to_fiber(Worker &w, Thread &t);          // scheduler -> fiber
 void switch_to_scheduler(Worker &w, Thread &t, bool exiting);  // fiber -> scheduler
+void switch_fiber_to_fiber(Thread &from, Thread &to);  // fiber -> fiber (no ASan)
 void fiber_entered(Worker &w, Thread &t);             // first thing a new fiber does
 
 // runtime.cpp
@@ -119,6 +128,11 @@ std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 
 // warp.cpp
 void warp_lane_exited(Worker &w, Thread &t);  // may fail: lane named in a pending op
+
+// The calling thread's warp's scratch bytes (kWarpScratchBytes, 64-aligned).
+inline unsigned char *warp_scratch() {
+  return tl_worker->warps[tl_worker->cur->pub.linear >> 5].scratch;
+}
 
 }  // namespace ftn_emu::detail
 

@@ -16,8 +16,13 @@
 #endif
 
 // void ftn_emu_ctx_switch(void **save_sp, void *new_sp): pushes the
-// callee-saved registers (and FP control state) on the current stack, stores
-// the stack pointer in *save_sp, loads new_sp and pops the same frame there.
+// callee-saved registers on the current stack, stores the stack pointer in
+// *save_sp, loads new_sp and pops the same frame there. The floating-point
+// control state (MXCSR and the x87 control word; FPCR on aarch64) is not
+// switched: every fiber of a worker shares the worker's, as nothing in the
+// emulator or the kernels changes rounding modes (loading MXCSR/FPCR on each
+// switch cost more than the rest of the switch). The frame keeps a spare
+// slot where it used to keep it, so the stack stays 16-byte aligned.
 // ftn_emu_fiber_trampoline is where a fresh fiber's first switch "returns"
 // to: it calls fn(arg) with fn/arg left in callee-saved registers by
 // fiber_prepare. Its CFI marks the bottom of the fiber's call stack.
@@ -39,12 +44,8 @@ ftn_emu_ctx_switch:
   pushq %r14
   pushq %r15
   subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
   addq $8, %rsp
   popq %r15
   popq %r14
@@ -88,13 +89,9 @@ ftn_emu_ctx_switch:
   stp d10, d11, [sp, #112]
   stp d12, d13, [sp, #128]
   stp d14, d15, [sp, #144]
-  mrs x2, fpcr
-  str x2, [sp, #160]
   mov x2, sp
   str x2, [x0]
   mov sp, x1
-  ldr x2, [sp, #160]
-  msr fpcr, x2
   ldp x19, x20, [sp, #0]
   ldp x21, x22, [sp, #16]
   ldp x23, x24, [sp, #32]
@@ -193,15 +190,18 @@ void fiber_prepare(Thread &t, void (*fn)(void *), void *arg) {
   // A fiber that was unwound or never returned leaves poisoned redzones.
   __asan_unpoison_memory_region(t.stack.base, t.stack.size);
 #endif
-  uintptr_t top = (reinterpret_cast<uintptr_t>(t.stack.base) + t.stack.size) & ~uintptr_t(15);
+  // Cache colouring: every stack is page-aligned, so without an offset the
+  // hot top frames of all fibers of a block map to the same cache sets and
+  // evict each other on every switch. Stagger the tops by 64-byte lines
+  // (0..63 lines, by thread index).
+  const uintptr_t colour = uintptr_t((t.pub.linear * 37u) % 64u) * 64u;
+  uintptr_t top =
+      (reinterpret_cast<uintptr_t>(t.stack.base) + t.stack.size - colour) & ~uintptr_t(15);
 #if defined(__x86_64__)
-  // Frame popped by ftn_emu_ctx_switch: [mxcsr|fcw] r15 r14 r13 r12 rbx rbp ret.
+  // Frame popped by ftn_emu_ctx_switch: [spare] r15 r14 r13 r12 rbx rbp ret.
   // After `ret` rsp = top - 16, 16-byte aligned, as the trampoline's call needs.
   uint64_t *sp = reinterpret_cast<uint64_t *>(top - 16 - 64);
-  uint32_t mxcsr = __builtin_ia32_stmxcsr();
-  uint16_t fcw;
-  asm volatile("fnstcw %0" : "=m"(fcw));
-  sp[0] = uint64_t(mxcsr) | (uint64_t(fcw) << 32);
+  sp[0] = 0;                                    // spare slot
   sp[1] = 0;                                    // r15
   sp[2] = 0;                                    // r14
   sp[3] = reinterpret_cast<uint64_t>(fn);       // r13
@@ -216,9 +216,6 @@ void fiber_prepare(Thread &t, void (*fn)(void *), void *arg) {
   sp[1] = reinterpret_cast<uint64_t>(fn);       // x20
   sp[10] = 0;                                   // x29
   sp[11] = reinterpret_cast<uint64_t>(&ftn_emu_fiber_trampoline);  // x30
-  uint64_t fpcr;
-  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
-  sp[20] = fpcr;
 #endif
   t.sp = sp;
   t.asan_fake = nullptr;
@@ -242,6 +239,10 @@ void fiber_entered(Worker &w, Thread &t) {
   (void)w;
   (void)t;
 #endif
+}
+
+void switch_fiber_to_fiber(Thread &from, Thread &to) {
+  ftn_emu_ctx_switch(&from.sp, to.sp);
 }
 
 void switch_to_scheduler(Worker &w, Thread &t, bool exiting) {

@@ -1,7 +1,10 @@
 // Tensor-core building blocks on the CPU: mma.sync m16n8k16 (f16/bf16 in,
 // f32 accumulate) and ldmatrix m8n8 .x1/.x2/.x4 (.trans), each one warp
 // rendezvous (detail::warp_collective) in which the last lane to arrive
-// gathers every lane's registers, computes, and scatters the results.
+// computes for the whole warp. Each lane first puts its operands in its
+// warp's scratch area (emu_internal.h, WarpScratch) -- for mma straight into
+// the 16x16 / 16x8 operand tiles, for ldmatrix into its own lane slot -- and
+// after the rendezvous reads its results from there.
 //
 // Fragment layouts, from the PTX ISA ("Matrix Fragments for mma.m16n8k16
 // with floating point type" and "Warp-level matrix load instruction:
@@ -19,68 +22,175 @@
 //     (.trans: rows 2t, 2t+1 of col g, i.e. of the transpose).
 //
 // Arithmetic: products of fp16/bf16 values are exact in fp64; D = C + sum of
-// the 16 products is summed in fp64 and rounded once to fp32. Hardware sums
+// the 16 products is summed in fp64 (in k order) and rounded once to fp32
+// (vectorised over n, AVX2 when the CPU has it: bit-identical either way, and
+// the same as the scalar loop this replaced). Hardware sums
 // with its own (unspecified) internal precision, so results can differ from
 // the GPU in the last bits of fp32 -- far below the fp16/bf16 tolerances.
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "emu_internal.h"
 
 namespace ftn_emu {
 namespace {
 
-struct MmaLane {
-  bool bf16;
-  float *d;
-  const uint32_t *a, *b;
-  const float *c;
+// The warp's mma operands in the warp scratch (exact for f16/bf16 inputs):
+// each lane writes its fragment elements to their places. A is stored as
+// fp64, ready to broadcast.
+struct MmaTile {
+  alignas(32) double a[16][16];  // A[m][k]
+  alignas(32) float b[16][8];   // B[k][n]
+  alignas(32) float c[16][8];   // C[m][n]
+  alignas(32) float d[16][8];   // D[m][n], written by the completing lane
+  unsigned char bf16[32];       // per lane: its input type (all must agree)
 };
+// The warp scratch holds the MmaTile at 0 and the ldmatrix lanes after it.
+constexpr size_t kLdmOffset = 4096;
+static_assert(sizeof(MmaTile) <= kLdmOffset);
 
-double elem(bool bf16, uint32_t reg, int half) {
-  const uint16_t bits = uint16_t(half ? reg >> 16 : reg & 0xFFFFu);
-  return bf16 ? double(bf16_to_f32(bits)) : double(f16_to_f32(bits));
+// The low / high 16-bit element of a packed register as fp32 (exact). bf16
+// is the top half of an fp32, so for it these are a shift and a mask.
+template <bool BF16>
+float lo_f32(uint32_t reg) {
+  return BF16 ? bits_f32(reg << 16) : f16_to_f32(uint16_t(reg & 0xFFFFu));
+}
+template <bool BF16>
+float hi_f32(uint32_t reg) {
+  return BF16 ? bits_f32(reg & 0xFFFF0000u) : f16_to_f32(uint16_t(reg >> 16));
+}
+
+// Lane l = 4g + t holds A rows g (a0, a2) and g+8 (a1, a3), cols 2t, 2t+1
+// (a0, a1) and 2t+8, 2t+9 (a2, a3); B rows (k) 2t, 2t+1 (b0) and 2t+8, 2t+9
+// (b1) of col g; C/D rows g (c0, c1) and g+8 (c2, c3) of cols 2t, 2t+1.
+template <bool BF16>
+void mma_put(MmaTile &x, unsigned lane, const uint32_t *a, const uint32_t *b, const float *c) {
+  const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
+  for (unsigned r = 0; r < 4; ++r) {
+    double *row = &x.a[g + ((r & 1) ? 8 : 0)][c0 + ((r & 2) ? 8 : 0)];
+    row[0] = lo_f32<BF16>(a[r]);
+    row[1] = hi_f32<BF16>(a[r]);
+  }
+  for (unsigned r = 0; r < 2; ++r) {
+    x.b[c0 + 8 * r][g] = lo_f32<BF16>(b[r]);
+    x.b[c0 + 8 * r + 1][g] = hi_f32<BF16>(b[r]);
+  }
+  x.c[g][c0] = c[0];
+  x.c[g][c0 + 1] = c[1];
+  x.c[g + 8][c0] = c[2];
+  x.c[g + 8][c0 + 1] = c[3];
+  x.bf16[lane] = BF16;
+}
+
+void mma_take(const MmaTile &x, unsigned lane, float *d) {
+  const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
+  d[0] = x.d[g][c0];
+  d[1] = x.d[g][c0 + 1];
+  d[2] = x.d[g + 8][c0];
+  d[3] = x.d[g + 8][c0 + 1];
+}
+
+// D = C + A * B: each D[m][n] is C[m][n] + p_0 + ... + p_15 (p_k = A[m][k] *
+// B[k][n], exact in fp64) summed in k order in fp64, then rounded once to
+// fp32. Every variant below does exactly this sequence per element (vector
+// lanes are elements), so they give bit-identical results; a fused
+// multiply-add could not change them either, as the products are exact.
+[[maybe_unused]] void mma_compute_portable(MmaTile &x) {
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      double s = x.c[m][n];
+      for (int k = 0; k < 16; ++k) s += x.a[m][k] * double(x.b[k][n]);
+      x.d[m][n] = float(s);
+    }
+}
+
+#if defined(__x86_64__)
+// Two 4-wide fp64 vectors per row of D, four rows at a time (eight
+// independent chains hide the latency); fused multiply-adds, exact here.
+__attribute__((target("avx2,fma"))) void mma_compute_avx2(MmaTile &x) {
+  __m256d b[16][2];
+  for (int k = 0; k < 16; ++k) {
+    b[k][0] = _mm256_cvtps_pd(_mm_load_ps(&x.b[k][0]));
+    b[k][1] = _mm256_cvtps_pd(_mm_load_ps(&x.b[k][4]));
+  }
+  for (int m0 = 0; m0 < 16; m0 += 4) {
+    __m256d acc[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      acc[r][0] = _mm256_cvtps_pd(_mm_load_ps(&x.c[m0 + r][0]));
+      acc[r][1] = _mm256_cvtps_pd(_mm_load_ps(&x.c[m0 + r][4]));
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k)
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const __m256d a = _mm256_broadcast_sd(&x.a[m0 + r][k]);
+        acc[r][0] = _mm256_fmadd_pd(a, b[k][0], acc[r][0]);
+        acc[r][1] = _mm256_fmadd_pd(a, b[k][1], acc[r][1]);
+      }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      _mm_store_ps(&x.d[m0 + r][0], _mm256_cvtpd_ps(acc[r][0]));
+      _mm_store_ps(&x.d[m0 + r][4], _mm256_cvtpd_ps(acc[r][1]));
+    }
+  }
+}
+
+// Baseline x86-64 (SSE2): 2-wide fp64 vectors, one row at a time.
+void mma_compute_sse2(MmaTile &x) {
+  for (int m = 0; m < 16; ++m) {
+    __m128d acc[4];
+    for (int q = 0; q < 4; ++q) acc[q] = _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(
+                                    reinterpret_cast<const __m128i *>(&x.c[m][2 * q]))));
+    for (int k = 0; k < 16; ++k) {
+      const __m128d a = _mm_set1_pd(x.a[m][k]);
+      for (int q = 0; q < 4; ++q) {
+        const __m128d bk = _mm_cvtps_pd(_mm_castsi128_ps(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i *>(&x.b[k][2 * q]))));
+        acc[q] = _mm_add_pd(acc[q], _mm_mul_pd(a, bk));
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m128 f = _mm_cvtpd_ps(acc[q]);
+      _mm_storel_pi(reinterpret_cast<__m64 *>(&x.d[m][2 * q]), f);
+    }
+  }
+}
+#endif
+
+void mma_compute(MmaTile &x) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2)
+    mma_compute_avx2(x);
+  else
+    mma_compute_sse2(x);
+#else
+  mma_compute_portable(x);
+#endif
 }
 
 void mma_collective(unsigned mask, void *const *data) {
   if (mask != 0xFFFFFFFFu)
     detail::fail(detail::strprintf("mma.sync m16n8k16 needs the full warp, got mask 0x%08x", mask));
-  const bool bf16 = static_cast<MmaLane *>(data[0])->bf16;
-  double A[16][16], B[16][8], C[16][8];
-  for (int l = 0; l < 32; ++l) {
-    const MmaLane &ln = *static_cast<MmaLane *>(data[l]);
-    if (ln.bf16 != bf16)
+  MmaTile &x = *static_cast<MmaTile *>(data[0]);  // every lane passes the tile
+  for (int l = 1; l < 32; ++l)
+    if (x.bf16[l] != x.bf16[0])
       detail::fail("mma.sync m16n8k16: lanes disagree on the input type (f16 vs bf16)");
-    const int g = l >> 2, t = l & 3;
-    for (int i = 0; i < 8; ++i) {
-      const int row = g + ((i & 2) ? 8 : 0), col = 2 * t + (i & 1) + ((i & 4) ? 8 : 0);
-      A[row][col] = elem(bf16, ln.a[i >> 1], i & 1);
-    }
-    for (int i = 0; i < 4; ++i) {
-      const int k = 2 * t + (i & 1) + ((i & 2) ? 8 : 0);
-      B[k][g] = elem(bf16, ln.b[i >> 1], i & 1);
-    }
-    for (int i = 0; i < 4; ++i) C[g + ((i & 2) ? 8 : 0)][2 * t + (i & 1)] = double(ln.c[i]);
-  }
-  float D[16][8];
-  for (int m = 0; m < 16; ++m)
-    for (int n = 0; n < 8; ++n) {
-      double s = C[m][n];
-      for (int k = 0; k < 16; ++k) s += A[m][k] * B[k][n];
-      D[m][n] = float(s);
-    }
-  for (int l = 0; l < 32; ++l) {
-    const MmaLane &ln = *static_cast<MmaLane *>(data[l]);
-    const int g = l >> 2, t = l & 3;
-    for (int i = 0; i < 4; ++i) ln.d[i] = D[g + ((i & 2) ? 8 : 0)][2 * t + (i & 1)];
-  }
+  mma_compute(x);
 }
 
+// One lane's part of an ldmatrix, in the warp scratch at kLdmOffset.
 struct LdmLane {
   int count;
   bool trans;
-  uint32_t *r;
+  uint32_t r[4];
   const void *row;
 };
+static_assert(kLdmOffset + 32 * sizeof(LdmLane) <= detail::kWarpScratchBytes);
 
 void ldmatrix_collective(unsigned mask, void *const *data) {
   if (mask != 0xFFFFFFFFu)
@@ -100,7 +210,7 @@ void ldmatrix_collective(unsigned mask, void *const *data) {
       std::memcpy(M[i][r], static_cast<LdmLane *>(data[8 * i + r])->row, 16);
     }
   for (int l = 0; l < 32; ++l) {
-    const LdmLane &ln = *static_cast<LdmLane *>(data[l]);
+    LdmLane &ln = *static_cast<LdmLane *>(data[l]);
     const int g = l >> 2, t = l & 3;
     for (int i = 0; i < count; ++i) {
       const uint16_t lo = trans ? M[i][2 * t][g] : M[i][g][2 * t];
@@ -114,10 +224,14 @@ void ldmatrix_collective(unsigned mask, void *const *data) {
 
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line) {
-  float out[4];
-  MmaLane me{bf16, out, a, b, c};
-  detail::warp_collective(0xFFFFFFFFu, &mma_collective, &me, file, line);
-  std::memcpy(d, out, sizeof out);  // d may alias c
+  const unsigned lane = ftn_emu_tl_thread->linear & 31u;
+  MmaTile &x = *reinterpret_cast<MmaTile *>(detail::warp_scratch());
+  if (bf16)
+    mma_put<true>(x, lane, a, b, c);
+  else
+    mma_put<false>(x, lane, a, b, c);
+  detail::warp_collective(0xFFFFFFFFu, &mma_collective, &x, file, line);
+  mma_take(x, lane, d);  // d may alias c: read only now
 }
 
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
@@ -131,10 +245,12 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
           "(ldmatrix reads .shared)",
           file, line, row, lane));
   }
-  uint32_t out[4];
-  LdmLane me{count, trans, out, row};
+  LdmLane &me = reinterpret_cast<LdmLane *>(detail::warp_scratch() + kLdmOffset)[lane];
+  me.count = count;
+  me.trans = trans;
+  me.row = row;
   detail::warp_collective(0xFFFFFFFFu, &ldmatrix_collective, &me, file, line);
-  std::memcpy(r, out, sizeof(uint32_t) * size_t(count));
+  std::memcpy(r, me.r, sizeof(uint32_t) * size_t(count));
 }
 
 }  // namespace ftn_emu

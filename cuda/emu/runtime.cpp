@@ -59,8 +59,48 @@ void fail(const std::string &what) {
   throw KernelError{msg};
 }
 
+namespace {
+// The fiber to switch to straight from t when t blocks, or null to go back
+// to the scheduler. First the next runnable lane of t's own warp (after t,
+// wrapping around): a warp keeps running through its warp ops with its 32
+// stacks hot in the cache, which matters for mma/ldmatrix loops. Else the
+// thread the scheduler's pass would run next: the first runnable one after t
+// in linear order. Null when that one has not started yet (the scheduler
+// gives it a stack), when there is none, when aborting, and under ASan.
+Thread *next_runnable(Worker &w, const Thread &t) {
+#ifdef FTN_EMU_ASAN
+  (void)w;
+  (void)t;
+  return nullptr;  // fiber-to-fiber switches skip the ASan stack bookkeeping
+#else
+  if (w.aborting) return nullptr;
+  const unsigned base = t.pub.linear & ~31u, lane = t.pub.linear & 31u;
+  const unsigned lanes = w.nthreads - base < 32 ? w.nthreads - base : 32;
+  for (unsigned i = 1; i < lanes; ++i) {
+    Thread &o = w.threads[base + (lane + i) % lanes];
+    if (o.state == TState::Runnable) return &o;
+  }
+  for (unsigned j = base + lanes; j < w.nthreads; ++j) {
+    Thread &o = w.threads[j];
+    if (o.state == TState::Runnable) return &o;
+    if (o.state == TState::NotStarted) return nullptr;
+  }
+  return nullptr;
+#endif
+}
+}  // namespace
+
+// Switches t out: straight to another started fiber when there is one to run
+// (one context switch instead of two through the scheduler), else to the
+// scheduler. Whoever switches back to t has set w.cur = &t.
 void block_current(Worker &w, Thread &t) {
-  switch_to_scheduler(w, t, false);
+  if (Thread *next = next_runnable(w, t)) {
+    w.cur = next;
+    ftn_emu_tl_thread = &next->pub;
+    switch_fiber_to_fiber(t, *next);
+  } else {
+    switch_to_scheduler(w, t, false);
+  }
   if (w.aborting) throw Unwind{};
 }
 
@@ -229,7 +269,9 @@ void fiber_main(void *arg) {
   __builtin_unreachable();
 }
 
-void run_fiber(Worker &w, Thread &t) {
+// Runs t until control comes back to the scheduler, possibly from a later
+// fiber t handed over to (block_current); returns that last fiber's index.
+unsigned run_fiber(Worker &w, Thread &t) {
   if (t.state == TState::NotStarted) {
     t.stack = stack_acquire(w);
     fiber_prepare(t, fiber_main, &t);
@@ -238,12 +280,14 @@ void run_fiber(Worker &w, Thread &t) {
   w.cur = &t;
   ftn_emu_tl_thread = &t.pub;
   switch_to_fiber(w, t);
+  Thread &last = *w.cur;
   w.cur = nullptr;
   ftn_emu_tl_thread = nullptr;
-  if (t.state == TState::Done) {
-    w.free_stacks.push_back(t.stack);
-    t.stack = Stack{};
+  if (last.state == TState::Done) {
+    w.free_stacks.push_back(last.stack);
+    last.stack = Stack{};
   }
+  return last.pub.linear;
 }
 
 std::string describe_deadlock(const Worker &w) {
@@ -351,7 +395,7 @@ void run_block(Worker &w, uint64_t b) {
         Thread &t = w.threads[i];
         if (t.state != TState::NotStarted && t.state != TState::Runnable) continue;
         progress = true;
-        run_fiber(w, t);
+        i = run_fiber(w, t);  // the pass goes on after the last fiber that ran
       }
       if (w.aborting || w.done_count == n) break;
       if (!progress) {

@@ -110,6 +110,50 @@ std::string lanes_str(unsigned m) { return strprintf("0x%08x", m); }
 }  // namespace
 
 namespace {
+// The misuse checks' messages, out of line: the rendezvous below runs for
+// every lane of every warp op, and its frame and registers stay small.
+[[gnu::noinline, gnu::cold]] void caller_misuse(int op, unsigned mask, int width,
+                                                const Warp &wp, unsigned wi, unsigned lane,
+                                                const char *file, unsigned line) {
+  const char *name = warp_op_name(op);
+  if (is_shfl(op) && (width < 1 || width > 32 || (width & (width - 1))))
+    fail(strprintf("%s at %s:%u: width %d is not a power of two in [1, 32]", name, file, line,
+                   width));
+  if (!(mask & (1u << lane)))
+    fail(strprintf("%s at %s:%u: calling lane %u is not in mask %s", name, file, line, lane,
+                   lanes_str(mask).c_str()));
+  if (mask & ~wp.existing)
+    fail(strprintf("%s at %s:%u: mask %s names lanes %s that do not exist (warp %u has lanes %s)",
+                   name, file, line, lanes_str(mask).c_str(),
+                   lanes_str(mask & ~wp.existing).c_str(), wi, lanes_str(wp.existing).c_str()));
+  fail(strprintf("%s at %s:%u: mask %s names lanes %s that have already exited", name, file,
+                 line, lanes_str(mask).c_str(), lanes_str(mask & wp.exited).c_str()));
+}
+
+[[gnu::noinline, gnu::cold]] void slot_mismatch(int op, unsigned mask, const WarpSlot &s,
+                                                unsigned lane,
+                                                const char *file, unsigned line) {
+  const char *name = warp_op_name(op);
+  if ((op == kActiveMask || s.op == kActiveMask) &&
+      (s.op != op || s.line != line || std::strcmp(s.file, file) != 0))
+    fail(strprintf("__activemask() in a diverged warp: lane %u is in %s at %s:%u while lanes "
+                   "%s are in %s at %s:%u; the emulator does not model partial convergence, "
+                   "so every lane that has not exited must reach the same __activemask() call",
+                   lane, name, file, line, lanes_str(s.arrived).c_str(), warp_op_name(s.op),
+                   s.file, s.line));
+  fail(strprintf("lane %u calls %s(mask=%s) at %s:%u while lanes %s wait in "
+                 "%s(mask=%s) at %s:%u; lanes must meet in the same op with the same mask",
+                 lane, name, lanes_str(mask).c_str(), file, line, lanes_str(s.arrived).c_str(),
+                 warp_op_name(s.op), lanes_str(s.mask).c_str(), s.file, s.line));
+}
+
+bool slot_matches(int op, unsigned mask, const void *aux, const WarpSlot &s, const char *file,
+                  unsigned line) {
+  if (s.op != op || s.mask != mask || s.aux != aux) return false;
+  // __activemask() also needs the same call site.
+  return op != kActiveMask || (s.line == line && std::strcmp(s.file, file) == 0);
+}
+
 uint64_t rendezvous(int op, unsigned mask, uint64_t value, int param, int width, void *aux,
                     const char *file, unsigned line) {
   Worker &w = *tl_worker;
@@ -117,20 +161,10 @@ uint64_t rendezvous(int op, unsigned mask, uint64_t value, int param, int width,
   const unsigned lane = t.pub.linear & 31u, bit = 1u << lane;
   const unsigned wi = t.pub.linear >> 5;
   Warp &wp = w.warps[wi];
-  const char *name = warp_op_name(op);
-  if (is_shfl(op) && (width < 1 || width > 32 || (width & (width - 1))))
-    fail(strprintf("%s at %s:%u: width %d is not a power of two in [1, 32]", name, file, line,
-                   width));
-  if (!(mask & bit))
-    fail(strprintf("%s at %s:%u: calling lane %u is not in mask %s", name, file, line, lane,
-                   lanes_str(mask).c_str()));
-  if (mask & ~wp.existing)
-    fail(strprintf("%s at %s:%u: mask %s names lanes %s that do not exist (warp %u has lanes %s)",
-                   name, file, line, lanes_str(mask).c_str(),
-                   lanes_str(mask & ~wp.existing).c_str(), wi, lanes_str(wp.existing).c_str()));
-  if (mask & wp.exited)
-    fail(strprintf("%s at %s:%u: mask %s names lanes %s that have already exited", name, file,
-                   line, lanes_str(mask).c_str(), lanes_str(mask & wp.exited).c_str()));
+  const bool bad_width = is_shfl(op) && (width < 1 || width > 32 || (width & (width - 1)));
+  if (__builtin_expect(bad_width || !(mask & bit) || (mask & ~wp.existing) || (mask & wp.exited),
+                       0))
+    caller_misuse(op, mask, width, wp, wi, lane, file, line);
   WarpSlot *s = nullptr;
   for (int i = 0; i < wp.nslots; ++i)
     if (wp.slots[i].mask & mask) {
@@ -138,19 +172,8 @@ uint64_t rendezvous(int op, unsigned mask, uint64_t value, int param, int width,
       break;
     }
   if (s) {
-    if ((op == kActiveMask || s->op == kActiveMask) &&
-        (s->op != op || s->line != line || std::strcmp(s->file, file) != 0))
-      fail(strprintf("__activemask() in a diverged warp: lane %u is in %s at %s:%u while lanes "
-                     "%s are in %s at %s:%u; the emulator does not model partial convergence, "
-                     "so every lane that has not exited must reach the same __activemask() call",
-                     lane, name, file, line, lanes_str(s->arrived).c_str(), warp_op_name(s->op),
-                     s->file, s->line));
-    if (s->op != op || s->mask != mask || s->aux != aux)
-      fail(strprintf("lane %u calls %s(mask=%s) at %s:%u while lanes %s wait in "
-                     "%s(mask=%s) at %s:%u; lanes must meet in the same op with the same mask",
-                     lane, name, lanes_str(mask).c_str(), file, line,
-                     lanes_str(s->arrived).c_str(), warp_op_name(s->op),
-                     lanes_str(s->mask).c_str(), s->file, s->line));
+    if (__builtin_expect(!slot_matches(op, mask, aux, *s, file, line), 0))
+      slot_mismatch(op, mask, *s, lane, file, line);
   } else {
     s = &wp.slots[wp.nslots++];
     *s = WarpSlot{op, mask, 0, file, line, aux};

@@ -23,7 +23,9 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address -pthread
 
 echo "== building with AddressSanitizer in $out"
 objs=()
-for src in "$root"/cuda/emu/*.cpp "$root"/cuda/emu/tests/*.cpp "$root"/cuda/emu/tests/*.cu; do
+# cuda/gemm.cu: the kernel ftn_emu_bench_gemm (tests/bench_gemm.cpp) launches.
+for src in "$root"/cuda/emu/*.cpp "$root"/cuda/emu/tests/*.cpp "$root"/cuda/emu/tests/*.cu \
+           "$root"/cuda/gemm.cu; do
   obj="$out/$(basename "$src").o"
   "$cxx" -x c++ "${flags[@]}" -DFTN_EMU_SELFTEST_DRIVER -c "$src" -o "$obj" &
   objs+=("$obj")
@@ -46,6 +48,15 @@ if grep -q "ERROR: AddressSanitizer\|ERROR: LeakSanitizer" "$out/selftest.log"; 
   exit 1
 fi
 tail -n 1 "$out/selftest.log"
+
+echo "== 1b. the tensor-core GEMM (mma.sync, ldmatrix, cp.async) under ASan"
+if ! "$out/selftest" --gemm 128 128 64 2 >"$out/gemm.log" 2>&1 ||
+   grep -q "ERROR: AddressSanitizer\|ERROR: LeakSanitizer" "$out/gemm.log"; then
+  cat "$out/gemm.log"
+  echo "run_asan.sh: FAIL: the GEMM failed or ASan reported an error" >&2
+  exit 1
+fi
+tail -n 1 "$out/gemm.log"
 
 echo "== 2. planted out-of-bounds write must be caught"
 line=$(grep -n "PLANTED-OOB" "$root/cuda/emu/tests/planted_oob.cu" | head -n 1 | cut -d: -f1)
