@@ -21,7 +21,8 @@ use ferrotron::models::gpt::{
     Schedule, StepReport, TrainConfig,
 };
 
-const USAGE: &str = "usage: train_gpt [--tp N] [--pp N] [--vp N] [--dp N] [--schedule 1f1b|interleaved]
+const USAGE: &str =
+    "usage: train_gpt [--tp N] [--pp N] [--vp N] [--dp N] [--schedule 1f1b|interleaved]
   [--micro-batch SEQS] [--micro-batches N (per data-parallel rank)]
   [--recompute none|selective|uniform:N|block:N] [--precision bf16|fp16] [--steps N]
   [--data FILE] [--layers N] [--hidden N] [--heads N] [--seq N] [--lr X]
@@ -85,8 +86,14 @@ fn parse() -> Result<Args, String> {
             continue;
         }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
-        let n = || v.parse::<usize>().map_err(|_| format!("{flag}: expected a whole number, got {v}"));
-        let f = || v.parse::<f32>().map_err(|_| format!("{flag}: expected a number, got {v}"));
+        let n = || {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag}: expected a whole number, got {v}"))
+        };
+        let f = || {
+            v.parse::<f32>()
+                .map_err(|_| format!("{flag}: expected a number, got {v}"))
+        };
         match flag.as_str() {
             "--tp" => a.par.tp = n()?,
             "--pp" => a.par.pp = n()?,
@@ -147,7 +154,9 @@ fn parse_recompute(v: &str) -> Result<Recompute, String> {
         None if v == "selective" => Ok(Recompute::Selective),
         Some(("uniform", n)) => Ok(Recompute::Uniform(count(n)?)),
         Some(("block", n)) => Ok(Recompute::Block(count(n)?)),
-        _ => Err(format!("--recompute: expected none, selective, uniform:N or block:N, got {v}")),
+        _ => Err(format!(
+            "--recompute: expected none, selective, uniform:N or block:N, got {v}"
+        )),
     }
 }
 
@@ -206,7 +215,11 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         p.global_batch, tokens_per_step, p.micro_batches(), p.micro_batch, a.train.steps,
         a.train.lr, a.train.warmup, a.train.min_lr
     );
-    println!("  loss of a uniform guess: ln({}) = {:.3} nats/char", m.vocab, (m.vocab as f64).ln());
+    println!(
+        "  loss of a uniform guess: ln({}) = {:.3} nats/char",
+        m.vocab,
+        (m.vocab as f64).ln()
+    );
     if a.memory_report {
         return memory_report(m, p, &a.train, &corpus);
     }
@@ -270,7 +283,10 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         steps[0].loss, last.loss, tail_mean
     );
     match first_below {
-        Some((s, t)) => println!("  loss first below {target} at step {} after {t:.1} s", s + 1),
+        Some((s, t)) => println!(
+            "  loss first below {target} at step {} after {t:.1} s",
+            s + 1
+        ),
         None => println!("  loss never went below {target}"),
     }
     let mut per_layer: Vec<_> = summary.activation_bytes.iter().collect();
@@ -282,34 +298,49 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     std::fs::create_dir_all(&a.out)?;
-    let pts: Vec<(f64, f64)> = steps.iter().map(|s| ((s.step + 1) as f64, s.loss)).collect();
+    let pts: Vec<(f64, f64)> = steps
+        .iter()
+        .map(|s| ((s.step + 1) as f64, s.loss))
+        .collect();
     let title = format!(
         "GPT {}L h{} on {} — tp {} x pp {} x dp {}, {:?}",
         m.layers,
         m.hidden,
-        a.data.file_name().and_then(|f| f.to_str()).unwrap_or("data"),
+        a.data
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or("data"),
         p.tp,
         p.pp,
         p.dp,
         p.precision
     );
-    let svg = loss_svg(&title, &[Series { name: "training loss", color: "#1f6fb4", points: &pts }], Some(target));
+    let svg = loss_svg(
+        &title,
+        &[Series {
+            name: "training loss",
+            color: "#1f6fb4",
+            points: &pts,
+        }],
+        Some(target),
+    );
     let svg_path = a.out.join("loss.svg");
     std::fs::write(&svg_path, svg)?;
-    let csv: String = std::iter::once("step,loss,grad_norm,lr,loss_scale,skipped,elapsed_s\n".to_string())
-        .chain(steps.iter().map(|s| {
-            format!(
-                "{},{},{},{},{},{},{:.3}\n",
-                s.step + 1,
-                s.loss,
-                s.grad_norm,
-                s.lr,
-                s.loss_scale,
-                s.skipped as u8,
-                s.elapsed
-            )
-        }))
-        .collect();
+    let csv: String =
+        std::iter::once("step,loss,grad_norm,lr,loss_scale,skipped,elapsed_s\n".to_string())
+            .chain(steps.iter().map(|s| {
+                format!(
+                    "{},{},{},{},{},{},{:.3}\n",
+                    s.step + 1,
+                    s.loss,
+                    s.grad_norm,
+                    s.lr,
+                    s.loss_scale,
+                    s.skipped as u8,
+                    s.elapsed
+                )
+            }))
+            .collect();
     std::fs::write(a.out.join("loss.csv"), csv)?;
     println!("  loss curve: {} (and loss.csv)", svg_path.display());
     if let Some(dir) = &a.save {
@@ -317,7 +348,11 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     if a.sample > 0 {
         let prompt = "From fairest";
-        let prompt = if corpus.encode(prompt).is_ok() { prompt } else { "T" };
+        let prompt = if corpus.encode(prompt).is_ok() {
+            prompt
+        } else {
+            "T"
+        };
         let text = generate(m, &summary.params, &corpus, prompt, a.sample, 0.8, 7)?;
         println!("\nsample (temperature 0.8):\n{prompt}{text}");
     }
@@ -346,14 +381,24 @@ fn memory_report(
         "activation memory per layer and micro-batch (s {} b {} h {} a {} tp {}; KiB):",
         m.seq, p.micro_batch, m.hidden, m.heads, p.tp
     );
-    println!("  {:<28} {:>10} {:>10}  paper formula", "mode", "measured", "paper");
+    println!(
+        "  {:<28} {:>10} {:>10}  paper formula",
+        "mode", "measured", "paper"
+    );
     let train = TrainConfig { steps: 1, ..*train };
     for (mode, paper, formula) in [
         (Recompute::None, paper_full_act, "sbh(10 + 24/t + 5as/(ht))"),
-        (Recompute::Selective, sbh * (10.0 + 24.0 / t), "sbh(10 + 24/t)"),
+        (
+            Recompute::Selective,
+            sbh * (10.0 + 24.0 / t),
+            "sbh(10 + 24/t)",
+        ),
         (Recompute::Uniform(1), 2.0 * sbh, "2sbh"),
     ] {
-        let pm = ParallelConfig { recompute: mode, ..*p };
+        let pm = ParallelConfig {
+            recompute: mode,
+            ..*p
+        };
         let sum = train_in_process(m, &pm, &train, corpus, &JobOptions::default(), &mut |_| {})?;
         let got = sum.activation_bytes.get(&0).copied().unwrap_or(0);
         println!(

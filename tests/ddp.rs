@@ -547,7 +547,10 @@ fn distributed_optimizer_matches_single_rank(dp: usize, max_grad_norm: Option<f6
         };
         let mut ddp = DistributedDataParallel::new(&comm, reg, config).unwrap();
         if !sharded {
-            assert_eq!(arg_of(DistributedOptimizer::new(&ddp, cfg).unwrap_err()), "ddp");
+            assert_eq!(
+                arg_of(DistributedOptimizer::new(&ddp, cfg).unwrap_err()),
+                "ddp"
+            );
             ddp.allocate_param_buffers().unwrap();
         }
         let compute = comm.device().new_stream().unwrap();

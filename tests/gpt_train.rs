@@ -61,8 +61,15 @@ fn train(steps: u64) -> TrainConfig {
 }
 
 fn losses(m: &GptConfig, p: &ParallelConfig, steps: u64) -> Vec<f64> {
-    let s = train_in_process(m, p, &train(steps), &corpus(), &JobOptions::default(), &mut |_| {})
-        .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    let s = train_in_process(
+        m,
+        p,
+        &train(steps),
+        &corpus(),
+        &JobOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
     s.steps.iter().map(|r| r.loss).collect()
 }
 
@@ -84,7 +91,11 @@ fn one_rank_learns() {
     let m = model(c.vocab());
     let l = losses(&m, &par(1, 1, 1), 12);
     let uniform = (c.vocab() as f64).ln();
-    assert!((l[0] - uniform).abs() < 0.1, "first loss {} vs ln(vocab) {uniform}", l[0]);
+    assert!(
+        (l[0] - uniform).abs() < 0.1,
+        "first loss {} vs ln(vocab) {uniform}",
+        l[0]
+    );
     let tail = (l[9] + l[10] + l[11]) / 3.0;
     assert!(tail < l[0] - 0.4, "loss did not fall: {l:?}");
 }
@@ -100,7 +111,10 @@ fn every_split_of_8_ranks_matches_one_rank() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let small = |p: ParallelConfig| ParallelConfig { global_batch: 8, ..p };
+    let small = |p: ParallelConfig| ParallelConfig {
+        global_batch: 8,
+        ..p
+    };
     let want = losses(&m, &small(par(1, 1, 1)), steps);
     let mut splits: Vec<(String, ParallelConfig)> = Vec::new();
     for tp in [1, 2, 4, 8] {
@@ -120,15 +134,24 @@ fn every_split_of_8_ranks_matches_one_rank() {
     splits.push(("tp2 pp2 vp2 dp2 interleaved".into(), inter(2, 2, 2, 2)));
     splits.push((
         "tp2 pp2 dp2 selective recompute".into(),
-        ParallelConfig { recompute: Recompute::Selective, ..par(2, 2, 2) },
+        ParallelConfig {
+            recompute: Recompute::Selective,
+            ..par(2, 2, 2)
+        },
     ));
     splits.push((
         "tp2 pp1 dp4 plain DDP (replicated optimizer)".into(),
-        ParallelConfig { distributed_optimizer: false, ..par(2, 1, 4) },
+        ParallelConfig {
+            distributed_optimizer: false,
+            ..par(2, 1, 4)
+        },
     ));
     splits.push((
         "tp2 pp2 dp2 uniform:2 recompute".into(),
-        ParallelConfig { recompute: Recompute::Uniform(2), ..par(2, 2, 2) },
+        ParallelConfig {
+            recompute: Recompute::Uniform(2),
+            ..par(2, 2, 2)
+        },
     ));
     for (name, p) in &splits {
         let got = losses(&m, &small(*p), steps);
@@ -148,8 +171,19 @@ fn recomputation_is_bitwise_the_stored_run() {
     };
     let base = par(2, 2, 1);
     let want = losses(&m, &base, 3);
-    for r in [Recompute::Selective, Recompute::Uniform(2), Recompute::Block(1)] {
-        let got = losses(&m, &ParallelConfig { recompute: r, ..base }, 3);
+    for r in [
+        Recompute::Selective,
+        Recompute::Uniform(2),
+        Recompute::Block(1),
+    ] {
+        let got = losses(
+            &m,
+            &ParallelConfig {
+                recompute: r,
+                ..base
+            },
+            3,
+        );
         assert_eq!(got, want, "{r:?}");
     }
 }
@@ -163,12 +197,23 @@ fn a_resumed_run_continues_the_same_curve() {
     let p = par(2, 1, 2);
     let want = losses(&m, &p, 4);
     let dir = std::env::temp_dir().join(format!("ftn-gpt-ckpt-{}", std::process::id()));
-    let save = JobOptions { save: Some(dir.clone()), ..JobOptions::default() };
+    let save = JobOptions {
+        save: Some(dir.clone()),
+        ..JobOptions::default()
+    };
     let first = train_in_process(&m, &p, &train(2), &c, &save, &mut |_| {}).unwrap();
-    let resume = JobOptions { resume: Some(dir.clone()), ..JobOptions::default() };
+    let resume = JobOptions {
+        resume: Some(dir.clone()),
+        ..JobOptions::default()
+    };
     let rest = train_in_process(&m, &p, &train(4), &c, &resume, &mut |_| {}).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    let got: Vec<f64> = first.steps.iter().chain(&rest.steps).map(|r| r.loss).collect();
+    let got: Vec<f64> = first
+        .steps
+        .iter()
+        .chain(&rest.steps)
+        .map(|r| r.loss)
+        .collect();
     assert_eq!(rest.steps[0].step, 2);
     assert_eq!(got, want);
 }
@@ -187,7 +232,10 @@ fn bad_configurations_are_named_before_any_work() {
     assert_eq!(arg(run(&par(3, 1, 1), &m)), "tp");
     let odd = GptConfig { layers: 3, ..m };
     assert_eq!(arg(run(&par(1, 2, 1), &odd)), "layers");
-    let batch = ParallelConfig { global_batch: 9, ..par(1, 1, 2) };
+    let batch = ParallelConfig {
+        global_batch: 9,
+        ..par(1, 1, 2)
+    };
     assert_eq!(arg(run(&batch, &m)), "global_batch");
 }
 
@@ -215,11 +263,17 @@ fn activation_memory_per_layer_matches_the_shapes() {
             (Recompute::Selective, base),
             (Recompute::Uniform(1), 2 * s * b * h),
         ] {
-            let p = ParallelConfig { recompute: r, ..par(2, 1, 1) };
+            let p = ParallelConfig {
+                recompute: r,
+                ..par(2, 1, 1)
+            };
             let sum = train_in_process(&m, &p, &train(1), &c, &JobOptions::default(), &mut |_| {})
                 .unwrap();
             for layer in 0..m.layers {
-                assert_eq!(sum.activation_bytes[&layer], want, "{r:?} p {p_drop} layer {layer}");
+                assert_eq!(
+                    sum.activation_bytes[&layer], want,
+                    "{r:?} p {p_drop} layer {layer}"
+                );
             }
         }
     }

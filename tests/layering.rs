@@ -5,6 +5,8 @@
 //! * `src/reference/` (the float64 oracles) depends on nothing above
 //!   `core`: not on ops, parallel layers, backends or kernels, so an oracle
 //!   cannot inherit a bug from the code it checks.
+//! * `src/models/` assembles models from the layers: never the kernel ABI
+//!   or table either.
 //! * `src/core/` is backend-free logic (`no_std`, which CI builds): no
 //!   backend, op, parallel or communicator imports.
 
@@ -53,6 +55,19 @@ fn parallel_layers_never_touch_kernels() {
     assert!(
         v.is_empty(),
         "src/parallel must launch kernels through src/ops:\n{}",
+        v.join("\n")
+    );
+}
+
+#[test]
+fn models_never_touch_kernels() {
+    let v = violations(
+        "src/models",
+        &["kernel_params", "kernels::", "crate::kernels"],
+    );
+    assert!(
+        v.is_empty(),
+        "src/models must launch kernels through src/ops:\n{}",
         v.join("\n")
     );
 }

@@ -202,7 +202,9 @@ impl<T: TpElement> TpMlp<T> {
     /// their backwards); `None` if there are none. The next forward then
     /// allocates fresh buffers.
     pub fn take_saved(&mut self) -> Option<MlpSaved<T>> {
-        self.saved.take().map(|(tokens, h, pre)| MlpSaved { tokens, h, pre })
+        self.saved
+            .take()
+            .map(|(tokens, h, pre)| MlpSaved { tokens, h, pre })
     }
 
     /// Puts back activations [`TpMlp::take_saved`] took (from this block or
@@ -212,7 +214,9 @@ impl<T: TpElement> TpMlp<T> {
         let want = saved
             .tokens
             .checked_mul(self.fc1.out_per_rank())
-            .ok_or_else(|| Error::invalid(OP, "saved", "a size that fits in usize", saved.tokens))?;
+            .ok_or_else(|| {
+                Error::invalid(OP, "saved", "a size that fits in usize", saved.tokens)
+            })?;
         if saved.h.len() != want || saved.pre.len() != want {
             return Err(Error::invalid(
                 OP,

@@ -98,7 +98,12 @@ impl GptConfig {
             }
         }
         if !(self.init_std.is_finite() && self.init_std > 0.0) {
-            return Err(Error::invalid(OP, "init_std", "a finite value > 0", self.init_std));
+            return Err(Error::invalid(
+                OP,
+                "init_std",
+                "a finite value > 0",
+                self.init_std,
+            ));
         }
         Ok(())
     }
@@ -333,18 +338,31 @@ mod tests {
         let m = GptConfig::small(62, 64);
         assert!(par().validate(&m, 8).is_ok());
         assert_eq!(arg_of(par().validate(&m, 4).unwrap_err()), "tp * pp * dp");
-        let heads3 = GptConfig { heads: 3, hidden: 129, ..m };
+        let heads3 = GptConfig {
+            heads: 3,
+            hidden: 129,
+            ..m
+        };
         let tp2 = par();
         assert_eq!(arg_of(tp2.validate(&heads3, 8).unwrap_err()), "tp");
         let layers3 = GptConfig { layers: 3, ..m };
         assert_eq!(arg_of(par().validate(&layers3, 8).unwrap_err()), "layers");
-        let odd_batch = ParallelConfig { global_batch: 6, ..par() };
-        assert_eq!(arg_of(odd_batch.validate(&m, 8).unwrap_err()), "global_batch");
+        let odd_batch = ParallelConfig {
+            global_batch: 6,
+            ..par()
+        };
+        assert_eq!(
+            arg_of(odd_batch.validate(&m, 8).unwrap_err()),
+            "global_batch"
+        );
         let vp_no_inter = ParallelConfig { vp: 2, ..par() };
         assert_eq!(arg_of(vp_no_inter.validate(&m, 8).unwrap_err()), "vp");
         let bad_heads = GptConfig { heads: 5, ..m };
         assert_eq!(arg_of(par().validate(&bad_heads, 8).unwrap_err()), "heads");
-        let p = GptConfig { hidden_dropout: 1.0, ..m };
+        let p = GptConfig {
+            hidden_dropout: 1.0,
+            ..m
+        };
         assert_eq!(arg_of(par().validate(&p, 8).unwrap_err()), "hidden_dropout");
     }
 

@@ -38,7 +38,12 @@ impl CharCorpus {
             .map(|c| chars.binary_search(&c).map_or(0, |i| i as i32))
             .collect();
         if ids.len() < 3 {
-            return Err(Error::invalid("CharCorpus", "text", "at least 3 characters", ids.len()));
+            return Err(Error::invalid(
+                "CharCorpus",
+                "text",
+                "at least 3 characters",
+                ids.len(),
+            ));
         }
         Ok(CharCorpus { chars, ids })
     }
@@ -61,10 +66,9 @@ impl CharCorpus {
     pub fn encode(&self, s: &str) -> Result<Vec<i32>> {
         s.chars()
             .map(|c| {
-                self.chars
-                    .binary_search(&c)
-                    .map(|i| i as i32)
-                    .map_err(|_| Error::invalid("CharCorpus::encode", "s", "characters of the corpus", c))
+                self.chars.binary_search(&c).map(|i| i as i32).map_err(|_| {
+                    Error::invalid("CharCorpus::encode", "s", "characters of the corpus", c)
+                })
             })
             .collect()
     }
@@ -78,7 +82,13 @@ impl CharCorpus {
 
     /// Sample `index` of `step`: `seq` input ids and the `seq` next ids.
     /// Errors: a corpus shorter than `seq + 1`.
-    pub fn sample(&self, seed: u64, step: u64, index: u64, seq: usize) -> Result<(Vec<i32>, Vec<i32>)> {
+    pub fn sample(
+        &self,
+        seed: u64,
+        step: u64,
+        index: u64,
+        seq: usize,
+    ) -> Result<(Vec<i32>, Vec<i32>)> {
         if self.ids.len() < seq + 1 {
             return Err(Error::invalid(
                 "CharCorpus::sample",

@@ -41,14 +41,28 @@ impl<T: TpElement> PipelineData<T> for LossData<'_, T> {
         output: &DeviceBuffer<T>,
     ) -> Result<DeviceBuffer<T>> {
         let labels = self.labels.get(mb).ok_or_else(|| {
-            Error::invalid("GptLoss", "microbatch", format!("< {}", self.labels.len()), mb)
+            Error::invalid(
+                "GptLoss",
+                "microbatch",
+                format!("< {}", self.labels.len()),
+                mb,
+            )
         })?;
         let dev = self.tp.device();
         let mut loss = dev.alloc_zeros::<f32>(self.ce.tokens)?;
-        let saved = self.ce.forward(self.tp, stream, output, labels, &mut loss)?;
+        let saved = self
+            .ce
+            .forward(self.tp, stream, output, labels, &mut loss)?;
         let mut grad = dev.alloc_zeros::<T>(output.len())?;
-        self.ce
-            .backward(self.tp, stream, output, labels, &saved, &self.dloss, &mut grad)?;
+        self.ce.backward(
+            self.tp,
+            stream,
+            output,
+            labels,
+            &saved,
+            &self.dloss,
+            &mut grad,
+        )?;
         self.losses.push(loss);
         Ok(grad)
     }

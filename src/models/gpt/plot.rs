@@ -12,7 +12,9 @@ pub struct Series<'a> {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// The SVG of `series` under `title`, with a dashed line at `target`.
@@ -136,11 +138,25 @@ mod tests {
     #[test]
     fn draws_every_finite_point_and_the_target() {
         let pts = [(0.0, 4.1), (1.0, 3.0), (2.0, f64::NAN), (3.0, 1.9)];
-        let svg = loss_svg("a <b>", &[Series { name: "run", color: "#c00", points: &pts }], Some(2.0));
+        let svg = loss_svg(
+            "a <b>",
+            &[Series {
+                name: "run",
+                color: "#c00",
+                points: &pts,
+            }],
+            Some(2.0),
+        );
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert!(svg.contains("a &lt;b&gt;"));
         let line = svg.lines().find(|l| l.starts_with("<polyline")).unwrap();
-        let n = line.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+        let n = line
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
         assert_eq!(n.split(' ').count(), 3, "the NaN point is dropped");
         assert!(svg.contains("target 2"));
     }

@@ -28,11 +28,21 @@ pub fn generate(
     seed: u64,
 ) -> Result<String> {
     if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(Error::invalid("generate", "temperature", "a finite value > 0", temperature));
+        return Err(Error::invalid(
+            "generate",
+            "temperature",
+            "a finite value > 0",
+            temperature,
+        ));
     }
     let mut ctx = corpus.encode(prompt)?;
     if ctx.is_empty() {
-        return Err(Error::invalid("generate", "prompt", "at least one character", "\"\""));
+        return Err(Error::invalid(
+            "generate",
+            "prompt",
+            "at least one character",
+            "\"\"",
+        ));
     }
     let cfg = GptConfig {
         hidden_dropout: 0.0,

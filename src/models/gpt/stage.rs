@@ -75,7 +75,12 @@ pub(crate) struct Chunk<T: TpElement> {
 struct ChunkSaved<T: TpElement> {
     layers: Vec<Option<LayerSaved<T>>>,
     /// Final LN input, output and statistics.
-    head: Option<(DeviceBuffer<T>, DeviceBuffer<T>, DeviceBuffer<f32>, DeviceBuffer<f32>)>,
+    head: Option<(
+        DeviceBuffer<T>,
+        DeviceBuffer<T>,
+        DeviceBuffer<f32>,
+        DeviceBuffer<f32>,
+    )>,
 }
 
 /// One recomputation group of a chunk's layers `[start, end)`.
@@ -131,7 +136,12 @@ fn vocab_shard(vocab: usize, tp: &Communicator) -> Result<(usize, usize)> {
 fn full_word<T: TpElement>(cfg: &GptConfig, tp: usize) -> Result<Vec<T>> {
     let v = padded_vocab_size(cfg.vocab, tp)
         .ok_or_else(|| Error::invalid(OP, "vocab", "a vocabulary that can be padded", cfg.vocab))?;
-    let mut w = init::normal::<T>(cfg.seed, "embedding.word", cfg.vocab * cfg.hidden, cfg.init_std);
+    let mut w = init::normal::<T>(
+        cfg.seed,
+        "embedding.word",
+        cfg.vocab * cfg.hidden,
+        cfg.init_std,
+    );
     w.resize(v * cfg.hidden, init::constant::<T>(1, 0.0)[0]);
     Ok(w)
 }
@@ -201,7 +211,13 @@ impl<T: TpElement> GptStage<T> {
         let head = match (last, &word) {
             (true, Some(w)) => {
                 let mask: Vec<T> = (start..start + rows)
-                    .map(|v| T::from_f64(if v < cfg.vocab { 0.0 } else { PADDED_LOGIT as f64 }))
+                    .map(|v| {
+                        T::from_f64(if v < cfg.vocab {
+                            0.0
+                        } else {
+                            PADDED_LOGIT as f64
+                        })
+                    })
                     .collect();
                 Some(Head {
                     ln: Norm {
@@ -263,8 +279,18 @@ impl<T: TpElement> GptStage<T> {
         for chunk in self.chunks.iter_mut() {
             if chunk.global_stage == 0 {
                 if let Some(e) = emb.take() {
-                    out.push(ParamRef::new("embedding.word", vec![vs, h], false, &mut e.word));
-                    out.push(ParamRef::new("embedding.position", vec![seq, h], true, &mut e.pos));
+                    out.push(ParamRef::new(
+                        "embedding.word",
+                        vec![vs, h],
+                        false,
+                        &mut e.word,
+                    ));
+                    out.push(ParamRef::new(
+                        "embedding.position",
+                        vec![seq, h],
+                        true,
+                        &mut e.pos,
+                    ));
                 }
             }
             for layer in chunk.layers.iter_mut() {
@@ -280,8 +306,18 @@ impl<T: TpElement> GptStage<T> {
             }
             if chunk.global_stage == last_stage {
                 if let Some(hd) = head.take() {
-                    out.push(ParamRef::new("final_ln.weight", vec![h], true, &mut hd.ln.gamma));
-                    out.push(ParamRef::new("final_ln.bias", vec![h], true, &mut hd.ln.beta));
+                    out.push(ParamRef::new(
+                        "final_ln.weight",
+                        vec![h],
+                        true,
+                        &mut hd.ln.gamma,
+                    ));
+                    out.push(ParamRef::new(
+                        "final_ln.bias",
+                        vec![h],
+                        true,
+                        &mut hd.ln.beta,
+                    ));
                     if let Some(w) = hd.word.as_mut() {
                         let mut r = ParamRef::new("output.word", vec![vs, h], false, w);
                         r.tied_copy = true;
@@ -451,11 +487,17 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         }
         let zeros = dev.alloc_zeros::<T>(t * h)?;
         let mut x0 = dev.alloc_zeros::<T>(t * h)?;
-        BiasDropoutAdd::new(t, h, cfg.hidden_dropout).forward(stream, &emb, None, &zeros, &mut x0, mode)?;
+        BiasDropoutAdd::new(t, h, cfg.hidden_dropout)
+            .forward(stream, &emb, None, &zeros, &mut x0, mode)?;
         Ok(x0)
     }
 
-    fn embedding_backward(&mut self, stream: &Stream, mb: usize, dx0: DeviceBuffer<T>) -> Result<()> {
+    fn embedding_backward(
+        &mut self,
+        stream: &Stream,
+        mb: usize,
+        dx0: DeviceBuffer<T>,
+    ) -> Result<()> {
         let cfg = self.stage.cfg;
         let (t, h) = (self.stage.tokens(), cfg.hidden);
         let mode = self.dropout_mode(cfg.seed, cfg.hidden_dropout, mb, cfg.layers, 0);
@@ -463,7 +505,8 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             dx0
         } else {
             let mut d = self.tp.device().alloc_zeros::<T>(t * h)?;
-            BiasDropoutAdd::new(t, h, cfg.hidden_dropout).backward(stream, &dx0, &mut d, None, None, mode)?;
+            BiasDropoutAdd::new(t, h, cfg.hidden_dropout)
+                .backward(stream, &dx0, &mut d, None, None, mode)?;
             d
         };
         let ids = self.ids_of(mb)?;
@@ -508,8 +551,17 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         stream: &Stream,
         x: DeviceBuffer<T>,
         logits: &mut DeviceBuffer<T>,
-    ) -> Result<(DeviceBuffer<T>, DeviceBuffer<T>, DeviceBuffer<f32>, DeviceBuffer<f32>)> {
-        let (t, h, vs) = (self.stage.tokens(), self.stage.cfg.hidden, self.stage.shard_vocab());
+    ) -> Result<(
+        DeviceBuffer<T>,
+        DeviceBuffer<T>,
+        DeviceBuffer<f32>,
+        DeviceBuffer<f32>,
+    )> {
+        let (t, h, vs) = (
+            self.stage.tokens(),
+            self.stage.cfg.hidden,
+            self.stage.shard_vocab(),
+        );
         let dev = self.tp.device();
         let hd = self
             .stage
@@ -549,10 +601,19 @@ impl<T: TpElement> StageRun<'_, '_, T> {
     fn head_backward(
         &self,
         stream: &Stream,
-        saved: (DeviceBuffer<T>, DeviceBuffer<T>, DeviceBuffer<f32>, DeviceBuffer<f32>),
+        saved: (
+            DeviceBuffer<T>,
+            DeviceBuffer<T>,
+            DeviceBuffer<f32>,
+            DeviceBuffer<f32>,
+        ),
         dlogits: &DeviceBuffer<T>,
     ) -> Result<DeviceBuffer<T>> {
-        let (t, h, vs) = (self.stage.tokens(), self.stage.cfg.hidden, self.stage.shard_vocab());
+        let (t, h, vs) = (
+            self.stage.tokens(),
+            self.stage.cfg.hidden,
+            self.stage.shard_vocab(),
+        );
         let dev = self.tp.device();
         let (x, yf, mean, rstd) = saved;
         let (w, wid) = self.output_weight()?;
@@ -574,7 +635,8 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             &mut dyf,
         )?;
         if self.tp.size() > 1 {
-            self.tp.all_reduce_in_place(stream, &mut dyf, ReduceOp::Sum)?;
+            self.tp
+                .all_reduce_in_place(stream, &mut dyf, ReduceOp::Sum)?;
         }
         let grads = self.ddp.buffers();
         Gemm::new(vs, h, t).trans_a(true).beta(1.0).run(
@@ -697,7 +759,8 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
         };
         let mut x = x;
         for g in groups(n, self.stage.par.recompute) {
-            let (out, states) = self.run_layers(stream, chunk, mb, g.start..g.end, x, !g.recompute)?;
+            let (out, states) =
+                self.run_layers(stream, chunk, mb, g.start..g.end, x, !g.recompute)?;
             for (k, st) in states.into_iter().enumerate() {
                 let i = g.start + k;
                 let global = self.layer_index(chunk, i);
@@ -730,7 +793,12 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
         grad_input: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         let mut saved = self.stage.saved.remove(&(chunk, mb)).ok_or_else(|| {
-            Error::invalid(OP, "microbatch", "one whose forward ran", format!("{mb} (chunk {chunk})"))
+            Error::invalid(
+                OP,
+                "microbatch",
+                "one whose forward ran",
+                format!("{mb} (chunk {chunk})"),
+            )
         })?;
         let mut dx = match saved.head.take() {
             Some(head) => self.head_backward(stream, head, grad_output)?,
@@ -748,7 +816,8 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
                 })?;
                 let mut x = self.tp.device().alloc_zeros::<T>(first.input().len())?;
                 stream.copy_device(first.input(), &mut x)?;
-                self.run_layers(stream, chunk, mb, g.start..g.end, x, true)?.1
+                self.run_layers(stream, chunk, mb, g.start..g.end, x, true)?
+                    .1
             } else {
                 (g.start..g.end)
                     .map(|i| {

@@ -29,8 +29,7 @@ use crate::core::{Error, Result};
 use crate::ops::adam::{AdamConfig, AdamScalars};
 use crate::ops::multi_tensor::DeviceGradScaler;
 use crate::parallel::ddp::{
-    DdpConfig, DistOptConfig, DistributedDataParallel, DistributedOptimizer, ParamId,
-    ParamRegistry,
+    DdpConfig, DistOptConfig, DistributedDataParallel, DistributedOptimizer, ParamId, ParamRegistry,
 };
 use crate::parallel::linear::TpElement;
 use crate::parallel::pipeline::{PipelineExecutor, TiedEmbeddingGroup};
@@ -376,7 +375,11 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         c.synchronize()?;
         for (p, id) in self.stage.params_mut().into_iter().zip(order) {
             let v = self.ddp.buffers().param::<T>(id)?.to_host()?;
-            out.push((p.name, p.shape, v.into_iter().map(|x| x.to_f64() as f32).collect()));
+            out.push((
+                p.name,
+                p.shape,
+                v.into_iter().map(|x| x.to_f64() as f32).collect(),
+            ));
         }
         Ok(out)
     }
@@ -387,23 +390,34 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
     /// a wrong size.
     pub(crate) fn load_full_params(&mut self, params: &HashMap<String, Vec<f32>>) -> Result<()> {
         if self.comms.world.size() != 1 {
-            return Err(Error::invalid(OP, "world", "a single rank", self.comms.world.size()));
+            return Err(Error::invalid(
+                OP,
+                "world",
+                "a single rank",
+                self.comms.world.size(),
+            ));
         }
         let dev = self.comms.world.device().clone();
         let order = self.order.clone();
         for (p, id) in self.stage.params_mut().into_iter().zip(order) {
-            let v = params
-                .get(&p.name)
-                .ok_or_else(|| Error::invalid(OP, "params", format!("a value for {}", p.name), "none"))?;
+            let v = params.get(&p.name).ok_or_else(|| {
+                Error::invalid(OP, "params", format!("a value for {}", p.name), "none")
+            })?;
             let n: usize = p.shape.iter().product();
             if v.len() > n || (v.len() < n && p.name != "embedding.word") {
-                return Err(Error::invalid(OP, "params", format!("{n} values for {}", p.name), v.len()));
+                return Err(Error::invalid(
+                    OP,
+                    "params",
+                    format!("{n} values for {}", p.name),
+                    v.len(),
+                ));
             }
             let mut host: Vec<T> = v.iter().map(|&x| T::from_f64(x as f64)).collect();
             host.resize(n, T::from_f64(0.0));
             let buf = dev.upload(&host)?;
             self.compute.copy_device(&buf, p.buf)?;
-            self.compute.copy_device(&buf, &mut *self.ddp.buffers().param::<T>(id)?)?;
+            self.compute
+                .copy_device(&buf, &mut *self.ddp.buffers().param::<T>(id)?)?;
         }
         self.compute.synchronize()
     }
@@ -441,7 +455,11 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         self.stage.clear_saved();
         let host = logits.to_host()?;
         Ok((0..seq)
-            .flat_map(|i| host[i * vs..i * vs + vocab].iter().map(|x| x.to_f64() as f32))
+            .flat_map(|i| {
+                host[i * vs..i * vs + vocab]
+                    .iter()
+                    .map(|x| x.to_f64() as f32)
+            })
             .collect())
     }
 
@@ -453,17 +471,29 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         let co = self.comms.coords;
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let file = dir.join(format!("tp{}_pp{}.safetensors", co.tp, co.pp));
-        crate::parallel::ddp::save_checkpoint(&self.ddp, &self.opt, &self.scalars, &self.compute, &file)?;
+        crate::parallel::ddp::save_checkpoint(
+            &self.ddp,
+            &self.opt,
+            &self.scalars,
+            &self.compute,
+            &file,
+        )?;
         if co.dp == 0 {
             let scaler = match &self.scaler {
                 Some((s, _)) => {
                     let h = s.to_host()?;
-                    format!("{} {} {}", h.scale(), h.growth_tracker(), h.hysteresis_tracker())
+                    format!(
+                        "{} {} {}",
+                        h.scale(),
+                        h.growth_tracker(),
+                        h.hysteresis_tracker()
+                    )
                 }
                 None => "none".into(),
             };
             let side = dir.join(format!("tp{}_pp{}.state", co.tp, co.pp));
-            std::fs::write(&side, format!("step {}\nscaler {scaler}\n", self.step)).map_err(|e| io(&side, e))?;
+            std::fs::write(&side, format!("step {}\nscaler {scaler}\n", self.step))
+                .map_err(|e| io(&side, e))?;
         }
         Ok(())
     }
@@ -474,17 +504,33 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
     pub fn load(&mut self, dir: &Path) -> Result<()> {
         let co = self.comms.coords;
         let file = dir.join(format!("tp{}_pp{}.safetensors", co.tp, co.pp));
-        crate::parallel::ddp::load_checkpoint(&mut self.ddp, &mut self.opt, &mut self.scalars, &self.compute, &file)?;
+        crate::parallel::ddp::load_checkpoint(
+            &mut self.ddp,
+            &mut self.opt,
+            &mut self.scalars,
+            &self.compute,
+            &file,
+        )?;
         let side = dir.join(format!("tp{}_pp{}.state", co.tp, co.pp));
         let text = std::fs::read_to_string(&side).map_err(|e| io(&side, e))?;
-        let bad = || Error::invalid(OP, "checkpoint", "a `step N` / `scaler ...` state file", side.display().to_string());
+        let bad = || {
+            Error::invalid(
+                OP,
+                "checkpoint",
+                "a `step N` / `scaler ...` state file",
+                side.display().to_string(),
+            )
+        };
         let mut lines = text.lines();
         let step: u64 = lines
             .next()
             .and_then(|l| l.strip_prefix("step "))
             .and_then(|v| v.parse().ok())
             .ok_or_else(bad)?;
-        let scaler_line = lines.next().and_then(|l| l.strip_prefix("scaler ")).ok_or_else(bad)?;
+        let scaler_line = lines
+            .next()
+            .and_then(|l| l.strip_prefix("scaler "))
+            .ok_or_else(bad)?;
         if let Some((s, _)) = self.scaler.as_mut() {
             let v: Vec<&str> = scaler_line.split(' ').collect();
             let parse = |i: usize| v.get(i).and_then(|x| x.parse::<f64>().ok()).ok_or_else(bad);

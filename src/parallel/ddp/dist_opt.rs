@@ -134,7 +134,12 @@ fn tensor_ref(b: &AnyBuffer) -> Result<TensorRef<'_>> {
 /// The elements `[lo, hi)` of `bucket` this rank's optimizer updates: its
 /// `1/dp` shard (distributed optimizer), or all of it (plain DDP, where
 /// every rank holds the whole all-reduced gradient).
-fn owned(bucket: &ddp_layout::BucketRange, dp: usize, rank: usize, sharded: bool) -> Result<(usize, usize)> {
+fn owned(
+    bucket: &ddp_layout::BucketRange,
+    dp: usize,
+    rank: usize,
+    sharded: bool,
+) -> Result<(usize, usize)> {
     if sharded {
         ddp_layout::shard(bucket, dp, rank)
     } else {
@@ -200,7 +205,11 @@ impl DistributedOptimizer {
                         state += z - a;
                     }
                 }
-                gather.push(AnyBuffer::zeros(dev, g.param_dtype, if sharded { hi - lo } else { 0 })?);
+                gather.push(AnyBuffer::zeros(
+                    dev,
+                    g.param_dtype,
+                    if sharded { hi - lo } else { 0 },
+                )?);
             }
             let master = if master_host.is_empty() {
                 dev.alloc_zeros(0)?
