@@ -35,5 +35,5 @@ pub mod world;
 pub use config::{GptConfig, ParallelConfig, Precision, Recompute, Schedule};
 pub use corpus::CharCorpus;
 pub use layer::{layer_param_replicated, LAYER_PARAMS};
-pub use trainer::{GptTrainer, RankComms, StepStats, TrainConfig};
+pub use trainer::{GptTrainer, ParamShard, RankComms, StepStats, TrainConfig};
 pub use world::{train_in_process, JobOptions, StepReport, TrainSummary};

@@ -70,17 +70,21 @@ pub(crate) struct Chunk<T: TpElement> {
     pub layers: Vec<Layer<T>>,
 }
 
+/// What the head's forward keeps: the final LayerNorm's input, output and
+/// statistics.
+struct HeadSaved<T: TpElement> {
+    x: DeviceBuffer<T>,
+    yf: DeviceBuffer<T>,
+    mean: DeviceBuffer<f32>,
+    rstd: DeviceBuffer<f32>,
+}
+
 /// One micro-batch's saved state of one chunk.
 #[derive(Default)]
 struct ChunkSaved<T: TpElement> {
     layers: Vec<Option<LayerSaved<T>>>,
     /// Final LN input, output and statistics.
-    head: Option<(
-        DeviceBuffer<T>,
-        DeviceBuffer<T>,
-        DeviceBuffer<f32>,
-        DeviceBuffer<f32>,
-    )>,
+    head: Option<HeadSaved<T>>,
 }
 
 /// One recomputation group of a chunk's layers `[start, end)`.
@@ -551,12 +555,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         stream: &Stream,
         x: DeviceBuffer<T>,
         logits: &mut DeviceBuffer<T>,
-    ) -> Result<(
-        DeviceBuffer<T>,
-        DeviceBuffer<T>,
-        DeviceBuffer<f32>,
-        DeviceBuffer<f32>,
-    )> {
+    ) -> Result<HeadSaved<T>> {
         let (t, h, vs) = (
             self.stage.tokens(),
             self.stage.cfg.hidden,
@@ -594,19 +593,13 @@ impl<T: TpElement> StageRun<'_, '_, T> {
                 Aux::None,
                 logits,
             )?;
-        Ok((x, yf, mean, rstd))
+        Ok(HeadSaved { x, yf, mean, rstd })
     }
 
-    #[allow(clippy::type_complexity)]
     fn head_backward(
         &self,
         stream: &Stream,
-        saved: (
-            DeviceBuffer<T>,
-            DeviceBuffer<T>,
-            DeviceBuffer<f32>,
-            DeviceBuffer<f32>,
-        ),
+        saved: HeadSaved<T>,
         dlogits: &DeviceBuffer<T>,
     ) -> Result<DeviceBuffer<T>> {
         let (t, h, vs) = (
@@ -615,7 +608,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             self.stage.shard_vocab(),
         );
         let dev = self.tp.device();
-        let (x, yf, mean, rstd) = saved;
+        let HeadSaved { x, yf, mean, rstd } = saved;
         let (w, wid) = self.output_weight()?;
         let hd = self
             .stage

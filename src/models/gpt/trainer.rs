@@ -126,6 +126,14 @@ impl RankComms {
     }
 }
 
+/// One parameter's shard on one rank: its name, shard shape and values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamShard {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
 /// What one step did on one rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {
@@ -368,18 +376,18 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
     /// This rank's parameters (its shards), by name, as f32 with their
     /// shard shapes — what [`super::assemble_full`] joins into the
     /// unsharded model.
-    pub fn export_params(&mut self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    pub fn export_params(&mut self) -> Result<Vec<ParamShard>> {
         let order = self.order.clone();
         let mut out = Vec::new();
         let c = self.compute.clone();
         c.synchronize()?;
         for (p, id) in self.stage.params_mut().into_iter().zip(order) {
             let v = self.ddp.buffers().param::<T>(id)?.to_host()?;
-            out.push((
-                p.name,
-                p.shape,
-                v.into_iter().map(|x| x.to_f64() as f32).collect(),
-            ));
+            out.push(ParamShard {
+                name: p.name,
+                shape: p.shape,
+                values: v.into_iter().map(|x| x.to_f64() as f32).collect(),
+            });
         }
         Ok(out)
     }

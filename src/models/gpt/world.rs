@@ -15,7 +15,7 @@ use crate::parallel::linear::TpElement;
 
 use super::config::{GptConfig, ParallelConfig, Precision};
 use super::corpus::CharCorpus;
-use super::trainer::{GptTrainer, RankComms, StepStats, TrainConfig, PEER_TIMEOUT};
+use super::trainer::{GptTrainer, ParamShard, RankComms, StepStats, TrainConfig, PEER_TIMEOUT};
 
 /// One step as the whole job saw it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -123,7 +123,7 @@ struct RankEnd {
 /// One model-parallel rank's parameter shards.
 pub(crate) struct RankShards {
     tp: usize,
-    shards: Vec<(String, Vec<usize>, Vec<f32>)>,
+    shards: Vec<ParamShard>,
 }
 
 fn run_rank(
@@ -262,13 +262,10 @@ pub(crate) fn assemble_full(
     par: &ParallelConfig,
     ranks: &[RankShards],
 ) -> Result<HashMap<String, Vec<f32>>> {
-    let mut by_name: HashMap<String, Vec<(usize, Vec<usize>, Vec<f32>)>> = HashMap::new();
+    let mut by_name: HashMap<String, Vec<(usize, &ParamShard)>> = HashMap::new();
     for r in ranks {
-        for (name, shape, v) in &r.shards {
-            by_name
-                .entry(name.clone())
-                .or_default()
-                .push((r.tp, shape.clone(), v.clone()));
+        for sh in &r.shards {
+            by_name.entry(sh.name.clone()).or_default().push((r.tp, sh));
         }
     }
     let mut out = HashMap::new();
@@ -283,15 +280,17 @@ pub(crate) fn assemble_full(
             ));
         }
         let full: Vec<f32> = match split_of(&name) {
-            Split::Replicated => parts[0].2.clone(),
-            Split::Rows => parts.iter().flat_map(|p| p.2.iter().copied()).collect(),
+            Split::Replicated => parts[0].1.values.clone(),
+            Split::Rows => parts
+                .iter()
+                .flat_map(|p| p.1.values.iter().copied())
+                .collect(),
             Split::Cols => {
-                let rows = parts[0].1[0];
-                let cols = parts[0].1[1];
+                let (rows, cols) = (parts[0].1.shape[0], parts[0].1.shape[1]);
                 let mut v = Vec::with_capacity(rows * cols * par.tp);
                 for i in 0..rows {
                     for p in &parts {
-                        v.extend_from_slice(&p.2[i * cols..(i + 1) * cols]);
+                        v.extend_from_slice(&p.1.values[i * cols..(i + 1) * cols]);
                     }
                 }
                 v
