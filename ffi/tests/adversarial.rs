@@ -776,7 +776,11 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
                     let alone = NOT_MULTIPLIED.contains(&key.as_str());
                     let value = VALUE_FIELDS.contains(&key.as_str());
                     for (val, lbl, cat, invalid) in I64_BAD {
-                        let cat = if value { &"integer field extremes" } else { cat };
+                        let cat = if value {
+                            &"integer field extremes"
+                        } else {
+                            cat
+                        };
                         let invalid =
                             &(*invalid && !value && !(alone && *cat == "overflowing dimension"));
                         push(

@@ -630,7 +630,10 @@ fn cross_entropy(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (tokens, vocab): (i64,
             &mut saved,
         )
     };
+    // Sizes below ours: exactly version 1's (40) or refused.
+    let ours = std::mem::size_of::<ftnCrossEntropyDesc_t>();
     let bad = size < 40
+        || (size > 40 && size < ours)
         || size > FTN_MAX_DESC_SIZE
         || tokens < 0
         || vocab < 1

@@ -311,7 +311,7 @@ unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
 /// it with `ftn_cross_entropy_saved_destroy`).
 /// A label outside `[0, V)` is not an error (labels are device data, not
 /// checked): it has no target on any rank, its loss is `log(sum exp)` and
-/// the backward gives it the plain softmax (Megatron's behaviour) — unless
+/// the backward gives it the plain softmax (Megatron's behaviour), unless
 /// it equals `desc.ignore_index` with `desc.has_ignore_index` set (PyTorch's
 /// behaviour): then, as for any label equal to it, loss 0 and a zero
 /// gradient row. A mean over the batch then divides by the rows not
