@@ -990,7 +990,7 @@ fn ddp(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>) {
         return;
     }
     let is_dist = cfg.distributed_optimizer != 0;
-    let mut opt = null_mut();
+    let mut opt: ftnDistOpt_t = null_mut();
     let mut live_scalers = Vec::new();
     for _ in 0..(b.u8() % 12) {
         let id = match b.u8() % 4 {
