@@ -17,6 +17,9 @@
 //   ce_stats sum exp(x - m), target logit, sum x (then all-reduce SUM)
 //   ce_loss  loss = m + log(sumexp) - (1-eps)*target - eps*mean(x)
 //   ce_bwd   grad = dloss * (softmax - (1-eps)*onehot - eps/V), may alias logits.
+//   ignore_index (optional): a row whose label equals it gets loss 0 and a
+//   zero gradient row (written as exact zeros, not scaled: a row of inf
+//   logits still gives 0, not NaN).
 //   Floor: forward reads the logits twice, backward reads once and writes once.
 #include "ftn_dtype.cuh"
 #include "reduce.cuh"
@@ -120,9 +123,18 @@ FTN_DEVICE void vocab_ce_stats(const FtnVocabCeStatsParams &p) {
   }
 }
 
+FTN_DEVICE bool vp_ignored(const void *labels, uint32_t i64, int64_t t, uint32_t has_ignore,
+                           int64_t ignore_index) {
+  return has_ignore && vp_load_id(labels, i64, t) == ignore_index;
+}
+
 FTN_DEVICE void vocab_ce_loss(const FtnVocabCeLossParams &p) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= p.tokens) return;
+  if (vp_ignored(p.labels, p.ids_i64, t, p.has_ignore_index, p.ignore_index)) {
+    p.loss[t] = 0.0f;
+    return;
+  }
   float l = p.row_max[t] + logf(p.sums[t]) - (1.0f - p.smoothing) * p.sums[p.tokens + t];
   if (p.smoothing != 0.0f) l -= p.smoothing * p.inv_vocab * p.sums[2 * p.tokens + t];
   p.loss[t] = l;
@@ -139,7 +151,12 @@ FTN_DEVICE void vocab_ce_bwd(const FtnVocabCeBwdParams &p) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t t = i / p.cols;
     const int64_t c = i - t * p.cols;
-    const int64_t label = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
+    const int64_t id = vp_load_id(p.labels, p.ids_i64, t);
+    if (p.has_ignore_index && id == p.ignore_index) {
+      g[i] = ftn_from_float<T>(0.0f);
+      continue;
+    }
+    const int64_t label = id - p.vocab_start;
     float v = expf(ftn_to_float(x[i]) - p.row_max[t]) / p.sums[t] - uniform;
     if (c == label) v -= hit;
     g[i] = ftn_from_float<T>(v * p.dloss[t]);

@@ -1410,6 +1410,10 @@ typedef struct {
 /*
  Shape and options of the vocab-parallel cross-entropy over this rank's
  `[tokens, shard_vocab]` logits (the padded vocabulary is `tp * shard_vocab`).
+
+ Version 2 (56 bytes) added `ignore_index` / `has_ignore_index`. A
+ version-1 descriptor (`size` = 40, compiled against an older header) is
+ still accepted and reads as `has_ignore_index = 0`.
  */
 typedef struct {
   /*
@@ -1437,6 +1441,24 @@ typedef struct {
    Must be 0.
    */
   uint32_t reserved;
+  /*
+   Version 2. With `has_ignore_index` non-zero: a token whose label
+   equals this value (PyTorch's `ignore_index`, -100 there by default;
+   any value, also one inside `[0, V)`) gets loss 0 and a zero gradient
+   row, label smoothing included. With int32 labels it must fit in
+   int32. Ignored when `has_ignore_index` is 0.
+   */
+  int64_t ignore_index;
+  /*
+   Version 2. Non-zero: use `ignore_index`; 0 (the default, and what a
+   version-1 descriptor reads as): every label counts, one outside
+   `[0, V)` with no target (Megatron's behaviour).
+   */
+  int32_t has_ignore_index;
+  /*
+   Version 2. Must be 0.
+   */
+  uint32_t reserved2;
 } ftnCrossEntropyDesc_t;
 
 #ifdef __cplusplus
@@ -2634,7 +2656,11 @@ ftnResult_t ftn_vocab_parallel_embedding_backward(const ftnVocabEmbeddingDesc_t 
  it with `ftn_cross_entropy_saved_destroy`).
  A label outside `[0, V)` is not an error (labels are device data, not
  checked): it has no target on any rank, its loss is `log(sum exp)` and
- the backward gives it the plain softmax.
+ the backward gives it the plain softmax (Megatron's behaviour), unless
+ it equals `desc.ignore_index` with `desc.has_ignore_index` set (PyTorch's
+ behaviour): then, as for any label equal to it, loss 0 and a zero
+ gradient row. A mean over the batch then divides by the rows not
+ ignored.
  */
 ftnResult_t ftn_vocab_parallel_cross_entropy_forward(const ftnCrossEntropyDesc_t *desc,
                                                      ftnComm_t comm,
@@ -2648,7 +2674,10 @@ ftnResult_t ftn_vocab_parallel_cross_entropy_forward(const ftnCrossEntropyDesc_t
  This rank's logits gradient `grad` (`[tokens, shard_vocab]`, may equal
  `logits`: in place) `= dloss[t] * (softmax - (1 - eps) * onehot - eps / V)`
  from the forward's `logits`, `labels` and `saved`; `dloss` is fp32
- `[tokens]`. No communication.
+ `[tokens]`; a zero row for a label equal to the ignore index. `desc` must
+ be the forward's (a different `ignore_index` / `has_ignore_index` or label
+ smoothing than `saved` was made with: ftnInvalidArgument naming `saved`).
+ No communication.
  */
 ftnResult_t ftn_vocab_parallel_cross_entropy_backward(const ftnCrossEntropyDesc_t *desc,
                                                       ftnComm_t comm,

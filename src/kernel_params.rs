@@ -959,13 +959,17 @@ pub struct FtnVocabCeLossParams {
     pub loss: *mut f32,
     pub row_max: *const f32,
     pub sums: *const f32,
+    pub labels: *const ::core::ffi::c_void,
     pub tokens: i64,
+    pub ignore_index: i64,
     pub smoothing: f32,
     pub inv_vocab: f32,
+    pub ids_i64: u32,
+    pub has_ignore_index: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of FtnVocabCeLossParams"][::core::mem::size_of::<FtnVocabCeLossParams>() - 40usize];
+    ["Size of FtnVocabCeLossParams"][::core::mem::size_of::<FtnVocabCeLossParams>() - 64usize];
     ["Alignment of FtnVocabCeLossParams"][::core::mem::align_of::<FtnVocabCeLossParams>() - 8usize];
     ["Offset of field: FtnVocabCeLossParams::loss"]
         [::core::mem::offset_of!(FtnVocabCeLossParams, loss) - 0usize];
@@ -973,12 +977,20 @@ const _: () = {
         [::core::mem::offset_of!(FtnVocabCeLossParams, row_max) - 8usize];
     ["Offset of field: FtnVocabCeLossParams::sums"]
         [::core::mem::offset_of!(FtnVocabCeLossParams, sums) - 16usize];
+    ["Offset of field: FtnVocabCeLossParams::labels"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, labels) - 24usize];
     ["Offset of field: FtnVocabCeLossParams::tokens"]
-        [::core::mem::offset_of!(FtnVocabCeLossParams, tokens) - 24usize];
+        [::core::mem::offset_of!(FtnVocabCeLossParams, tokens) - 32usize];
+    ["Offset of field: FtnVocabCeLossParams::ignore_index"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, ignore_index) - 40usize];
     ["Offset of field: FtnVocabCeLossParams::smoothing"]
-        [::core::mem::offset_of!(FtnVocabCeLossParams, smoothing) - 32usize];
+        [::core::mem::offset_of!(FtnVocabCeLossParams, smoothing) - 48usize];
     ["Offset of field: FtnVocabCeLossParams::inv_vocab"]
-        [::core::mem::offset_of!(FtnVocabCeLossParams, inv_vocab) - 36usize];
+        [::core::mem::offset_of!(FtnVocabCeLossParams, inv_vocab) - 52usize];
+    ["Offset of field: FtnVocabCeLossParams::ids_i64"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, ids_i64) - 56usize];
+    ["Offset of field: FtnVocabCeLossParams::has_ignore_index"]
+        [::core::mem::offset_of!(FtnVocabCeLossParams, has_ignore_index) - 60usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -992,14 +1004,15 @@ pub struct FtnVocabCeBwdParams {
     pub tokens: i64,
     pub cols: i64,
     pub vocab_start: i64,
+    pub ignore_index: i64,
     pub smoothing: f32,
     pub inv_vocab: f32,
     pub ids_i64: u32,
-    pub pad_: u32,
+    pub has_ignore_index: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of FtnVocabCeBwdParams"][::core::mem::size_of::<FtnVocabCeBwdParams>() - 88usize];
+    ["Size of FtnVocabCeBwdParams"][::core::mem::size_of::<FtnVocabCeBwdParams>() - 96usize];
     ["Alignment of FtnVocabCeBwdParams"][::core::mem::align_of::<FtnVocabCeBwdParams>() - 8usize];
     ["Offset of field: FtnVocabCeBwdParams::grad"]
         [::core::mem::offset_of!(FtnVocabCeBwdParams, grad) - 0usize];
@@ -1019,14 +1032,16 @@ const _: () = {
         [::core::mem::offset_of!(FtnVocabCeBwdParams, cols) - 56usize];
     ["Offset of field: FtnVocabCeBwdParams::vocab_start"]
         [::core::mem::offset_of!(FtnVocabCeBwdParams, vocab_start) - 64usize];
+    ["Offset of field: FtnVocabCeBwdParams::ignore_index"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, ignore_index) - 72usize];
     ["Offset of field: FtnVocabCeBwdParams::smoothing"]
-        [::core::mem::offset_of!(FtnVocabCeBwdParams, smoothing) - 72usize];
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, smoothing) - 80usize];
     ["Offset of field: FtnVocabCeBwdParams::inv_vocab"]
-        [::core::mem::offset_of!(FtnVocabCeBwdParams, inv_vocab) - 76usize];
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, inv_vocab) - 84usize];
     ["Offset of field: FtnVocabCeBwdParams::ids_i64"]
-        [::core::mem::offset_of!(FtnVocabCeBwdParams, ids_i64) - 80usize];
-    ["Offset of field: FtnVocabCeBwdParams::pad_"]
-        [::core::mem::offset_of!(FtnVocabCeBwdParams, pad_) - 84usize];
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, ids_i64) - 88usize];
+    ["Offset of field: FtnVocabCeBwdParams::has_ignore_index"]
+        [::core::mem::offset_of!(FtnVocabCeBwdParams, has_ignore_index) - 92usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

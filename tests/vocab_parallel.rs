@@ -1,8 +1,9 @@
 //! Vocab-parallel embedding and cross-entropy on TP = 1, 2, 4 ranks (the
 //! in-process communicator on the emulator) against the unsharded float64
 //! oracle: a vocabulary not divisible by 128 * tp (padding), out-of-range ids
-//! and labels, label smoothing on and off, fp32 and bf16 storage, i32 and
-//! i64 ids.
+//! and labels, label smoothing on and off, `ignore_index` (PyTorch's -100
+//! and a label inside the vocabulary), fp32 and bf16 storage, i32 and i64
+//! ids.
 
 mod common;
 
@@ -154,21 +155,35 @@ fn ce_case<T: FloatElement, I: TokenId + TryFrom<i64>>(
     vocab: usize,
     tokens: usize,
     eps: f32,
+    ignore: Option<i64>,
     salt: u64,
 ) {
     let (mut rng, seed) = Rng::new(salt);
     let padded = padded_vocab_size(vocab, tp).unwrap();
     let shard = padded / tp;
-    let (logits, logits64) = rng.tensor::<T>(tokens * padded, 3.0);
-    let labels = ids(&mut rng, tokens, vocab, padded);
+    let (mut logits, mut logits64) = rng.tensor::<T>(tokens * padded, 3.0);
+    let mut labels = ids(&mut rng, tokens, vocab, padded);
+    if let Some(ii) = ignore {
+        // Every fourth row ignored; the first of them has an infinite logit
+        // (on the last rank), which would make its loss and gradient NaN if
+        // the row were computed and then scaled by 0.
+        for t in (1..tokens).step_by(4) {
+            labels[t] = ii;
+        }
+        let inf = padded + padded - 1;
+        logits[inf] = T::from_f64(f64::INFINITY);
+        logits64[inf] = f64::INFINITY;
+    }
     let dloss: Vec<f32> = (0..tokens).map(|_| rng.normal() as f32).collect();
     let dloss64: Vec<f64> = dloss.iter().map(|&x| x as f64).collect();
     let what = format!(
-        "cross-entropy tp={tp} V={padded} tokens={tokens} eps={eps} {} labels {}",
+        "cross-entropy tp={tp} V={padded} tokens={tokens} eps={eps} ignore_index={ignore:?} {} labels {}",
         T::DTYPE,
         std::any::type_name::<I>()
     );
-    let ce = VocabParallelCrossEntropy::new(tokens, shard).with_label_smoothing(eps);
+    let ce = VocabParallelCrossEntropy::new(tokens, shard)
+        .with_label_smoothing(eps)
+        .with_ignore_index(ignore);
     let results = run_ranks(tp, |c| {
         let dev = c.device().clone();
         let s = c.stream().clone();
@@ -197,7 +212,7 @@ fn ce_case<T: FloatElement, I: TokenId + TryFrom<i64>>(
         )
     });
     let (want_loss, want_grad) =
-        oracle::cross_entropy(&logits64, padded, &labels, eps as f64, &dloss64);
+        oracle::cross_entropy_ignoring(&logits64, padded, &labels, eps as f64, ignore, &dloss64);
     for (rank, (loss, grad, in_place)) in results.into_iter().enumerate() {
         let got: Vec<f64> = loss.iter().map(|&x| x as f64).collect();
         // fp32 math on the (rounded) logits: fp32 tolerance for every dtype.
@@ -226,6 +241,17 @@ fn ce_case<T: FloatElement, I: TokenId + TryFrom<i64>>(
                 .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits()),
             "{what} rank {rank}: in-place backward differs (seed {seed})"
         );
+        // Ignored rows contribute nothing: exact zeros, as the oracle says.
+        for t in (0..tokens).filter(|&t| ignore == Some(labels[t])) {
+            assert_eq!(want_loss[t], 0.0);
+            assert_eq!(loss[t].to_bits(), 0, "{what} rank {rank}: loss[{t}]");
+            assert!(
+                grad[t * shard..(t + 1) * shard]
+                    .iter()
+                    .all(|g| g.to_f64() == 0.0),
+                "{what} rank {rank}: grad row {t} of an ignored label"
+            );
+        }
     }
 }
 
@@ -234,10 +260,69 @@ fn cross_entropy_matches_unsharded_on_tp_1_2_4() {
     for (i, tp) in [1usize, 2, 4].into_iter().enumerate() {
         let salt = 200 + 10 * i as u64;
         for (k, eps) in [0.0f32, 0.1].into_iter().enumerate() {
-            ce_case::<f32, i64>(tp, 300, 19, eps, salt + k as u64);
-            ce_case::<bf16, i32>(tp, 300, 19, eps, salt + 5 + k as u64);
+            ce_case::<f32, i64>(tp, 300, 19, eps, None, salt + k as u64);
+            ce_case::<bf16, i32>(tp, 300, 19, eps, None, salt + 5 + k as u64);
         }
     }
+}
+
+#[test]
+fn cross_entropy_ignore_index_matches_unsharded_on_tp_1_2_4() {
+    for (i, tp) in [1usize, 2, 4].into_iter().enumerate() {
+        let salt = 300 + 10 * i as u64;
+        for (k, eps) in [0.0f32, 0.1].into_iter().enumerate() {
+            let k = k as u64;
+            // PyTorch's default, outside the vocabulary (without the option
+            // such a label has no target, with it the row is ignored).
+            ce_case::<f32, i64>(tp, 300, 19, eps, Some(-100), salt + k);
+            ce_case::<bf16, i32>(tp, 300, 19, eps, Some(-100), salt + 2 + k);
+            // A real vocabulary id, on the last rank's shard: the rows are
+            // ignored on every rank, not only where the target lives.
+            ce_case::<f32, i32>(tp, 300, 19, eps, Some(299), salt + 4 + k);
+            ce_case::<bf16, i64>(tp, 300, 19, eps, Some(0), salt + 6 + k);
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_ignore_index_bad_use_is_an_error() {
+    run_ranks(2, |c| {
+        let dev = c.device().clone();
+        let s = c.stream().clone();
+        let ce = VocabParallelCrossEntropy::new(3, 4);
+        let x = dev.alloc_zeros::<f32>(12).unwrap();
+        let ids32 = dev.upload(&[1i32, 2, 3]).unwrap();
+        let mut loss = dev.alloc_zeros::<f32>(3).unwrap();
+        // An ignore index that i32 labels can never equal.
+        let e = ce
+            .with_ignore_index(Some(1 << 40))
+            .forward(&c, &s, &x, &ids32, &mut loss)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`ignore_index`"), "{e}");
+        let ids64 = dev.upload(&[1i64, 2, 3]).unwrap();
+        ce.with_ignore_index(Some(1 << 40))
+            .forward(&c, &s, &x, &ids64, &mut loss)
+            .unwrap();
+        // The backward must use the forward's ignore index.
+        let saved = ce
+            .with_ignore_index(Some(-100))
+            .forward(&c, &s, &x, &ids32, &mut loss)
+            .unwrap();
+        let mut g = dev.alloc_zeros::<f32>(12).unwrap();
+        for other in [None, Some(-1)] {
+            let e = ce
+                .with_ignore_index(other)
+                .backward(&c, &s, &x, &ids32, &saved, &loss, &mut g)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`saved`"), "{e}");
+        }
+        ce.with_ignore_index(Some(-100))
+            .backward(&c, &s, &x, &ids32, &saved, &loss, &mut g)
+            .unwrap();
+        s.synchronize().unwrap();
+    });
 }
 
 #[test]

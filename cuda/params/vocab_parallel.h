@@ -64,20 +64,27 @@ typedef struct FtnVocabCeStatsParams {
 } FtnVocabCeStatsParams;
 
 /* loss[t] = m + log(sumexp) - (1 - eps) * target - eps * inv_vocab * sumlogits
- * (the sums reduced over ranks; eps = 0 ignores the third row).
+ * (the sums reduced over ranks; eps = 0 ignores the third row), or exactly 0
+ * when has_ignore_index and labels[t] == ignore_index (PyTorch's
+ * ignore_index; the label is compared as int64).
  * Kernel ftn_vocab_ce_loss. */
 typedef struct FtnVocabCeLossParams {
   float *loss;          /* [tokens] */
   const float *row_max; /* [tokens] */
   const float *sums;    /* [2 or 3, tokens] */
+  const void *labels;   /* [tokens] int32 or int64 */
   int64_t tokens;
+  int64_t ignore_index;
   float smoothing;
   float inv_vocab; /* 1 / (full padded vocab) */
+  uint32_t ids_i64;
+  uint32_t has_ignore_index;
 } FtnVocabCeLossParams;
 
 /* grad[t, c] = dloss[t] * (exp(logits[t, c] - m) / sumexp
- *              - (1 - eps) * [c == labels[t] - vocab_start] - eps * inv_vocab).
- * grad may alias logits. Grid-stride elementwise.
+ *              - (1 - eps) * [c == labels[t] - vocab_start] - eps * inv_vocab),
+ * or exactly 0 for the whole row when has_ignore_index and
+ * labels[t] == ignore_index. grad may alias logits. Grid-stride elementwise.
  * Kernels ftn_vocab_ce_bwd_{f32,f16,bf16}. */
 typedef struct FtnVocabCeBwdParams {
   void *grad;           /* [tokens, cols] */
@@ -89,10 +96,11 @@ typedef struct FtnVocabCeBwdParams {
   int64_t tokens;
   int64_t cols;
   int64_t vocab_start;
+  int64_t ignore_index;
   float smoothing;
   float inv_vocab;
   uint32_t ids_i64;
-  uint32_t pad_;
+  uint32_t has_ignore_index;
 } FtnVocabCeBwdParams;
 
 #endif /* FTN_KERNELS_VOCAB_PARALLEL_H */

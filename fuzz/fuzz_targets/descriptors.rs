@@ -2,7 +2,10 @@
 //! `size` fields, NULLs, misaligned pointers, negative and overflowing
 //! dimensions and bad enum values. Real buffers are passed only when they
 //! hold what the dimensions claim, so any crash, panic (ftnInternalError) or
-//! accepted-invalid input is a bug in the validation.
+//! accepted-invalid input is a bug in the validation. Covers the op
+//! descriptors, the parallel layers, and the optimizer / data-parallel
+//! exports (fused Adam, parameter registry, DDP, distributed optimizer,
+//! memory accounting).
 #![no_main]
 
 use std::ffi::c_void;
@@ -126,6 +129,21 @@ fn desc_storage<D: Copy>(d: D, claimed: usize, b: &mut Bytes) -> Vec<u64> {
     v
 }
 
+/// The descriptor as a library reading `claimed` bytes of it sees it: the
+/// fields past `claimed` (an older version's caller) read as zero.
+fn effective<D: Copy>(d: D, claimed: usize) -> D {
+    let ours = std::mem::size_of::<D>();
+    let mut out = d;
+    if claimed < ours {
+        // SAFETY: D is plain data (all-zero bytes valid); the range
+        // claimed..ours lies inside `out`.
+        unsafe {
+            std::ptr::write_bytes((&mut out as *mut D as *mut u8).add(claimed), 0, ours - claimed)
+        };
+    }
+    out
+}
+
 fn bytemuck_bytes(v: &mut [u64]) -> &mut [u8] {
     // SAFETY: u64 storage viewed as bytes.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 8) }
@@ -172,7 +190,11 @@ fuzz_target!(|data: &[u8]| {
     let e = env();
     let mut b = Bytes(data);
     let mut bufs: Vec<Vec<u32>> = Vec::new();
-    let op = b.u8() % 13;
+    // Selector bytes below 208 keep the mapping of the first 13 ops (the
+    // committed regressions replay the same paths); 208..=255 pick the
+    // optimizer and data-parallel exports.
+    let sel = b.u8();
+    let op = if sel < 208 { sel % 13 } else { 13 + (sel - 208) % 3 };
     let (rows, cols) = (b.dim(), b.dim());
     let dtype = match b.u8() % 8 {
         0 | 1 | 2 => 0,
@@ -410,6 +432,9 @@ fuzz_target!(|data: &[u8]| {
         10 => cross_entropy(&mut b, &mut bufs, (rows, cols), dtype),
         11 => rank_grid(&mut b),
         12 => copy(&mut b, &mut bufs, (rows, cols)),
+        13 => adam(&mut b, &mut bufs),
+        14 => ddp(&mut b, &mut bufs),
+        15 => memory_accounting(&mut b),
         _ => {
             let size = b.size(std::mem::size_of::<ftnGradScalerConfig_t>());
             let c = ftnGradScalerConfig_t {
@@ -573,8 +598,14 @@ fn cross_entropy(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (tokens, vocab): (i64,
         shard_vocab: vocab,
         label_smoothing: b.f32(),
         reserved: (b.u8() % 8 == 0) as u32,
+        ignore_index: b.dim(),
+        has_ignore_index: (b.u8() % 3) as i32,
+        reserved2: (b.u8() % 8 == 0) as u32,
     };
     let st = desc_storage(d, size, b);
+    // What the library reads: the first min(size, ours) bytes (version 1,
+    // 40 bytes, has no ignore index).
+    let d = effective(d, size);
     // One 256-thread block per token: real buffers only for a few hundred
     // tokens, so an input stays well inside libFuzzer's 10 s (the emulator
     // under ASan sets up every thread of every block).
@@ -599,11 +630,16 @@ fn cross_entropy(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (tokens, vocab): (i64,
             &mut saved,
         )
     };
+    // Sizes below ours: exactly version 1's (40) or refused.
+    let ours = std::mem::size_of::<ftnCrossEntropyDesc_t>();
     let bad = size < 40
+        || (size > 40 && size < ours)
         || size > FTN_MAX_DESC_SIZE
         || tokens < 0
         || vocab < 1
         || d.reserved != 0
+        || d.reserved2 != 0
+        || (d.has_ignore_index != 0 && d.label_dtype == 4 && i32::try_from(d.ignore_index).is_err())
         || !(0.0..1.0).contains(&d.label_smoothing)
         || !(4..=5).contains(&d.label_dtype);
     done(r, bad, "cross entropy");
@@ -673,4 +709,408 @@ fn copy(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>, (rows, cols): (i64, i64)) {
         || cols < 0
         || (any && (src.is_null() || dst.is_null() || sb.pitch < cols || db.pitch < cols));
     done(r, bad, "copy_2d");
+}
+
+/// A pointer to one scalar of the emulator's "device" memory: NULL, a real
+/// (aligned) buffer holding `init`, or a misaligned one.
+fn scalar(bufs: &mut Vec<Vec<u32>>, init: u32, b: &mut Bytes) -> *mut c_void {
+    let p = arg(bufs, Some(2), b);
+    if !p.is_null() && (p as usize) % 4 == 0 {
+        // SAFETY: an aligned real buffer of at least 2 words.
+        unsafe { (p as *mut u32).write(init) };
+    }
+    p
+}
+
+fn aligned_real(p: *mut c_void, align: usize) -> bool {
+    !p.is_null() && (p as usize) % align == 0
+}
+
+/// A loss-scaler argument: NULL, a live device scaler (returned for the
+/// caller to destroy), or a value that was never a handle.
+fn scaler_arg(b: &mut Bytes) -> (ftnGradScaler_t, bool) {
+    match b.u8() % 4 {
+        0 => {
+            let mut cfg = ftnGradScalerConfig_t {
+                size: std::mem::size_of::<ftnGradScalerConfig_t>(),
+                initial_scale: 0.0,
+                min_scale: 0.0,
+                growth_factor: 0.0,
+                backoff_factor: 0.0,
+                growth_interval: 0,
+                hysteresis: 0,
+            };
+            let mut sc = null_mut();
+            // SAFETY: valid config and out-pointers.
+            let ok = unsafe {
+                ftn_grad_scaler_config_default(&mut cfg) == ftnResult_t::ftnSuccess
+                    && ftn_grad_scaler_create(env().ctx, &cfg, std::ptr::null(), &mut sc)
+                        == ftnResult_t::ftnSuccess
+            };
+            assert!(ok, "grad scaler fixture");
+            (sc, true)
+        }
+        1 => (b.u64() as usize as ftnGradScaler_t, false),
+        _ => (null_mut(), false),
+    }
+}
+
+/// Fused Adam: a fuzzed config, then a step over a fuzzed tensor list with
+/// fuzzed descriptor, scalars and unscale arguments.
+fn adam(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>) {
+    let e = env();
+    let csize = b.size(std::mem::size_of::<ftnAdamConfig_t>());
+    let mut c = ftnAdamConfig_t {
+        size: std::mem::size_of::<ftnAdamConfig_t>(),
+        beta1: 0.0,
+        beta2: 0.0,
+        eps: 0.0,
+        mode: 0,
+    };
+    // SAFETY: a valid config.
+    assert_eq!(unsafe { ftn_adam_config_default(&mut c) }, ftnResult_t::ftnSuccess);
+    c.size = csize;
+    if b.u8() % 2 == 0 {
+        c.beta1 = b.f32();
+    }
+    if b.u8() % 2 == 0 {
+        c.beta2 = b.f32();
+    }
+    if b.u8() % 2 == 0 {
+        c.eps = b.f32();
+    }
+    if b.u8() % 3 == 0 {
+        c.mode = b.u8() as i32 % 4 - 1;
+    }
+    let cs = desc_storage(c, csize, b);
+    let c = effective(c, csize);
+    let mut adam = null_mut();
+    // SAFETY: the config storage holds its claimed size; a valid out-pointer.
+    let r = unsafe { ftn_adam_create(e.ctx, cs.as_ptr() as *const ftnAdamConfig_t, &mut adam) };
+    let bad = csize < 24
+        || csize > FTN_MAX_DESC_SIZE
+        || !(0.0..1.0).contains(&c.beta1)
+        || !(0.0..1.0).contains(&c.beta2)
+        || !(c.eps.is_finite() && c.eps > 0.0)
+        || !(0..=1).contains(&c.mode);
+    done(r, bad, "adam create");
+    if r != ftnResult_t::ftnSuccess {
+        return;
+    }
+
+    let count = match b.u8() % 8 {
+        0 => b.u64() as usize,
+        1 => usize::MAX / 64,
+        k => (k - 2) as usize,
+    };
+    let dsize = b.size(std::mem::size_of::<ftnAdamStepDesc_t>());
+    let d = ftnAdamStepDesc_t {
+        size: dsize,
+        num_tensors: count,
+    };
+    let ds = desc_storage(d, dsize, b);
+    let mut list = Vec::new();
+    let mut tensors_bad = false;
+    let with_model = b.u8() % 2 == 0;
+    if count <= 6 {
+        for _ in 0..count {
+            let numel = b.dim();
+            let n = small(numel, 1);
+            let t = ftnAdamTensor_t {
+                param: arg(bufs, n, b),
+                exp_avg: arg(bufs, n, b),
+                exp_avg_sq: arg(bufs, n, b),
+                grad: arg(bufs, n, b),
+                model: if with_model || b.u8() % 8 == 0 {
+                    arg(bufs, n, b)
+                } else {
+                    null_mut()
+                },
+                numel,
+                grad_dtype: (b.u8() % 8) as i32 - 1,
+                model_dtype: (b.u8() % 8) as i32 - 1,
+                weight_decay: if b.u8() % 2 == 0 { 0.0 } else { b.f32() },
+                reserved: (b.u8() % 8 == 0) as i32,
+            };
+            let any = numel > 0;
+            let floats = |d: i32| (0..=2).contains(&d);
+            tensors_bad |= numel < 0
+                || t.reserved != 0
+                || !floats(t.grad_dtype)
+                || !(t.weight_decay.is_finite() && t.weight_decay >= 0.0)
+                || (any
+                    && [t.param, t.exp_avg, t.exp_avg_sq, t.grad as *mut c_void]
+                        .iter()
+                        .any(|p| p.is_null()));
+            list.push(t);
+        }
+    }
+    let tensors = match b.u8() % 8 {
+        0 => std::ptr::null(),
+        1 if !list.is_empty() => (list.as_ptr() as *const u8).wrapping_add(4) as *const ftnAdamTensor_t,
+        _ if count <= 6 => list.as_ptr(),
+        _ => std::ptr::null(),
+    };
+    let lr = scalar(bufs, 1e-3f32.to_bits(), b);
+    let step = scalar(bufs, 0, b);
+    let (scaler, live) = scaler_arg(b);
+    let inv = if b.u8() % 3 == 0 {
+        scalar(bufs, 1f32.to_bits(), b)
+    } else {
+        null_mut()
+    };
+    let found = if b.u8() % 2 == 0 {
+        scalar(bufs, 0, b)
+    } else {
+        null_mut()
+    };
+    // SAFETY: descriptor storage holds its claimed size; the list holds
+    // `count` entries when `count <= 6` (else it is NULL); every non-NULL
+    // buffer holds what its numel claims.
+    let r = unsafe {
+        ftn_adam_step(
+            e.stream,
+            adam,
+            ds.as_ptr() as *const ftnAdamStepDesc_t,
+            tensors,
+            lr as *const f32,
+            step as *mut i32,
+            inv as *const f32,
+            scaler,
+            found as *const f32,
+        )
+    };
+    let bad = dsize < 16
+        || dsize > FTN_MAX_DESC_SIZE
+        || count > 6
+        || (count > 0 && (tensors.is_null() || tensors != list.as_ptr()))
+        || tensors_bad
+        || !aligned_real(lr, 4)
+        || !aligned_real(step, 4)
+        || (!inv.is_null() && !scaler.is_null())
+        || (!scaler.is_null() && !live);
+    done(r, bad, "adam step");
+    if live {
+        // SAFETY: a live scaler.
+        done(unsafe { ftn_grad_scaler_destroy(scaler) }, false, "scaler destroy");
+    }
+    // SAFETY: a live optimizer; a second destroy is a stale handle.
+    unsafe {
+        done(ftn_adam_destroy(adam), false, "adam destroy");
+        done(ftn_adam_destroy(adam), true, "adam double destroy");
+    }
+}
+
+/// A parameter registry with fuzzed names, shapes and dtypes, a DDP over the
+/// one-rank communicator with a fuzzed config, the gradient protocol in a
+/// fuzzed order, and the distributed optimizer.
+fn ddp(b: &mut Bytes, bufs: &mut Vec<Vec<u32>>) {
+    let e = env();
+    let mut reg = null_mut();
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { ftn_param_registry_create(&mut reg) }, ftnResult_t::ftnSuccess);
+    let names: [&[u8]; 4] = [b"w\0", b"b\0", b"layer.0.weight\0", b"\xff\xfe\0"];
+    let mut total: i128 = 0;
+    let mut registered = 0i64;
+    for _ in 0..(b.u8() % 5) {
+        let name = match b.u8() % 6 {
+            0 => std::ptr::null(),
+            k => names[(k as usize - 1) % 4].as_ptr() as *const std::ffi::c_char,
+        };
+        let ndims = match b.u8() % 8 {
+            0 => -1,
+            1 => 17,
+            2 => 0,
+            k => (k % 3) as i32 + 1,
+        };
+        // Small shapes mostly (a DDP allocates them); sometimes huge ones,
+        // which the registry (host metadata) must reject or the DDP must
+        // fail to allocate with an error.
+        let mut shape = [0i64; 17];
+        for d in shape.iter_mut() {
+            *d = if b.u8() % 8 == 0 { b.dim() } else { (b.u8() % 9) as i64 };
+        }
+        let shape_p = if b.u8() % 8 == 0 { std::ptr::null() } else { shape.as_ptr() };
+        let (pd, gd) = ((b.u8() % 7) as i32 - 1, (b.u8() % 7) as i32 - 1);
+        let mut id = -1i64;
+        let id_p: *mut i64 = if b.u8() % 16 == 0 { null_mut() } else { &mut id };
+        // SAFETY: names are NUL-terminated; shape holds 17 entries (more
+        // than any accepted ndims) or is NULL.
+        let r = unsafe { ftn_param_registry_register(reg, name, shape_p, ndims, pd, gd, id_p) };
+        let floats = |d: i32| (0..=2).contains(&d);
+        let nd = ndims.clamp(0, 17) as usize;
+        let bad = name.is_null()
+            || id_p.is_null()
+            || !(0..=16).contains(&ndims)
+            || (ndims > 0 && shape_p.is_null())
+            || (!shape_p.is_null() && shape[..nd].iter().any(|&d| d < 0))
+            || !floats(pd)
+            || !floats(gd);
+        done(r, bad, "registry register");
+        if r == ftnResult_t::ftnSuccess {
+            assert_eq!(id, registered, "parameter ids count up");
+            registered += 1;
+            let numel = shape[..nd]
+                .iter()
+                .fold(1i128, |a, &d| a.saturating_mul(d as i128));
+            total = total.saturating_add(numel);
+        }
+    }
+    let csize = b.size(std::mem::size_of::<ftnDdpConfig_t>());
+    let dist = b.u8() % 2 == 0;
+    let cfg = ftnDdpConfig_t {
+        size: csize,
+        bucket_size: if b.u8() % 2 == 0 { 0 } else { b.dim() },
+        distributed_optimizer: if dist { 1 } else { (b.u8() % 3 == 0) as i32 * 2 },
+        averaging: (b.u8() % 5) as i32 - 1,
+        check_for_nan_in_grad: (b.u8() % 2) as i32,
+        reserved: (b.u8() % 8 == 0) as i32,
+    };
+    let cs = desc_storage(cfg, csize, b);
+    let cfg = effective(cfg, csize);
+    let mut ddp = null_mut();
+    // Only a DDP whose buffers are small is created (the emulator zeroes
+    // them); a huge registry still goes through every check before that.
+    let r = if total <= 1 << 14 {
+        // SAFETY: the config storage holds its claimed size.
+        unsafe { ftn_ddp_create(e.comm, reg, cs.as_ptr() as *const ftnDdpConfig_t, &mut ddp) }
+    } else {
+        ftnResult_t::ftnInvalidArgument
+    };
+    let bad = registered == 0
+        || csize < 32
+        || csize > FTN_MAX_DESC_SIZE
+        || cfg.bucket_size < 0
+        || !(0..=2).contains(&cfg.averaging)
+        || cfg.reserved != 0;
+    done(r, bad, "ddp create");
+    // SAFETY: a live registry (the DDP keeps its own copy).
+    done(unsafe { ftn_param_registry_destroy(reg) }, false, "registry destroy");
+    if r != ftnResult_t::ftnSuccess {
+        return;
+    }
+    let is_dist = cfg.distributed_optimizer != 0;
+    let mut opt: ftnDistOpt_t = null_mut();
+    let mut live_scalers = Vec::new();
+    for _ in 0..(b.u8() % 12) {
+        let id = match b.u8() % 4 {
+            0 => b.dim(),
+            _ => (b.u8() as i64) % (registered + 1),
+        };
+        let mut ptr = null_mut();
+        let out: *mut *mut c_void = if b.u8() % 16 == 0 { null_mut() } else { &mut ptr };
+        // SAFETY: valid handles; out is NULL or valid.
+        let r = unsafe {
+            match b.u8() % 8 {
+                0 => ftn_ddp_get_grad(ddp, id, out),
+                1 => ftn_ddp_get_param(ddp, id, out),
+                2 | 3 => ftn_ddp_mark_grad_ready(ddp, e.stream, id),
+                4 => ftn_ddp_set_is_last_microbatch(ddp, b.u8() as i32 % 3 - 1),
+                5 => ftn_ddp_finish_grad_sync(ddp, e.stream),
+                6 => ftn_ddp_zero_grad_buffer(ddp, e.stream),
+                _ if opt.is_null() => {
+                    let osize = b.size(std::mem::size_of::<ftnDistOptConfig_t>());
+                    let oc = ftnDistOptConfig_t {
+                        size: osize,
+                        beta1: if b.u8() % 2 == 0 { 0.9 } else { b.f32() },
+                        beta2: if b.u8() % 2 == 0 { 0.999 } else { b.f32() },
+                        eps: if b.u8() % 2 == 0 { 1e-8 } else { b.f32() },
+                        mode: (b.u8() % 4) as i32 - 1,
+                        weight_decay: if b.u8() % 2 == 0 { 0.01 } else { b.f32() },
+                        reserved: (b.u8() % 8 == 0) as i32,
+                        max_grad_norm: if b.u8() % 2 == 0 { 1.0 } else { b.f32() as f64 },
+                    };
+                    let os = desc_storage(oc, osize, b);
+                    let oc = effective(oc, osize);
+                    let r = ftn_dist_opt_create(ddp, os.as_ptr() as *const ftnDistOptConfig_t, &mut opt);
+                    let bad = !is_dist
+                        || osize < 40
+                        || osize > FTN_MAX_DESC_SIZE
+                        || !(0.0..1.0).contains(&oc.beta1)
+                        || !(0.0..1.0).contains(&oc.beta2)
+                        || !(oc.eps.is_finite() && oc.eps > 0.0)
+                        || !(0..=1).contains(&oc.mode)
+                        || !(oc.weight_decay.is_finite() && oc.weight_decay >= 0.0)
+                        || !(oc.max_grad_norm.is_finite() && oc.max_grad_norm >= 0.0)
+                        || oc.reserved != 0;
+                    done(r, bad, "dist opt create");
+                    if r != ftnResult_t::ftnSuccess {
+                        opt = null_mut();
+                    }
+                    r
+                }
+                _ => {
+                    let lr = scalar(bufs, 1e-3f32.to_bits(), b);
+                    let step = scalar(bufs, 0, b);
+                    let (scaler, live) = scaler_arg(b);
+                    if live {
+                        live_scalers.push(scaler);
+                    }
+                    let found = if b.u8() % 2 == 0 { scalar(bufs, 0, b) } else { null_mut() };
+                    let r = ftn_dist_opt_step(opt, ddp, e.stream, lr as *const f32, step as *mut i32, scaler, found as *mut f32);
+                    let bad = !aligned_real(lr, 4)
+                        || !aligned_real(step, 4)
+                        || (!scaler.is_null() && !live)
+                        || (live && !aligned_real(found, 4))
+                        || (scaler.is_null() && !found.is_null());
+                    done(r, bad, "dist opt step");
+                    r
+                }
+            }
+        };
+        done(r, false, "ddp call");
+    }
+    // SAFETY: live handles (the optimizer before its DDP); then stale ones.
+    unsafe {
+        if !opt.is_null() {
+            done(ftn_dist_opt_destroy(opt), false, "dist opt destroy");
+        }
+        done(ftn_ddp_destroy(ddp), false, "ddp destroy");
+        done(ftn_ddp_destroy(ddp), true, "ddp double destroy");
+        done(ftn_ddp_finish_grad_sync(ddp, e.stream), true, "ddp stale");
+        for sc in live_scalers {
+            done(ftn_grad_scaler_destroy(sc), false, "scaler destroy");
+        }
+    }
+}
+
+/// Megatron's memory table and the default weight decay with fuzzed inputs.
+fn memory_accounting(b: &mut Bytes) {
+    let (pd, gd) = ((b.u8() % 8) as i32 - 1, (b.u8() % 8) as i32 - 1);
+    let dp = match b.u8() % 4 {
+        0 => b.u64() as i32,
+        k => k as i32 - 1,
+    };
+    let dist = b.u8() as i32 % 3 - 1;
+    let mut bytes = f64::NAN;
+    let out: *mut f64 = match b.u8() % 8 {
+        0 => null_mut(),
+        _ => &mut bytes,
+    };
+    // SAFETY: out is NULL or valid.
+    let r = unsafe { ftn_ddp_bytes_per_param(pd, gd, dp, dist, out) };
+    let floats = |d: i32| (0..=2).contains(&d);
+    done(r, out.is_null() || !floats(pd) || !floats(gd) || dp < 1, "bytes per param");
+    if r == ftnResult_t::ftnSuccess {
+        assert!(bytes.is_finite() && bytes > 0.0, "bytes per param {bytes}");
+    }
+    let n = (b.u8() % 6) as usize;
+    let mut ndims = [0i64; 5];
+    for d in ndims.iter_mut() {
+        *d = b.dim();
+    }
+    let mut wd = [f32::NAN; 5];
+    let (np, op): (*const i64, *mut f32) = match b.u8() % 6 {
+        0 => (std::ptr::null(), wd.as_mut_ptr()),
+        1 => (ndims.as_ptr(), null_mut()),
+        _ => (ndims.as_ptr(), wd.as_mut_ptr()),
+    };
+    let n = n.min(5);
+    let decay = b.f32();
+    // SAFETY: the arrays hold 5 entries, n <= 5.
+    let r = unsafe { ftn_adam_default_weight_decay(np, n, decay, op) };
+    let bad = (n > 0 && (np.is_null() || op.is_null()))
+        || (n > 0 && ndims[..n].iter().any(|&d| d < 0))
+        || !(decay.is_finite() && decay >= 0.0);
+    done(r, bad, "default weight decay");
 }

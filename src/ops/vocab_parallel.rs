@@ -96,6 +96,8 @@ pub(crate) struct CeShape {
     pub smoothing: f32,
     /// `1 / V` of the full padded vocabulary.
     pub inv_vocab: f32,
+    /// Rows whose label equals this get loss 0 and a zero gradient.
+    pub ignore_index: Option<i64>,
 }
 
 /// `row_max[t] = max over this shard's columns of logits[t, :]`.
@@ -140,9 +142,10 @@ pub(crate) fn ce_stats<T: FloatElement, I: TokenId>(
     stream.launch(k, per_row(s.tokens), params)
 }
 
-/// `loss[t]` from the reduced statistics.
-pub(crate) fn ce_loss(
+/// `loss[t]` from the reduced statistics (0 for an ignored label).
+pub(crate) fn ce_loss<I: TokenId>(
     stream: &Stream,
+    labels: &DeviceBuffer<I>,
     row_max: &DeviceBuffer<f32>,
     sums: &DeviceBuffer<f32>,
     loss: &mut DeviceBuffer<f32>,
@@ -152,9 +155,13 @@ pub(crate) fn ce_loss(
         loss: loss.addr() as *mut f32,
         row_max: row_max.addr() as *const f32,
         sums: sums.addr() as *const f32,
+        labels: labels.addr() as *const _,
         tokens: s.tokens as i64,
+        ignore_index: s.ignore_index.unwrap_or(0),
         smoothing: s.smoothing,
         inv_vocab: s.inv_vocab,
+        ids_i64: I::IS_I64 as u32,
+        has_ignore_index: s.ignore_index.is_some() as u32,
     };
     stream.launch(
         kernels::VOCAB_CE_LOSS.only()?,
@@ -164,7 +171,8 @@ pub(crate) fn ce_loss(
 }
 
 /// `grad = dloss * (softmax - (1 - eps) * onehot - eps / V)` into the
-/// `[tokens, cols]` buffer at `grad` (may be `logits` itself).
+/// `[tokens, cols]` buffer at `grad` (may be `logits` itself); zero rows for
+/// ignored labels.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ce_grad<T: FloatElement, I: TokenId>(
     stream: &Stream,
@@ -186,10 +194,11 @@ pub(crate) fn ce_grad<T: FloatElement, I: TokenId>(
         tokens: s.tokens as i64,
         cols: s.cols as i64,
         vocab_start: s.vocab_start as i64,
+        ignore_index: s.ignore_index.unwrap_or(0),
         smoothing: s.smoothing,
         inv_vocab: s.inv_vocab,
         ids_i64: I::IS_I64 as u32,
-        pad_: 0,
+        has_ignore_index: s.ignore_index.is_some() as u32,
     };
     let k = kernels::VOCAB_CE_BWD.for_dtype(T::DTYPE)?;
     stream.launch(k, grid_stride(s.tokens * s.cols), params)

@@ -21,7 +21,15 @@
 //! gradient `dloss * (softmax - (1 - eps) * onehot - eps / V)`. (Megatron's
 //! code feeds this formula `eps * K / (K - 1)` in place of `eps`; pass that
 //! value to reproduce it.) Labels outside `[0, V)` have no target on any rank:
-//! their loss is `log(sum exp)` and their gradient the softmax.
+//! their loss is `log(sum exp)` and their gradient the softmax (Megatron's
+//! behaviour: the target logit counts as 0).
+//!
+//! Optionally ([`VocabParallelCrossEntropy::with_ignore_index`], PyTorch's
+//! `ignore_index`, whose default there is -100): a row whose label equals the
+//! ignore index has loss exactly 0 and a zero gradient row, label smoothing
+//! included (the row contributes nothing). The loss is per token; a mean over
+//! the batch divides by the number of rows not ignored, as PyTorch's
+//! `reduction='mean'` does.
 
 use crate::backend::{DeviceBuffer, Stream};
 use crate::comm::{CommElement, Communicator, ReduceOp};
@@ -267,6 +275,10 @@ pub struct VocabParallelCrossEntropy {
     pub shard_vocab: usize,
     /// `eps` in `[0, 1)`; 0 disables label smoothing.
     pub label_smoothing: f32,
+    /// PyTorch's `ignore_index`: rows whose label equals it get loss 0 and a
+    /// zero gradient. `None` (the default): every label counts (one outside
+    /// `[0, V)` as Megatron's, see the module docs).
+    pub ignore_index: Option<i64>,
 }
 
 /// What the forward keeps for the backward: the per-token fp32 statistics
@@ -276,6 +288,7 @@ pub struct CrossEntropySaved {
     row_max: DeviceBuffer<f32>,
     sums: DeviceBuffer<f32>,
     tokens: usize,
+    ignore_index: Option<i64>,
 }
 
 impl CrossEntropySaved {
@@ -300,6 +313,18 @@ impl VocabParallelCrossEntropy {
             tokens,
             shard_vocab,
             label_smoothing: 0.0,
+            ignore_index: None,
+        }
+    }
+
+    /// Rows whose label equals `ignore_index` (e.g. PyTorch's default -100;
+    /// any value, also one inside `[0, V)`) get loss 0 and a zero gradient;
+    /// `None` disables it. With `i32` labels the value must fit in `i32`
+    /// (else it could never match: an error naming `ignore_index`).
+    pub fn with_ignore_index(self, ignore_index: Option<i64>) -> Self {
+        VocabParallelCrossEntropy {
+            ignore_index,
+            ..self
         }
     }
 
@@ -311,7 +336,21 @@ impl VocabParallelCrossEntropy {
     }
 
     /// Validates the shape; returns `(elements, vocab_start, 1 / V)`.
-    fn check(&self, op: &'static str, comm: &Communicator) -> Result<(usize, usize, f32)> {
+    fn check<I: TokenId>(
+        &self,
+        op: &'static str,
+        comm: &Communicator,
+    ) -> Result<(usize, usize, f32)> {
+        if let Some(ii) = self.ignore_index {
+            if !I::IS_I64 && i32::try_from(ii).is_err() {
+                return Err(Error::invalid(
+                    op,
+                    "ignore_index",
+                    "a value that fits the i32 labels",
+                    ii,
+                ));
+            }
+        }
         if !(0.0..1.0).contains(&self.label_smoothing) {
             return Err(Error::invalid(
                 op,
@@ -358,6 +397,7 @@ impl VocabParallelCrossEntropy {
             vocab_start,
             smoothing: self.label_smoothing,
             inv_vocab,
+            ignore_index: self.ignore_index,
         }
     }
 
@@ -373,7 +413,7 @@ impl VocabParallelCrossEntropy {
         labels: &DeviceBuffer<I>,
         loss: &mut DeviceBuffer<f32>,
     ) -> Result<CrossEntropySaved> {
-        let (n, start, inv_vocab) = self.check(CE_FWD, comm)?;
+        let (n, start, inv_vocab) = self.check::<I>(CE_FWD, comm)?;
         check_len(CE_FWD, "logits", stream, logits, n, "[tokens, shard_vocab]")?;
         check_len(CE_FWD, "labels", stream, labels, self.tokens, "[tokens]")?;
         check_len(CE_FWD, "loss", stream, loss, self.tokens, "[tokens]")?;
@@ -386,6 +426,7 @@ impl VocabParallelCrossEntropy {
                 row_max,
                 sums,
                 tokens: 0,
+                ignore_index: self.ignore_index,
             });
         }
         let shape = self.shape(start, inv_vocab);
@@ -397,16 +438,18 @@ impl VocabParallelCrossEntropy {
         if comm.size() > 1 {
             comm.all_reduce_in_place(stream, &mut sums, ReduceOp::Sum)?;
         }
-        local::ce_loss(stream, &row_max, &sums, loss, &shape)?;
+        local::ce_loss(stream, labels, &row_max, &sums, loss, &shape)?;
         Ok(CrossEntropySaved {
             row_max,
             sums,
             tokens: self.tokens,
+            ignore_index: self.ignore_index,
         })
     }
 
     /// This rank's logits gradient `[tokens, shard_vocab]`:
-    /// `dloss[t] * (softmax - (1 - eps) * onehot - eps / V)`. `logits`,
+    /// `dloss[t] * (softmax - (1 - eps) * onehot - eps / V)`, a zero row for
+    /// an ignored label. `logits`,
     /// `labels` and `saved` are those of the forward; `dloss` is `[tokens]`
     /// fp32. No communication.
     #[allow(clippy::too_many_arguments)]
@@ -420,7 +463,7 @@ impl VocabParallelCrossEntropy {
         dloss: &DeviceBuffer<f32>,
         grad: &mut DeviceBuffer<T>,
     ) -> Result<()> {
-        let (n, ..) = self.check(CE_BWD, comm)?;
+        let (n, ..) = self.check::<I>(CE_BWD, comm)?;
         check_len(CE_BWD, "grad", stream, grad, n, "[tokens, shard_vocab]")?;
         self.backward_unchecked(comm, stream, logits, labels, saved, dloss, grad.addr())
     }
@@ -450,20 +493,26 @@ impl VocabParallelCrossEntropy {
         dloss: &DeviceBuffer<f32>,
         grad: u64,
     ) -> Result<()> {
-        let (n, start, inv_vocab) = self.check(CE_BWD, comm)?;
+        let (n, start, inv_vocab) = self.check::<I>(CE_BWD, comm)?;
         check_len(CE_BWD, "logits", stream, logits, n, "[tokens, shard_vocab]")?;
         check_len(CE_BWD, "labels", stream, labels, self.tokens, "[tokens]")?;
         check_len(CE_BWD, "dloss", stream, dloss, self.tokens, "[tokens]")?;
         let rows = if self.smoothing() { 3 } else { 2 };
-        if saved.tokens != self.tokens || saved.sums.len() != rows * self.tokens {
+        if saved.tokens != self.tokens
+            || saved.sums.len() != rows * self.tokens
+            || saved.ignore_index != self.ignore_index
+        {
             return Err(Error::invalid(
                 CE_BWD,
                 "saved",
                 format!(
-                    "the forward's statistics for {} tokens (label smoothing {})",
-                    self.tokens, self.label_smoothing
+                    "the forward's statistics for {} tokens (label smoothing {}, ignore_index {:?})",
+                    self.tokens, self.label_smoothing, self.ignore_index
                 ),
-                format!("statistics for {} tokens", saved.tokens),
+                format!(
+                    "statistics for {} tokens (ignore_index {:?})",
+                    saved.tokens, saved.ignore_index
+                ),
             ));
         }
         stream

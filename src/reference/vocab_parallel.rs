@@ -44,12 +44,29 @@ pub fn cross_entropy(
     eps: f64,
     dloss: &[f64],
 ) -> (Vec<f64>, Vec<f64>) {
+    cross_entropy_ignoring(logits, vocab, labels, eps, None, dloss)
+}
+
+/// [`cross_entropy`] with PyTorch's `ignore_index`: a token whose label
+/// equals `ignore_index` has loss 0 and a zero gradient row (label smoothing
+/// included); `None` ignores nothing.
+pub fn cross_entropy_ignoring(
+    logits: &[f64],
+    vocab: usize,
+    labels: &[i64],
+    eps: f64,
+    ignore_index: Option<i64>,
+    dloss: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
     let tokens = labels.len();
     assert_eq!(logits.len(), tokens * vocab);
     assert_eq!(dloss.len(), tokens);
     let mut loss = vec![0.0; tokens];
     let mut grad = vec![0.0; tokens * vocab];
     for t in 0..tokens {
+        if ignore_index == Some(labels[t]) {
+            continue; // loss 0, gradient row 0
+        }
         let x = &logits[t * vocab..(t + 1) * vocab];
         let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let se: f64 = x.iter().map(|&v| (v - m).exp()).sum();

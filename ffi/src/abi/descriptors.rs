@@ -19,11 +19,16 @@ pub(crate) unsafe trait Desc: Copy {
     const NAME: &'static str;
     /// `sizeof` of the first published version.
     const V1_SIZE: usize;
+    /// `sizeof` of every later published version older than this one (for
+    /// a descriptor that grew more than once; `V1_SIZE` and the current
+    /// size are implied). A `size` below the current size must be one of
+    /// these: anything else would cut a field in half.
+    const OLDER_SIZES: &'static [usize] = &[];
 }
 
 /// Checks a size-prefixed struct's pointer (non-NULL, aligned) and its
-/// `size` field (at least the first version's size, at most
-/// [`FTN_MAX_DESC_SIZE`]); returns `size`.
+/// `size` field (at most [`FTN_MAX_DESC_SIZE`]; below the current size
+/// only the exact size of a published version); returns `size`.
 ///
 /// # Safety
 /// `p` is NULL or valid for reads of a `size_t`.
@@ -46,15 +51,23 @@ unsafe fn desc_size<D: Desc>(op: &'static str, arg: &'static str, p: *const D) -
     }
     // SAFETY: non-NULL, aligned; every descriptor starts with a size_t.
     let size = unsafe { (p as *const usize).read() };
-    if size < D::V1_SIZE || size > FTN_MAX_DESC_SIZE {
+    let ours = std::mem::size_of::<D>();
+    let older = size == D::V1_SIZE || D::OLDER_SIZES.contains(&size);
+    if size < D::V1_SIZE || size > FTN_MAX_DESC_SIZE || (size < ours && !older) {
+        let versions = if D::V1_SIZE < ours {
+            let mut v = vec![D::V1_SIZE];
+            v.extend_from_slice(D::OLDER_SIZES);
+            let v: Vec<String> = v.iter().map(usize::to_string).collect();
+            format!(", or an older version's size: {}", v.join(", "))
+        } else {
+            String::new()
+        };
         return Err(invalid(
             op,
             arg,
             format!(
-                "{arg}.size = sizeof({}) = {} in this version (at least {}, at most {FTN_MAX_DESC_SIZE}); set {arg}.size = sizeof(*{arg})",
+                "{arg}.size = sizeof({}) = {ours} in this version (at most {FTN_MAX_DESC_SIZE}{versions}); set {arg}.size = sizeof(*{arg})",
                 D::NAME,
-                std::mem::size_of::<D>(),
-                D::V1_SIZE
             ),
             size,
         ));
@@ -145,6 +158,51 @@ mod tests {
         assert_eq!(size_of::<ftnAdamTensor_t>(), 64);
         assert_eq!(size_of::<ftnDdpConfig_t>(), ftnDdpConfig_t::V1_SIZE);
         assert_eq!(size_of::<ftnDistOptConfig_t>(), ftnDistOptConfig_t::V1_SIZE);
+    }
+
+    /// The one descriptor that has grown: version 2 of the cross-entropy
+    /// descriptor appended the ignore index; a version-1 caller (40 bytes)
+    /// reads as "nothing ignored" whatever lies past its struct.
+    #[test]
+    fn cross_entropy_desc_version_1_still_reads() {
+        assert_eq!(ftnCrossEntropyDesc_t::V1_SIZE, 40);
+        assert_eq!(size_of::<ftnCrossEntropyDesc_t>(), 56);
+        assert_eq!(
+            std::mem::offset_of!(ftnCrossEntropyDesc_t, ignore_index),
+            40
+        );
+        let v2 = ftnCrossEntropyDesc_t {
+            size: 56,
+            dtype: 0,
+            label_dtype: 5,
+            tokens: 3,
+            shard_vocab: 7,
+            label_smoothing: 0.1,
+            reserved: 0,
+            ignore_index: -100,
+            has_ignore_index: 1,
+            reserved2: 0,
+        };
+        // SAFETY: a live, aligned descriptor of `size` bytes.
+        let r = unsafe { read_desc("t", "desc", &v2) }.unwrap();
+        assert_eq!((r.ignore_index, r.has_ignore_index), (-100, 1));
+        let v1 = ftnCrossEntropyDesc_t { size: 40, ..v2 };
+        // SAFETY: as above (40 <= sizeof bytes readable).
+        let r = unsafe { read_desc("t", "desc", &v1) }.unwrap();
+        assert_eq!((r.tokens, r.shard_vocab, r.label_smoothing), (3, 7, 0.1));
+        assert_eq!((r.ignore_index, r.has_ignore_index, r.reserved2), (0, 0, 0));
+        // A size between the versions would cut a field: refused.
+        for size in [39, 41, 48, 55] {
+            let d = ftnCrossEntropyDesc_t { size, ..v2 };
+            // SAFETY: as above.
+            let e = unsafe { read_desc("t", "desc", &d) }
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("desc.size") && e.contains("older version's size: 40"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -216,6 +216,10 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_backward(
 
 /// Shape and options of the vocab-parallel cross-entropy over this rank's
 /// `[tokens, shard_vocab]` logits (the padded vocabulary is `tp * shard_vocab`).
+///
+/// Version 2 (56 bytes) added `ignore_index` / `has_ignore_index`. A
+/// version-1 descriptor (`size` = 40, compiled against an older header) is
+/// still accepted and reads as `has_ignore_index = 0`.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -233,6 +237,18 @@ pub struct ftnCrossEntropyDesc_t {
     pub label_smoothing: f32,
     /// Must be 0.
     pub reserved: u32,
+    /// Version 2. With `has_ignore_index` non-zero: a token whose label
+    /// equals this value (PyTorch's `ignore_index`, -100 there by default;
+    /// any value, also one inside `[0, V)`) gets loss 0 and a zero gradient
+    /// row, label smoothing included. With int32 labels it must fit in
+    /// int32. Ignored when `has_ignore_index` is 0.
+    pub ignore_index: i64,
+    /// Version 2. Non-zero: use `ignore_index`; 0 (the default, and what a
+    /// version-1 descriptor reads as): every label counts, one outside
+    /// `[0, V)` with no target (Megatron's behaviour).
+    pub has_ignore_index: i32,
+    /// Version 2. Must be 0.
+    pub reserved2: u32,
 }
 // SAFETY: repr(C), size_t first, integer/float fields, explicit padding.
 unsafe impl Desc for ftnCrossEntropyDesc_t {
@@ -251,11 +267,19 @@ fn cross_entropy(
     if d.reserved != 0 {
         return Err(invalid(op, "desc.reserved", "0", d.reserved));
     }
+    if d.reserved2 != 0 {
+        return Err(invalid(op, "desc.reserved2", "0", d.reserved2));
+    }
     let tokens = dim(op, "desc.tokens", d.tokens)?;
     let shard = dim(op, "desc.shard_vocab", d.shard_vocab)?;
     let n = mul(op, "desc.tokens * shard_vocab", tokens, shard)?;
+    // An ignore index int32 labels cannot equal: refused by the Rust layer
+    // (naming `ignore_index`).
+    let ignore = (d.has_ignore_index != 0).then_some(d.ignore_index);
     Ok((
-        VocabParallelCrossEntropy::new(tokens, shard).with_label_smoothing(d.label_smoothing),
+        VocabParallelCrossEntropy::new(tokens, shard)
+            .with_label_smoothing(d.label_smoothing)
+            .with_ignore_index(ignore),
         n,
     ))
 }
@@ -287,7 +311,11 @@ unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
 /// it with `ftn_cross_entropy_saved_destroy`).
 /// A label outside `[0, V)` is not an error (labels are device data, not
 /// checked): it has no target on any rank, its loss is `log(sum exp)` and
-/// the backward gives it the plain softmax.
+/// the backward gives it the plain softmax (Megatron's behaviour), unless
+/// it equals `desc.ignore_index` with `desc.has_ignore_index` set (PyTorch's
+/// behaviour): then, as for any label equal to it, loss 0 and a zero
+/// gradient row. A mean over the batch then divides by the rows not
+/// ignored.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_forward(
@@ -346,7 +374,10 @@ unsafe fn ce_bwd_t<T: FloatElement, I: TokenId>(
 /// This rank's logits gradient `grad` (`[tokens, shard_vocab]`, may equal
 /// `logits`: in place) `= dloss[t] * (softmax - (1 - eps) * onehot - eps / V)`
 /// from the forward's `logits`, `labels` and `saved`; `dloss` is fp32
-/// `[tokens]`. No communication.
+/// `[tokens]`; a zero row for a label equal to the ignore index. `desc` must
+/// be the forward's (a different `ignore_index` / `has_ignore_index` or label
+/// smoothing than `saved` was made with: ftnInvalidArgument naming `saved`).
+/// No communication.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(

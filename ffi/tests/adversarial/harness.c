@@ -174,6 +174,8 @@ static void *fx_new(int kind) {
     d.label_dtype = ftnInt32;
     d.tokens = 4;
     d.shard_vocab = 4;
+    d.ignore_index = -100; /* as the generated descriptors (adversarial.rs OVERRIDES) */
+    d.has_ignore_index = 1;
     FX_CHECK("cross-entropy saved",
              ftn_vocab_parallel_cross_entropy_forward(&d, (ftnComm_t)fx(FX_ftnComm_t),
                                                       (ftnStream_t)fx(FX_ftnStream_t), adv_buf(), adv_buf(),

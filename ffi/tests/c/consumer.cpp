@@ -1,8 +1,10 @@
 // A C++17 program that uses only include/ferrotron.h and libferrotron, with
 // the handles wrapped in RAII types: runs every exposed op on the emulator
 // (bf16 and fp32) and checks it against its own reference, including the
-// tensor-parallel layers, blocks, mappings and cross-entropy on two ranks
-// (one thread each) against double-precision references of its own.
+// tensor-parallel layers, blocks, mappings and cross-entropy (with and
+// without ignore_index) on two ranks (one thread each), the fused AdamW
+// step, DDP with the distributed optimizer on two data-parallel ranks and
+// the memory accounting, against double-precision references of its own.
 // Usage: consumer_cpp SEED. Exit 0 on success.
 #include "ferrotron.h"
 
@@ -76,6 +78,10 @@ using RowParallelLinear = Handle<ftnRowParallelLinear_t, ftn_row_parallel_linear
 using TpMlp = Handle<ftnTpMlp_t, ftn_tp_mlp_destroy>;
 using TpAttention = Handle<ftnTpAttention_t, ftn_tp_attention_destroy>;
 using CrossEntropySaved = Handle<ftnCrossEntropySaved_t, ftn_cross_entropy_saved_destroy>;
+using Adam = Handle<ftnAdam_t, ftn_adam_destroy>;
+using ParamRegistry = Handle<ftnParamRegistry_t, ftn_param_registry_destroy>;
+using Ddp = Handle<ftnDdp_t, ftn_ddp_destroy>;
+using DistOpt = Handle<ftnDistOpt_t, ftn_dist_opt_destroy>;
 
 inline Context make_context(ftnBackend_t b) {
   Context c;
@@ -831,10 +837,16 @@ static void tp_cross_entropy(const Ranks& rk) {
   std::uniform_int_distribution<int64_t> pick(0, V - 1);
   for (auto& l : labels) l = pick(rng);
   const auto dloss = rand_vec(T);
-  for (float eps : {0.0f, 0.1f}) {
+  const int64_t kIgnore = -100;  // PyTorch's default ignore_index
+  for (int k = 0; k < 4; k++) {
+    const int ignore = k / 2;
+    const float eps = k % 2 ? 0.1f : 0.0f;
     const double e = eps;
-    std::vector<double> wl(T), wg(T * V);
+    auto lab = labels;
+    if (ignore) lab[1] = lab[T - 2] = kIgnore;
+    std::vector<double> wl(T, 0.0), wg(T * V, 0.0);
     for (int64_t t = 0; t < T; t++) {
+      if (lab[t] == kIgnore) continue;  // ignored: loss 0, gradient row 0
       const float* xr = &logits[t * V];
       double mx = -INFINITY, sum = 0, mean = 0;
       for (int64_t v = 0; v < V; v++) mx = std::fmax(mx, static_cast<double>(xr[v]));
@@ -842,14 +854,15 @@ static void tp_cross_entropy(const Ranks& rk) {
       for (int64_t v = 0; v < V; v++) mean += xr[v];
       mean /= V;
       const double lse = mx + std::log(sum);
-      wl[t] = (1 - e) * (lse - xr[labels[t]]) + e * (lse - mean);
+      wl[t] = (1 - e) * (lse - xr[lab[t]]) + e * (lse - mean);
       for (int64_t v = 0; v < V; v++)
-        wg[t * V + v] = dloss[t] * (std::exp(xr[v] - lse) - (1 - e) * (v == labels[t] ? 1.0 : 0.0) - e / V);
+        wg[t * V + v] = dloss[t] * (std::exp(xr[v] - lse) - (1 - e) * (v == lab[t] ? 1.0 : 0.0) - e / V);
     }
-    on_ranks("cross-entropy eps=" + std::to_string(eps), [&](int r) {
+    const std::string name = "cross-entropy eps=" + std::to_string(eps) + (ignore ? " ignore_index=-100" : "");
+    on_ranks(name, [&](int r) {
       const ftn::Stream& s = rk.stream[r];
       ftnComm_t c = rk.comm[r].get();
-      const std::string tag = "rank " + std::to_string(r) + " cross-entropy eps=" + std::to_string(eps) + " ";
+      const std::string tag = "rank " + std::to_string(r) + " " + name + " ";
       const bool in_place = eps > 0;
       auto d = ftn::desc<ftnCrossEntropyDesc_t>();
       d.dtype = ftnFloat32;
@@ -857,12 +870,14 @@ static void tp_cross_entropy(const Ranks& rk) {
       d.tokens = T;
       d.shard_vocab = Vs;
       d.label_smoothing = eps;
+      d.has_ignore_index = ignore;
+      d.ignore_index = kIgnore;
       auto shard = col_block(logits, V, r * Vs, (r + 1) * Vs);
       std::vector<float> loss(T, NAN), grad(T * Vs, NAN);
       ftn::CrossEntropySaved saved;
-      FTN_CHECK(ftn_vocab_parallel_cross_entropy_forward(&d, c, s.get(), shard.data(), labels.data(), loss.data(),
+      FTN_CHECK(ftn_vocab_parallel_cross_entropy_forward(&d, c, s.get(), shard.data(), lab.data(), loss.data(),
                                                          saved.out()));
-      FTN_CHECK(ftn_vocab_parallel_cross_entropy_backward(&d, c, s.get(), shard.data(), labels.data(), saved.get(),
+      FTN_CHECK(ftn_vocab_parallel_cross_entropy_backward(&d, c, s.get(), shard.data(), lab.data(), saved.get(),
                                                           dloss.data(), in_place ? shard.data() : grad.data()));
       finish(rk, r);
       close_all(tag + "loss", loss, wl, 1e-5);
@@ -923,6 +938,230 @@ static void tp_mappings(const Ranks& rk) {
   });
 }
 
+// ---- optimizer, data parallelism, memory accounting ----
+
+// The double-precision AdamW reference (docs/semantics.md): step t, decoupled
+// weight decay `wd`.
+static void adamw_ref(std::vector<double>& p, std::vector<double>& m, std::vector<double>& v,
+                      const std::vector<double>& g, double lr, int t, double b1, double b2, double eps, double wd) {
+  const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
+  for (size_t i = 0; i < p.size(); i++) {
+    m[i] = b1 * m[i] + (1 - b1) * g[i];
+    v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+    p[i] -= lr * ((m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps) + wd * p[i]);
+  }
+}
+
+static std::vector<double> doubles(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+// One fused AdamW step over two tensors (a 2-D weight with a bf16 model copy
+// and weight decay, a 1-D bias with an fp32 copy and none, as
+// ftn_adam_default_weight_decay says), the gradients unscaled by a device
+// inv_scale; then a step with found_inf set changes nothing.
+static void adam_step(const ftn::Context& ctx, const ftn::Stream& s) {
+  auto cfg = ftn::desc<ftnAdamConfig_t>();
+  FTN_CHECK(ftn_adam_config_default(&cfg));
+  expect(cfg.beta1 == 0.9f && cfg.beta2 == 0.999f && cfg.eps == 1e-8f && cfg.mode == ftnAdamDecoupled,
+         "adam defaults");
+  ftn::Adam adam;
+  FTN_CHECK(ftn_adam_create(ctx.get(), &cfg, adam.out()));
+  const size_t nw = 48, nb = 6;
+  const int64_t ndims[2] = {2, 1};
+  float wd[2] = {NAN, NAN};
+  FTN_CHECK(ftn_adam_default_weight_decay(ndims, 2, 0.01f, wd));
+  expect(wd[0] == 0.01f && wd[1] == 0.0f, "default weight decay: 2-D decays, 1-D does not");
+  auto pw = rand_vec(nw), gw = rand_vec(nw), pb = rand_vec(nb), gb = rand_vec(nb);
+  std::vector<float> mw(nw, 0.0f), vw(nw, 0.0f), mb(nb, 0.0f), vb(nb, 0.0f), modelb(nb, NAN);
+  std::vector<uint16_t> modelw(nw, 0xFFFF);
+  std::vector<double> rpw = doubles(pw), rpb = doubles(pb), rmw(nw, 0), rvw(nw, 0), rmb(nb, 0), rvb(nb, 0);
+  const float inv = 0.25f;
+  std::vector<double> rgw(nw), rgb(nb);
+  for (size_t i = 0; i < nw; i++) rgw[i] = static_cast<double>(gw[i]) * inv;
+  for (size_t i = 0; i < nb; i++) rgb[i] = static_cast<double>(gb[i]) * inv;
+  ftnAdamTensor_t t[2];
+  std::memset(t, 0, sizeof t);
+  t[0].param = pw.data(), t[0].exp_avg = mw.data(), t[0].exp_avg_sq = vw.data(), t[0].grad = gw.data();
+  t[0].model = modelw.data(), t[0].numel = nw, t[0].grad_dtype = ftnFloat32, t[0].model_dtype = ftnBfloat16;
+  t[0].weight_decay = wd[0];
+  t[1].param = pb.data(), t[1].exp_avg = mb.data(), t[1].exp_avg_sq = vb.data(), t[1].grad = gb.data();
+  t[1].model = modelb.data(), t[1].numel = nb, t[1].grad_dtype = ftnFloat32, t[1].model_dtype = ftnFloat32;
+  t[1].weight_decay = wd[1];
+  auto d = ftn::desc<ftnAdamStepDesc_t>();
+  d.num_tensors = 2;
+  // emulator: the "device" scalars are host memory
+  float lr = 1e-2f, dinv = inv, found = 0.0f;
+  int32_t step = 0;
+  FTN_CHECK(ftn_adam_step(s.get(), adam.get(), &d, t, &lr, &step, &dinv, nullptr, &found));
+  FTN_CHECK(ftn_stream_synchronize(s.get()));
+  expect(step == 1, "adam step count " + std::to_string(step));
+  adamw_ref(rpw, rmw, rvw, rgw, 1e-2, 1, 0.9, 0.999, 1e-8, 0.01);
+  adamw_ref(rpb, rmb, rvb, rgb, 1e-2, 1, 0.9, 0.999, 1e-8, 0.0);
+  close_all("adamw weight (fp32 master)", pw, rpw, 1e-5);
+  close_all("adamw weight exp_avg", mw, rmw, 1e-5);
+  close_all("adamw weight exp_avg_sq", vw, rvw, 1e-5);
+  close_all("adamw weight bf16 model copy", floats(modelw), rpw, 1e-2);
+  close_all("adamw bias", pb, rpb, 1e-5);
+  close_all("adamw bias fp32 model copy", modelb, rpb, 1e-5);
+  // an overflowing step writes nothing and does not advance the count
+  const auto before = pw;
+  found = 1.0f;
+  FTN_CHECK(ftn_adam_step(s.get(), adam.get(), &d, t, &lr, &step, &dinv, nullptr, &found));
+  FTN_CHECK(ftn_stream_synchronize(s.get()));
+  expect(step == 1 && pw == before, "a step with found_inf set is skipped");
+  // bad input: an exception naming the argument, nothing enqueued
+  try {
+    t[1].numel = -1;
+    FTN_CHECK(ftn_adam_step(s.get(), adam.get(), &d, t, &lr, &step, nullptr, nullptr, nullptr));
+    expect(false, "adam: negative numel accepted");
+  } catch (const ftn::Error& e) {
+    expect(error_names(e, "tensors[i].numel") && std::string(e.what()).find("tensor 1") != std::string::npos,
+           std::string("adam error names tensors[i].numel of tensor 1: ") + e.what());
+  }
+}
+
+// dp = 2 (one thread per rank): DDP with the distributed optimizer over a
+// bf16 weight and an fp32 bias, several buckets, two steps; every rank must
+// end with the parameters of AdamW on the mean gradients. Then plain DDP
+// (no parameter buffer) and the memory table.
+static void ddp_distributed_optimizer() {
+  Watchdog watchdog(120);
+  Ranks rk(TP);  // TP = 2 ranks, used here as the data-parallel group
+  const int64_t rows = 6, cols = 5, nw = rows * cols, nb = 7;
+  ftn::ParamRegistry reg;
+  FTN_CHECK(ftn_param_registry_create(reg.out()));
+  const int64_t wshape[2] = {rows, cols}, bshape[1] = {nb};
+  int64_t wid = -1, bid = -1;
+  FTN_CHECK(ftn_param_registry_register(reg.get(), "fc.weight", wshape, 2, ftnBfloat16, ftnFloat32, &wid));
+  FTN_CHECK(ftn_param_registry_register(reg.get(), "fc.bias", bshape, 1, ftnFloat32, ftnFloat32, &bid));
+  expect(wid == 0 && bid == 1, "parameter ids in registration order");
+  std::vector<uint16_t> w0(nw);
+  for (auto& x : w0) x = to_bf16(rand_vec(1)[0]);
+  const auto b0 = rand_vec(nb);
+  const int steps = 2;
+  // grads[step][rank]
+  std::vector<std::vector<std::vector<float>>> gw(steps), gb(steps);
+  for (int st = 0; st < steps; st++)
+    for (int r = 0; r < TP; r++) {
+      gw[st].push_back(rand_vec(nw));
+      gb[st].push_back(rand_vec(nb));
+    }
+  std::vector<std::vector<uint16_t>> got_w(TP);
+  std::vector<std::vector<float>> got_b(TP);
+  std::vector<int32_t> got_step(TP, -1);
+  const float lr = 0.05f, wdecay = 0.1f;
+  on_ranks("ddp + distributed optimizer", [&](int r) {
+    const ftn::Stream& s = rk.stream[r];
+    auto cfg = ftn::desc<ftnDdpConfig_t>();
+    cfg.bucket_size = 8;  // several buckets
+    cfg.distributed_optimizer = 1;
+    cfg.averaging = ftnGradPreScale;
+    ftn::Ddp ddp;
+    FTN_CHECK(ftn_ddp_create(rk.comm[r].get(), reg.get(), &cfg, ddp.out()));
+    void *pw = nullptr, *pb = nullptr, *dw = nullptr, *db = nullptr;
+    FTN_CHECK(ftn_ddp_get_param(ddp.get(), wid, &pw));
+    FTN_CHECK(ftn_ddp_get_param(ddp.get(), bid, &pb));
+    FTN_CHECK(ftn_ddp_get_grad(ddp.get(), wid, &dw));
+    FTN_CHECK(ftn_ddp_get_grad(ddp.get(), bid, &db));
+    FTN_CHECK(ftn_memcpy_htod(s.get(), pw, w0.data(), nw * sizeof(uint16_t)));
+    FTN_CHECK(ftn_memcpy_htod(s.get(), pb, b0.data(), nb * sizeof(float)));
+    FTN_CHECK(ftn_stream_synchronize(s.get()));
+    auto oc = ftn::desc<ftnDistOptConfig_t>();
+    oc.beta1 = 0.9f, oc.beta2 = 0.999f, oc.eps = 1e-8f, oc.mode = ftnAdamDecoupled;
+    oc.weight_decay = wdecay;
+    oc.max_grad_norm = 0.0;  // no clipping
+    ftn::DistOpt opt;
+    FTN_CHECK(ftn_dist_opt_create(ddp.get(), &oc, opt.out()));
+    float dlr = lr;  // emulator: device scalars are host memory
+    int32_t step = 0;
+    for (int st = 0; st < steps; st++) {
+      FTN_CHECK(ftn_ddp_zero_grad_buffer(ddp.get(), s.get()));
+      FTN_CHECK(ftn_ddp_set_is_last_microbatch(ddp.get(), 1));
+      // backward, last layer first: the bias's gradient, then the weight's
+      FTN_CHECK(ftn_memcpy_htod(s.get(), db, gb[st][r].data(), nb * sizeof(float)));
+      FTN_CHECK(ftn_ddp_mark_grad_ready(ddp.get(), s.get(), bid));
+      FTN_CHECK(ftn_memcpy_htod(s.get(), dw, gw[st][r].data(), nw * sizeof(float)));
+      FTN_CHECK(ftn_ddp_mark_grad_ready(ddp.get(), s.get(), wid));
+      FTN_CHECK(ftn_ddp_finish_grad_sync(ddp.get(), s.get()));
+      FTN_CHECK(ftn_dist_opt_step(opt.get(), ddp.get(), s.get(), &dlr, &step, nullptr, nullptr));
+      FTN_CHECK(ftn_stream_synchronize(s.get()));
+    }
+    got_step[r] = step;
+    got_w[r] = to_host<uint16_t>(s, pw, nw);
+    got_b[r] = to_host<float>(s, pb, nb);
+    // the communicator refuses to go while the DDP uses it
+    const ftnResult_t busy = ftn_comm_destroy(rk.comm[r].get());
+    expect(busy == ftnInvalidArgument, "rank " + std::to_string(r) + ": comm destroyed under a live DDP");
+    opt.reset();  // the optimizer before its DDP
+  });
+  std::vector<double> pw(nw), pb(b0.begin(), b0.end()), mw(nw, 0), vw(nw, 0), mb(nb, 0), vb(nb, 0);
+  for (int64_t i = 0; i < nw; i++) pw[i] = from_bf16(w0[i]);
+  for (int st = 0; st < steps; st++) {
+    std::vector<double> meanw(nw), meanb(nb);
+    for (int64_t i = 0; i < nw; i++) meanw[i] = 0.5 * (static_cast<double>(gw[st][0][i]) + gw[st][1][i]);
+    for (int64_t i = 0; i < nb; i++) meanb[i] = 0.5 * (static_cast<double>(gb[st][0][i]) + gb[st][1][i]);
+    adamw_ref(pw, mw, vw, meanw, lr, st + 1, 0.9, 0.999, 1e-8, wdecay);  // 2-D: decays
+    adamw_ref(pb, mb, vb, meanb, lr, st + 1, 0.9, 0.999, 1e-8, 0.0);     // 1-D: no decay
+  }
+  for (int r = 0; r < TP; r++) {
+    const std::string tag = "rank " + std::to_string(r) + " distributed optimizer ";
+    expect(got_step[r] == steps, tag + "step count " + std::to_string(got_step[r]));
+    close_all(tag + "weight (bf16, all-gathered)", floats(got_w[r]), pw, 1e-2);
+    close_all(tag + "bias (fp32, all-gathered)", got_b[r], pb, 1e-5);
+    expect(got_w[r] == got_w[0] && got_b[r] == got_b[0], tag + "parameters equal rank 0's bitwise");
+  }
+
+  // plain DDP: no parameter buffer, an error naming the handle
+  on_ranks("plain ddp", [&](int r) {
+    auto cfg = ftn::desc<ftnDdpConfig_t>();
+    ftn::Ddp ddp;
+    FTN_CHECK(ftn_ddp_create(rk.comm[r].get(), reg.get(), &cfg, ddp.out()));
+    void* p = nullptr;
+    try {
+      FTN_CHECK(ftn_ddp_get_param(ddp.get(), wid, &p));
+      expect(false, "plain DDP handed out a parameter buffer");
+    } catch (const ftn::Error& e) {
+      expect(error_names(e, "ddp"), std::string("error names ddp: ") + e.what());
+    }
+  });
+}
+
+// Megatron's memory table from the consumer's own formula: param + grad
+// bytes, an fp32 master copy unless the params are fp32, an fp32 main-grad
+// copy unless the grads are fp32, fp32 Adam moments (8); the distributed
+// optimizer divides the last three by dp.
+static void memory_accounting() {
+  struct Row {
+    int p, g, pbytes, gbytes;
+  };
+  for (const Row& row : {Row{ftnBfloat16, ftnFloat32, 2, 4}, Row{ftnFloat16, ftnFloat16, 2, 2},
+                         Row{ftnFloat32, ftnFloat32, 4, 4}}) {
+    const double opt = (row.pbytes == 4 ? 0 : 4) + (row.gbytes == 4 ? 0 : 4) + 8;
+    for (int dp : {1, 2, 3, 4, 8, 64}) {
+      for (int dist : {0, 1}) {
+        double got = -1;
+        FTN_CHECK(ftn_ddp_bytes_per_param(row.p, row.g, dp, dist, &got));
+        const double want = row.pbytes + row.gbytes + (dist ? opt / dp : opt);
+        expect(std::fabs(got - want) < 1e-12, "bytes per param (dtypes " + std::to_string(row.p) + "/" +
+                                                  std::to_string(row.g) + ", dp " + std::to_string(dp) +
+                                                  ", distributed " + std::to_string(dist) + "): " +
+                                                  std::to_string(got) + ", want " + std::to_string(want));
+      }
+    }
+  }
+  // the table's anchors (Megatron's docs)
+  double b = 0;
+  FTN_CHECK(ftn_ddp_bytes_per_param(ftnBfloat16, ftnFloat32, 1, 0, &b));
+  expect(b == 18.0, "bf16/fp32 plain DDP: 18 bytes");
+  FTN_CHECK(ftn_ddp_bytes_per_param(ftnFloat16, ftnFloat16, 4, 1, &b));
+  expect(b == 8.0, "fp16/fp16 distributed dp 4: 4 + 16/4 bytes");
+  try {
+    FTN_CHECK(ftn_ddp_bytes_per_param(ftnBfloat16, ftnFloat32, 0, 1, &b));
+    expect(false, "dp 0 accepted");
+  } catch (const ftn::Error& e) {
+    expect(error_names(e, "`dp`"), std::string("error names dp: ") + e.what());
+  }
+}
+
 static void tensor_parallel() {
   Watchdog watchdog(120);
   Ranks rk(TP);
@@ -948,8 +1187,11 @@ int main(int argc, char** argv) {
     softmax_causal(s);
     gemm_accumulate(s);
     multi_tensor_and_scaler(ctx, s);
+    adam_step(ctx, s);
     collectives();
     tensor_parallel();
+    ddp_distributed_optimizer();
+    memory_accounting();
     // errors surface as exceptions carrying the status and the message
     try {
       auto d = ftn::desc<ftnBiasGeluDesc_t>();

@@ -2100,7 +2100,11 @@ static void ce_rank(int r, void *p) {
   CHECK(ftn_stream_synchronize(w->st[r]));
 }
 
-static void test_cross_entropy(World *w, int dtype, int label_dtype, float eps) {
+/* ignore_mode: 0 none; 1 ignore_index -100 (PyTorch's default) on a few rows;
+ * 2 a version-1 descriptor (size 40, from an older header) whose memory past
+ * byte 40 asks for ignore_index -100: the library must not read it, so -100
+ * is an ordinary out-of-range label (no target). */
+static void test_cross_entropy(World *w, int dtype, int label_dtype, float eps, int ignore_mode) {
   const int tp = w->n;
   const size_t tokens = 7, SV = 40, V = SV * (size_t)tp;
   const size_t es = dtype == ftnFloat32 ? 4 : 2;
@@ -2115,6 +2119,8 @@ static void test_cross_entropy(World *w, int dtype, int label_dtype, float eps) 
   labels[1] = 0;
   labels[2] = (int64_t)V - 1;
   labels[4] = -1; /* outside [0, V): no target */
+  if (ignore_mode) labels[3] = labels[5] = -100;
+  if (ignore_mode == 1) labels[6] = 7; /* an in-range label that is not ignored */
   CeCase c;
   memset(&c, 0, sizeof c);
   c.w = w;
@@ -2124,6 +2130,11 @@ static void test_cross_entropy(World *w, int dtype, int label_dtype, float eps) 
   c.d.tokens = (int64_t)tokens;
   c.d.shard_vocab = (int64_t)SV;
   c.d.label_smoothing = eps;
+  if (ignore_mode) {
+    c.d.has_ignore_index = 1;
+    c.d.ignore_index = -100;
+  }
+  if (ignore_mode == 2) c.d.size = 40; /* sizeof(ftnCrossEntropyDesc_t) of version 1 */
   if (label_dtype == ftnInt64) {
     c.labels = xmalloc(sizeof labels);
     memcpy(c.labels, labels, sizeof labels);
@@ -2163,6 +2174,7 @@ static void test_cross_entropy(World *w, int dtype, int label_dtype, float eps) 
     double lse = mx + log(se);
     int has = labels[t] >= 0 && labels[t] < (int64_t)V;
     double target = has ? xr[labels[t]] : 0.0;
+    if (ignore_mode == 1 && labels[t] == -100) continue; /* ignored: loss 0, grad row 0 */
     loss[t] = (1.0 - eps) * (lse - target) + eps * (lse - mean);
     for (size_t j = 0; j < V; j++) {
       double g = exp(xr[j] - lse) - eps / (double)V;
@@ -2171,7 +2183,11 @@ static void test_cross_entropy(World *w, int dtype, int label_dtype, float eps) 
     }
   }
   for (int r = 0; r < tp; r++) {
-    close_all(nm("cross-entropy %s eps %.2f (tp %d) rank %d loss", tn, eps, tp, r), c.loss[r], loss, tokens, 1e-4);
+    if (ignore_mode == 1)
+      for (size_t t = 0; t < tokens; t++)
+        if (labels[t] == -100) EXPECT(c.loss[r][t] == 0.0f, "ignored row %zu: loss %g, not 0", t, c.loss[r][t]);
+    close_all(nm("cross-entropy %s eps %.2f ignore mode %d (tp %d) rank %d loss", tn, eps, ignore_mode, tp, r),
+              c.loss[r], loss, tokens, 1e-4);
     double *gr = dcols(grad, tokens, V, (size_t)r * SV, SV);
     float *g = (float *)xmalloc(tokens * SV * sizeof(float)), *gi = (float *)xmalloc(tokens * SV * sizeof(float));
     for (size_t i = 0; i < tokens * SV; i++) {
@@ -2230,6 +2246,37 @@ static void test_cross_entropy(World *w, int dtype, int label_dtype, float eps) 
   e.tokens = (int64_t)tokens - 1; /* statistics of another shape */
   BAD(ftn_vocab_parallel_cross_entropy_backward(&e, cm, s, c.grad[0], c.labels, c.saved[0], c.dloss, c.grad[0]),
       ftnInvalidArgument, "saved", NULL);
+  if (ignore_mode == 1) {
+    e = c.d;
+    e.reserved2 = 1;
+    BAD(ftn_vocab_parallel_cross_entropy_forward(&e, cm, s, c.grad[0], c.labels, c.loss[0], &sv), ftnInvalidArgument,
+        "desc.reserved2", NULL);
+    e = c.d;
+    e.has_ignore_index = 0; /* statistics made with an ignore index */
+    BAD(ftn_vocab_parallel_cross_entropy_backward(&e, cm, s, c.grad[0], c.labels, c.saved[0], c.dloss, c.grad[0]),
+        ftnInvalidArgument, "saved", NULL);
+    e = c.d;
+    e.ignore_index = -1;
+    BAD(ftn_vocab_parallel_cross_entropy_backward(&e, cm, s, c.grad[0], c.labels, c.saved[0], c.dloss, c.grad[0]),
+        ftnInvalidArgument, "saved", NULL);
+    if (label_dtype == ftnInt32) {
+      e = c.d;
+      e.ignore_index = (int64_t)1 << 40; /* int32 labels can never equal it */
+      BAD(ftn_vocab_parallel_cross_entropy_forward(&e, cm, s, c.grad[0], c.labels, c.loss[0], &sv),
+          ftnInvalidArgument, "ignore_index", NULL);
+    }
+    /* bytes past this library's struct must be zero */
+    struct {
+      ftnCrossEntropyDesc_t d;
+      int64_t tail;
+    } big;
+    memset(&big, 0, sizeof big);
+    big.d = c.d;
+    big.d.size = sizeof big;
+    big.tail = 1;
+    BAD(ftn_vocab_parallel_cross_entropy_forward(&big.d, cm, s, c.grad[0], c.labels, c.loss[0], &sv),
+        ftnInvalidArgument, "desc", "offset");
+  }
   BAD(ftn_cross_entropy_saved_destroy(NULL), ftnInvalidArgument, "saved", "NULL");
   CHECK(ftn_stream_synchronize(s));
   for (int r = 0; r < tp; r++) CHECK(ftn_cross_entropy_saved_destroy(c.saved[r]));
@@ -2293,9 +2340,13 @@ int main(int argc, char **argv) {
 
   test_embedding(&w2, ftnBfloat16, ftnInt32);
   test_embedding(&w2, ftnFloat32, ftnInt64);
-  test_cross_entropy(&w2, ftnFloat32, ftnInt64, 0.0f);
-  test_cross_entropy(&w2, ftnFloat32, ftnInt32, 0.1f);
-  test_cross_entropy(&w2, ftnBfloat16, ftnInt64, 0.2f);
+  test_cross_entropy(&w2, ftnFloat32, ftnInt64, 0.0f, 0);
+  test_cross_entropy(&w2, ftnFloat32, ftnInt32, 0.1f, 0);
+  test_cross_entropy(&w2, ftnBfloat16, ftnInt64, 0.2f, 0);
+  test_cross_entropy(&w2, ftnFloat32, ftnInt64, 0.0f, 1);
+  test_cross_entropy(&w2, ftnBfloat16, ftnInt32, 0.1f, 1);
+  test_cross_entropy(&w2, ftnFloat32, ftnInt32, 0.1f, 2);
+  test_cross_entropy(&w1, ftnFloat32, ftnInt64, 0.1f, 1);
 
   /* four ranks */
   World w4;
@@ -2307,7 +2358,8 @@ int main(int argc, char **argv) {
   test_mlp(&w4, "mlp sequence-parallel", 1, ftnGeluTanh, 0, ftnWeightGradStore);
   test_attention(&w4, "attention", 4, 4, 16, 4, 2, 0, 0, ftnWeightGradAccumulate);
   test_embedding(&w4, ftnBfloat16, ftnInt64);
-  test_cross_entropy(&w4, ftnFloat32, ftnInt32, 0.1f);
+  test_cross_entropy(&w4, ftnFloat32, ftnInt32, 0.1f, 0);
+  test_cross_entropy(&w4, ftnFloat32, ftnInt64, 0.1f, 1);
 
   world_destroy(&w4);
   world_destroy(&w1);
