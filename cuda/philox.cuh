@@ -88,6 +88,28 @@ FTN_DEVICE void ftn_dropout_factors(uint64_t seed, uint64_t j0, uint32_t thresho
   }
 }
 
+// The same rule as keep bits: bit k is set iff element k (random value
+// j0 + k) is kept. One register instead of V multipliers, for kernels that
+// hold many values in registers (softmax.cu). V <= 32.
+template <int V>
+FTN_DEVICE uint32_t ftn_dropout_keep_bits(uint64_t seed, uint64_t j0, uint32_t threshold) {
+  static_assert(V <= 32, "at most 32 keep bits");
+  if (threshold == 0u) return 0xffffffffu;
+  uint32_t bits = 0u;
+  FtnPhilox4 blk = ftn_philox_block(seed, j0 >> 2);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const uint64_t j = j0 + (uint64_t)k;
+    if (k > 0 && (j & 3u) == 0u) blk = ftn_philox_block(seed, j >> 2);
+    // Word j % 4 by selects: a runtime index into blk.v would put the
+    // block in local memory.
+    const uint32_t q = (uint32_t)(j & 3u);
+    const uint32_t w = q == 0u ? blk.v[0] : q == 1u ? blk.v[1] : q == 2u ? blk.v[2] : blk.v[3];
+    bits |= (w >= threshold ? 1u : 0u) << k;
+  }
+  return bits;
+}
+
 // A dropped element is exactly 0 (a select, not a multiply by 0: an inf or
 // NaN input of a dropped element does not leak into the output).
 FTN_DEVICE float ftn_dropout_apply(float f, float v) { return f != 0.0f ? v * f : 0.0f; }

@@ -37,12 +37,17 @@
 //   forward  writes y (undropped, what backward needs) and, at the same
 //            store, y_dropped = keep(i) * y / (1-p) (from the fp32 value);
 //   backward g = keep(i) * dy / (1-p) as dy is loaded (dy: the gradient of
-//            the dropped probabilities), then the softmax backward on g.
+//            the dropped probabilities), then the softmax backward on g. Rows
+//            are streamed twice, never held (the row plus the Philox state in
+//            registers would spill): warp-path rows by ftn_softmax_bwd_dropout_
+//            warp_* (a warp per row), the others by the long kernel (the plain
+//            warp / block backward kernels have no dropout code).
 //   keep(i) is dropout.cu's rule (philox.cuh: random value offset + i of
 //   stream `seed`, i = r*sk + c the row-major element index), a pure function
 //   of (seed, offset, i): the backward regenerates the mask, nothing stores it.
-//   Floors: forward 3n|T| (read x, write y and y_dropped; the long path
-//   +n|T| for the re-read), backward unchanged 3n|T|; plus ~1/4 Philox call
+//   Floors: forward 3n|T| (read x, write y and y_dropped; the block path
+//   re-reads y, an L1/L2 hit; the long path +n|T| for the re-read of x),
+//   backward 3n|T| (5n|T| if the second read of y, dy misses L2); plus ~1/4 Philox call
 //   (~40 integer ops) per element (one per element on the scalar path), which
 //   stays under the HBM time on A100/H100.
 #include "philox.cuh"
@@ -105,15 +110,18 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
 }
 
 // Attention dropout of the V probabilities v of elements i0 .. i0+V-1:
-// writes keep * drop_scale * v to yd (v is left unchanged).
+// writes keep * drop_scale * y to yd, y = v rounded to T (the stored
+// probability, so every path gives the same y_dropped for the same y).
 template <typename T, int V>
 FTN_DEVICE void sm_store_dropped(const FtnSoftmaxFwdParams &p, T *yd, int64_t i0,
                                  const float (&v)[V]) {
-  float f[V];
-  ftn_dropout_factors<V>(p.seed, p.offset + (uint64_t)i0, p.drop_threshold, p.drop_scale, f);
+  const uint32_t keep = ftn_dropout_keep_bits<V>(p.seed, p.offset + (uint64_t)i0, p.drop_threshold);
   float o[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) o[k] = ftn_dropout_apply(f[k], v[k]);
+  for (int k = 0; k < V; ++k) {
+    const float y = ftn_to_float(ftn_from_float<T>(v[k]));
+    o[k] = ((keep >> k) & 1u) != 0u ? y * p.drop_scale : 0.0f;
+  }
   ftn_store<T, V>(yd, o);
 }
 
@@ -122,10 +130,9 @@ FTN_DEVICE void sm_store_dropped(const FtnSoftmaxFwdParams &p, T *yd, int64_t i0
 template <int V>
 FTN_DEVICE void sm_undrop_grad(const FtnSoftmaxBwdParams &p, int64_t i0, float (&g)[V]) {
   if (p.drop_threshold == 0u) return;
-  float f[V];
-  ftn_dropout_factors<V>(p.seed, p.offset + (uint64_t)i0, p.drop_threshold, p.drop_scale, f);
+  const uint32_t keep = ftn_dropout_keep_bits<V>(p.seed, p.offset + (uint64_t)i0, p.drop_threshold);
 #pragma unroll
-  for (int k = 0; k < V; ++k) g[k] = ftn_dropout_apply(f[k], g[k]);
+  for (int k = 0; k < V; ++k) g[k] = ((keep >> k) & 1u) != 0u ? g[k] * p.drop_scale : 0.0f;
 }
 
 // ---------------------------------------------------------------- forward
@@ -271,7 +278,21 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
         for (int k = 0; k < V; ++k) v[c][k] *= inv;
         ftn_store<T, V>(yr + col0, v[c]);
-        if (yd != nullptr) sm_store_dropped<T, V>(p, yd + r * p.sk + col0, r * p.sk + col0, v[c]);
+      }
+    }
+    // Dropout from the stored row (re-read by the thread that wrote it): the
+    // 32 values are dead by now, which leaves registers for Philox.
+    // Not unrolled: unrolled, the Philox calls of all chunks are interleaved
+    // and spill.
+    if (yd != nullptr) {
+#pragma unroll 1
+      for (int c = 0; c < CHUNKS; ++c) {
+        const int col0 = first + c * stride;
+        if (col0 < sk) {
+          float w[V];
+          ftn_load<T, V>(yr + col0, w);
+          sm_store_dropped<T, V>(p, yd + r * p.sk + col0, r * p.sk + col0, w);
+        }
       }
     }
   }
@@ -350,7 +371,6 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
       if (first + c * stride < sk) {
         ftn_load<T, V>(y + off + c * stride, yv[c]);
         ftn_load<T, V>(dy + off + c * stride, gv[c]);
-        sm_undrop_grad<V>(p, off + c * stride, gv[c]);
       } else {
 #pragma unroll
         for (int k = 0; k < V; ++k) yv[c][k] = gv[c][k] = 0.0f;
@@ -374,15 +394,57 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
   }
 }
 
+// Backward with attention dropout, rows of the warp path: a warp per row
+// streams it twice (as the long path does with a block) instead of holding
+// it: pass 1 forms sum(g*y), pass 2 re-reads (normally an L1/L2 hit) and
+// writes dx, regenerating the mask in both. (Holding the row plus the Philox
+// state spills on sm_80; the block path's rows go to the long kernel.)
+template <typename T, int V>
+FTN_DEVICE void sm_bwd_rows_dropout(const FtnSoftmaxBwdParams &p) {
+  const T *y = static_cast<const T *>(p.y);
+  const T *dy = static_cast<const T *>(p.dy);
+  T *dx = static_cast<T *>(p.dx);
+  const int64_t stride = 32 * V;
+  const int64_t first = (int64_t)(threadIdx.x & 31) * V;
+  const int64_t warps = blockDim.x >> 5;
+  for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < p.rows;
+       r += (int64_t)gridDim.x * warps) {
+    const int64_t off = r * p.sk;
+    float dot = 0.0f;
+#pragma unroll 1
+    for (int64_t col0 = first; col0 < p.sk; col0 += stride) {
+      float yv[V], gv[V];
+      ftn_load<T, V>(y + off + col0, yv);
+      ftn_load<T, V>(dy + off + col0, gv);
+      sm_undrop_grad<V>(p, off + col0, gv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) dot += yv[k] * gv[k];
+    }
+    dot = ftn_warp_allreduce<FtnSumOp>(dot);
+#pragma unroll 1
+    for (int64_t col0 = first; col0 < p.sk; col0 += stride) {
+      float yv[V], gv[V];
+      ftn_load<T, V>(y + off + col0, yv);
+      ftn_load<T, V>(dy + off + col0, gv);
+      sm_undrop_grad<V>(p, off + col0, gv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv[k] = p.scale * (gv[k] * yv[k] - yv[k] * dot);
+      ftn_store<T, V>(dx + off + col0, gv);
+    }
+  }
+}
+
 template <typename T, int CHUNKS, int V>
 FTN_DEVICE void sm_bwd_warp_impl(const FtnSoftmaxBwdParams &p) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
+  FTN_ASSERT(p.drop_threshold == 0u);
   sm_bwd_rows<T, CHUNKS, V, false>(p, nullptr);
 }
 
 template <typename T, int CHUNKS, int V>
 FTN_DEVICE void sm_bwd_block_impl(const FtnSoftmaxBwdParams &p) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * blockDim.x);
+  FTN_ASSERT(p.drop_threshold == 0u);
   FTN_SHARED(float, red, [32]);
   sm_bwd_rows<T, CHUNKS, V, true>(p, red);
 }
@@ -444,6 +506,17 @@ template <typename T, int N> FTN_DEVICE void sm_bwd_warp(const FtnSoftmaxBwdPara
   }
   FTN_ASSERT(p.vec == 1u);
   sm_bwd_warp_impl<T, N, 1>(p);
+}
+
+template <typename T> FTN_DEVICE void sm_bwd_dropout_warp(const FtnSoftmaxBwdParams &p) {
+  constexpr int V = FtnVec<T>::N;
+  FTN_ASSERT(blockDim.x % 32 == 0);
+  if (p.vec == (uint32_t)V) {
+    sm_bwd_rows_dropout<T, V>(p);
+  } else {
+    FTN_ASSERT(p.vec == 1u);
+    sm_bwd_rows_dropout<T, 1>(p);
+  }
 }
 
 template <typename T> FTN_DEVICE void sm_fwd_block(const FtnSoftmaxFwdParams &p) {
@@ -512,6 +585,9 @@ template <typename T> FTN_DEVICE void sm_bwd_long(const FtnSoftmaxBwdParams &p) 
   }                                                                                   \
   FTN_KERNEL_BOUNDED(ftn_softmax_bwd_long_##suffix, FtnSoftmaxBwdParams, p, 1024) {   \
     sm_bwd_long<T>(p);                                                                \
+  }                                                                                   \
+  FTN_KERNEL_BOUNDED(ftn_softmax_bwd_dropout_warp_##suffix, FtnSoftmaxBwdParams, p, 128) { \
+    sm_bwd_dropout_warp<T>(p);                                                        \
   }
 
 FTN_STAMP_SOFTMAX(f32, float)

@@ -557,6 +557,12 @@ fn run_micro_batches(
         }
         for k in (0..mbs.len()).rev() {
             a.restore_saved(saved.pop().unwrap()).unwrap();
+            if k == 0 {
+                // Freed workspace is allocated again, results unchanged.
+                assert!(a.workspace_bytes() > 0);
+                a.release_workspace();
+                assert_eq!(a.workspace_bytes(), 0);
+            }
             backward(&mut a, k, &ys[k]);
         }
     } else {

@@ -48,7 +48,11 @@ typedef struct FtnSoftmaxFwdParams {
  * with y the forward output (undropped) and g = dy when drop_threshold = 0,
  * else g[r, c] = keep(i) * drop_scale * dy[r, c] with the forward's dropout
  * mask regenerated from (seed, offset) (dy: the gradient of the dropped
- * probabilities); dx may alias dy (in place).
+ * probabilities); dx may alias dy (in place). With drop_threshold != 0 the
+ * rows of the warp path go to ftn_softmax_bwd_dropout_warp_{f32,f16,bf16}
+ * (a warp per row, 128 threads, the row streamed twice) and those of the
+ * block path to the long kernel; the warp and block kernels require
+ * drop_threshold = 0.
  * Kernels ftn_softmax_bwd_{warp1,...,warp32,block,long}_{f32,f16,bf16}. */
 typedef struct FtnSoftmaxBwdParams {
   void *dx;       /* [rows, sk] */

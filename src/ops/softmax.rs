@@ -131,11 +131,17 @@ fn fwd_kernel(d: DType, p: &Plan) -> Result<&'static Kernel<FtnSoftmaxFwdParams>
     }
 }
 
-fn bwd_kernel(d: DType, p: &Plan) -> Result<&'static Kernel<FtnSoftmaxBwdParams>> {
-    match p.path {
-        SoftmaxPath::Warp => kernels::SOFTMAX_BWD_WARP.variant(p.per_lane, d),
-        SoftmaxPath::Block => kernels::SOFTMAX_BWD_BLOCK.for_dtype(d),
-        SoftmaxPath::Long => kernels::SOFTMAX_BWD_LONG.for_dtype(d),
+/// The backward kernel; with attention dropout (`dropout`), rows are streamed
+/// rather than held in registers: the warp path's by a warp per row, the
+/// block path's by the long kernel (same launch: any block of whole warps).
+fn bwd_kernel(d: DType, p: &Plan, dropout: bool) -> Result<&'static Kernel<FtnSoftmaxBwdParams>> {
+    match (p.path, dropout) {
+        (SoftmaxPath::Warp, false) => kernels::SOFTMAX_BWD_WARP.variant(p.per_lane, d),
+        (SoftmaxPath::Warp, true) => kernels::SOFTMAX_BWD_DROPOUT_WARP.for_dtype(d),
+        (SoftmaxPath::Block, false) => kernels::SOFTMAX_BWD_BLOCK.for_dtype(d),
+        (SoftmaxPath::Block, true) | (SoftmaxPath::Long, _) => {
+            kernels::SOFTMAX_BWD_LONG.for_dtype(d)
+        }
     }
 }
 
@@ -487,7 +493,7 @@ impl ScaleMaskSoftmax {
             drop_threshold: d.threshold,
             drop_scale: d.scale,
         };
-        stream.launch(bwd_kernel(T::DTYPE, &p)?, p.cfg, params)
+        stream.launch(bwd_kernel(T::DTYPE, &p, d.threshold != 0)?, p.cfg, params)
     }
 
     fn plan<T: FloatElement>(&self, op: &'static str, s: &Sizes, addrs: &[u64]) -> Result<Plan> {
@@ -526,7 +532,8 @@ mod tests {
                             continue;
                         };
                         fwd_kernel(d, &p).unwrap();
-                        bwd_kernel(d, &p).unwrap();
+                        bwd_kernel(d, &p, false).unwrap();
+                        bwd_kernel(d, &p, true).unwrap();
                     }
                 }
             }

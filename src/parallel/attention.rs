@@ -525,6 +525,26 @@ impl<T: TpElement> TpAttention<T> {
         Ok(())
     }
 
+    /// Device bytes of the layer's workspace (scores, packed products,
+    /// gradients, and with [`AttentionOptions::recompute_core`] the
+    /// probabilities): reused by every forward and backward of this layer,
+    /// not held per micro-batch (that is [`AttentionSaved::bytes`]).
+    pub fn workspace_bytes(&self) -> usize {
+        let sc = &self.scratch;
+        let n: usize = [&sc.scores, &sc.dctx, &sc.dqkv, &sc.probs, &sc.dropped]
+            .into_iter()
+            .chain(&sc.packed)
+            .map(|b| b.as_ref().map_or(0, DeviceBuffer::len))
+            .sum();
+        n * T::DTYPE.size()
+    }
+
+    /// Frees the workspace (the next forward or backward allocates it
+    /// again); the saved activations are kept.
+    pub fn release_workspace(&mut self) {
+        self.scratch = Scratch::default();
+    }
+
     /// Random values one training forward of `(seq, batch)` draws from its
     /// Philox stream: `batch * heads_per_rank * seq * seq` (pass it to
     /// [`crate::core::rng::RngTracker::next`] on the model-parallel stream).
@@ -604,7 +624,7 @@ impl<T: TpElement> TpAttention<T> {
             output.len(),
         )?;
         let bh = mul("batch", batch, hp)?;
-        mul("batch", bh, 3 * d)?;
+        mul("batch", bh, 3 * d)?; // the GEMMs' leading dimension
         let qkv_n = mul("seq", tokens, 3 * hp * d)?;
         let ctx_n = mul("seq", tokens, hp * d)?;
         let sc_n = mul("seq", bh, mul("seq", seq, seq)?)?;
