@@ -61,15 +61,12 @@ fn train(steps: u64) -> TrainConfig {
 }
 
 fn losses(m: &GptConfig, p: &ParallelConfig, steps: u64) -> Vec<f64> {
-    let s = train_in_process(
-        m,
-        p,
-        &train(steps),
-        &corpus(),
-        &JobOptions::default(),
-        &mut |_| {},
-    )
-    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    losses_with(m, p, &train(steps))
+}
+
+fn losses_with(m: &GptConfig, p: &ParallelConfig, t: &TrainConfig) -> Vec<f64> {
+    let s = train_in_process(m, p, t, &corpus(), &JobOptions::default(), &mut |_| {})
+        .unwrap_or_else(|e| panic!("{p:?}: {e}"));
     s.steps.iter().map(|r| r.loss).collect()
 }
 
@@ -115,7 +112,15 @@ fn every_split_of_8_ranks_matches_one_rank() {
         global_batch: 8,
         ..p
     };
-    let want = losses(&m, &small(par(1, 1, 1)), steps);
+    // A learning rate in the stable regime: at 1e-2 the loss spikes after
+    // ~10 steps and the spikes amplify bf16 rounding differences between
+    // splits (chaotic divergence, not a wrong gradient).
+    let t = TrainConfig {
+        lr: 3e-3,
+        min_lr: 3e-4,
+        ..train(steps)
+    };
+    let want = losses_with(&m, &small(par(1, 1, 1)), &t);
     let mut splits: Vec<(String, ParallelConfig)> = Vec::new();
     for tp in [1, 2, 4, 8] {
         for pp in [1, 2, 4, 8] {
@@ -154,7 +159,7 @@ fn every_split_of_8_ranks_matches_one_rank() {
         },
     ));
     for (name, p) in &splits {
-        let got = losses(&m, &small(*p), steps);
+        let got = losses_with(&m, &small(*p), &t);
         assert_curves_close(name, &got, &want);
     }
 }
