@@ -550,23 +550,32 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         }
     }
 
+    /// `(tokens, hidden, vocab columns on this rank)` of the output layer.
+    fn head_dims(&self) -> (usize, usize, usize) {
+        (
+            self.stage.tokens(),
+            self.stage.cfg.hidden,
+            self.stage.shard_vocab(),
+        )
+    }
+
+    /// The final LayerNorm and output layer (last stage only).
+    fn head(&self) -> Result<&Head<T>> {
+        self.stage
+            .head
+            .as_ref()
+            .ok_or_else(|| Error::invalid(OP, "chunk", "the last stage", "no output layer"))
+    }
+
     fn head_forward(
         &self,
         stream: &Stream,
         x: DeviceBuffer<T>,
         logits: &mut DeviceBuffer<T>,
     ) -> Result<HeadSaved<T>> {
-        let (t, h, vs) = (
-            self.stage.tokens(),
-            self.stage.cfg.hidden,
-            self.stage.shard_vocab(),
-        );
+        let (t, h, vs) = self.head_dims();
         let dev = self.tp.device();
-        let hd = self
-            .stage
-            .head
-            .as_ref()
-            .ok_or_else(|| Error::invalid(OP, "chunk", "the last stage", "no output layer"))?;
+        let hd = self.head()?;
         let mut yf = dev.alloc_zeros::<T>(t * h)?;
         let (mut mean, mut rstd) = (dev.alloc_zeros(t)?, dev.alloc_zeros(t)?);
         LayerNorm::new(t, h).forward(
@@ -602,19 +611,11 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         saved: HeadSaved<T>,
         dlogits: &DeviceBuffer<T>,
     ) -> Result<DeviceBuffer<T>> {
-        let (t, h, vs) = (
-            self.stage.tokens(),
-            self.stage.cfg.hidden,
-            self.stage.shard_vocab(),
-        );
+        let (t, h, vs) = self.head_dims();
         let dev = self.tp.device();
         let HeadSaved { x, yf, mean, rstd } = saved;
         let (w, wid) = self.output_weight()?;
-        let hd = self
-            .stage
-            .head
-            .as_ref()
-            .ok_or_else(|| Error::invalid(OP, "chunk", "the last stage", "no output layer"))?;
+        let hd = self.head()?;
         let mut dyf = dev.alloc_zeros::<T>(t * h)?;
         Gemm::new(t, h, vs).run(
             stream,
