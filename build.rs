@@ -27,13 +27,21 @@ fn main() {
     let kernels = kernel_table::scan(&kernel_sources);
     kernel_table::write(&kernels, &out_dir.join("kernels.rs"));
 
-    let mut runtime = sources(Path::new("cuda/emu"), &["cpp"]);
-    runtime.extend(kernel_sources.iter().cloned());
-    emulator_build().files(&runtime).compile("ftn_emu");
+    // Kernel code carries the race check's hooks (see `racecheck`); the
+    // runtime that implements them must not.
+    let racecheck = racecheck();
+    let kernel_objects = kernel_build(racecheck)
+        .files(&kernel_sources)
+        .compile_intermediates();
+    let runtime = sources(Path::new("cuda/emu"), &["cpp"]);
+    emulator_build()
+        .files(&runtime)
+        .objects(&kernel_objects)
+        .compile("ftn_emu");
 
     let selftests = sources(Path::new("cuda/emu/tests"), &["cpp", "cu"]);
     if !selftests.is_empty() {
-        emulator_build()
+        kernel_build(racecheck)
             .files(&selftests)
             .cargo_metadata(false)
             .compile("ftn_emu_selftest");
@@ -63,6 +71,30 @@ fn emulator_build() -> cc::Build {
     let debug = std::env::var("FTN_EMU_DEBUG").is_ok_and(|v| v == "1");
     println!("cargo:rerun-if-env-changed=FTN_EMU_DEBUG");
     b.opt_level(if debug { 0 } else { 2 }).debug(true);
+    b
+}
+
+/// Whether kernel code is compiled with the emulator's shared-memory race
+/// check (`-fsanitize=thread` hooks, implemented by `cuda/emu/racecheck.cpp`
+/// without ThreadSanitizer's runtime): in debug builds (tests), not in
+/// release builds (benchmarks, training runs); `FTN_EMU_RACECHECK=1|0`
+/// overrides.
+fn racecheck() -> bool {
+    println!("cargo:rerun-if-env-changed=FTN_EMU_RACECHECK");
+    match std::env::var("FTN_EMU_RACECHECK").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => std::env::var("PROFILE").is_ok_and(|p| p == "debug"),
+    }
+}
+
+/// The emulator build for kernel sources: instrumented when `racecheck`.
+fn kernel_build(racecheck: bool) -> cc::Build {
+    let mut b = emulator_build();
+    if racecheck {
+        b.flag("-fsanitize=thread")
+            .flag_if_supported("--param=tsan-instrument-func-entry-exit=0");
+    }
     b
 }
 

@@ -131,9 +131,11 @@ FTN_DEVICE void ftn_ldmatrix_x1_trans(uint32_t *r, const void *row FTN_CALLER_LO
 FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes FTN_CALLER_LOC) {
   ::ftn_emu::cp_async(smem, gmem, 16, src_bytes, ftn_loc.file_name(), ftn_loc.line());
 }
-FTN_DEVICE void ftn_cp_async_commit() {}
+FTN_DEVICE void ftn_cp_async_commit() { ::ftn_emu::cp_async_commit(); }
 template <int N>
-FTN_DEVICE void ftn_cp_async_wait() {}
+FTN_DEVICE void ftn_cp_async_wait(std::source_location ftn_loc = std::source_location::current()) {
+  ::ftn_emu::cp_async_wait(N, ftn_loc.file_name(), ftn_loc.line());
+}
 
 #endif
 

@@ -658,11 +658,16 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
               unsigned line);
 // cp.async.{ca,cg}.shared.global of `size` bytes (4, 8 or 16): reads
-// src_bytes (0..size) from src, zero-fills the rest of dst, synchronously.
-// dst: `size`-aligned, in the block's shared memory; src (when src_bytes >
-// 0): `size`-aligned, not in shared memory.
+// src_bytes (0..size) from src and zero-fills the rest of dst. dst:
+// `size`-aligned, in the block's shared memory; src (when src_bytes > 0):
+// `size`-aligned, not in shared memory. Outside strict mode the copy is
+// done at once; in strict mode (cp_async.cpp) it lands at the
+// cp.async.wait_group that covers it, and dst reads as poison until then.
 void cp_async(void *dst, const void *src, int size, int src_bytes, const char *file,
               unsigned line);
+// cp.async.commit_group / cp.async.wait_group n (this thread's copies).
+void cp_async_commit();
+void cp_async_wait(int n, const char *file, unsigned line);
 }  // namespace ftn_emu
 
 #endif  // FTN_CUDA_EMU_H

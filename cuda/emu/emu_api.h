@@ -35,6 +35,19 @@ typedef struct ftn_emu_launch_desc {
  * writes a NUL-terminated message naming the kernel into err[0..err_len). */
 int ftn_emu_launch(const ftn_emu_launch_desc *desc, char *err, size_t err_len);
 
+/* Strict mode (cuda/emu/README.md): the shared-memory race check (when the
+ * kernels were compiled with it), deferred cp.async, a perturbed thread
+ * order. Default from FTN_EMU_STRICT / FTN_EMU_SCHEDULE; these change it for
+ * later launches of the process. */
+int ftn_emu_set_strict(int on);        /* returns the previous setting */
+int ftn_emu_racecheck_compiled(void);  /* 1 if kernels carry the race check */
+/* "forward", "reverse", "random" (fresh seed) or "random:SEED"; returns 0,
+ * or 1 (and changes nothing) for any other text. */
+int ftn_emu_set_schedule(const char *spec);
+/* Writes the schedule's name (as ftn_emu_set_schedule takes it) into
+ * buf[0..len) and returns its length. */
+size_t ftn_emu_schedule(char *buf, size_t len);
+
 /* Device limits the emulator enforces (those of an sm_90 part). */
 #define FTN_EMU_MAX_THREADS_PER_BLOCK 1024u
 #define FTN_EMU_MAX_BLOCK_X 1024u

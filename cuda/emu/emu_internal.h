@@ -30,6 +30,17 @@ struct Stack {
   size_t size = 0;
 };
 
+// A cp.async in flight under strict mode: its destination is poisoned until
+// the cp.async.wait_group that covers its group lands `data` there.
+struct PendingCopy {
+  void *dst;
+  unsigned char data[16];  // what lands at the wait (read at issue)
+  int size;
+  uint32_t group;  // 0: not committed yet; else the commit_group's number
+  const char *file;
+  unsigned line;
+};
+
 struct Thread {
   ftn_emu_thread_pub pub{};
   void *sp = nullptr;  // saved stack pointer while switched out
@@ -44,7 +55,12 @@ struct Thread {
   uint64_t wval = 0, wresult = 0;
   int wparam = 0, wwidth = 32;
   void *asan_fake = nullptr;
+  // Strict mode's deferred cp.async (cp_async.cpp): copies issued and not
+  // yet landed by a cp.async.wait_group, and this thread's group counter.
+  std::vector<PendingCopy> pending;
+  uint32_t groups_committed = 0;
 };
+
 
 struct WarpSlot {  // one pending warp rendezvous
   int op;
@@ -66,6 +82,11 @@ struct Warp {
   unsigned exited = 0;    // lanes whose thread has finished
   int nslots = 0;
   WarpSlot slots[32];
+  // Race check: completed __syncwarp()s of the current barrier interval
+  // (racecheck.cpp), as (count, mask); sync_count numbers them.
+  uint32_t sync_count = 0;
+  uint32_t sync_epoch = 0;
+  std::vector<std::pair<uint32_t, unsigned>> sync_events;
   alignas(64) unsigned char scratch[kWarpScratchBytes];
 };
 
@@ -76,6 +97,10 @@ struct Launch {
   unsigned nthreads;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
+  // Strict-mode settings, read once per launch (strict.cpp).
+  bool strict = false;
+  int schedule = 0;
+  uint64_t seed = 0;
   std::mutex mu;
   std::string err;
 };
@@ -99,6 +124,15 @@ struct Worker {
   char *arena = nullptr;
   size_t arena_size = 0, dyn_bytes = 0, static_off = 0, static_used = 0;
   std::vector<std::pair<const void *, void *>> smem_sites;
+  // Strict mode (strict.cpp), fixed for the launch: race check on, and the
+  // order threads run in between synchronisation points (order[k] is the
+  // k-th thread of a scheduler pass, rank its inverse; warps stay together).
+  bool strict = false, racecheck = false;
+  int launch_schedule = 0;  // StrictConfig::schedule
+  uint64_t launch_seed = 0;
+  uint32_t epoch = 0;  // barrier interval, unique over the process (racecheck)
+  uint32_t block_serial = 0;
+  std::vector<unsigned> order, rank, warp_pos;  // warp_pos: where a warp starts in order
   // ASan bookkeeping: the scheduler's own stack.
   const void *sched_stack_bottom = nullptr;
   size_t sched_stack_size = 0;
@@ -125,6 +159,34 @@ void block_current(Worker &w, Thread &t);         // switch out; throws Unwind o
 std::string thread_name(const Worker &w, const Thread &t);
 const char *warp_op_name(int op);
 std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// strict.cpp: the process's strict-mode settings.
+struct StrictConfig {
+  bool strict;      // FTN_EMU_STRICT (default: on when the race check is compiled in)
+  int schedule;     // 0 forward, 1 reverse, 2 random
+  uint64_t seed;    // for random
+};
+StrictConfig strict_config();
+std::string schedule_name(const StrictConfig &c);
+// Fills w.order / w.rank for block b under the launch's schedule.
+void schedule_block(Worker &w, uint64_t b);
+
+// racecheck.cpp: shadow state of the block's shared memory.
+bool racecheck_compiled();  // kernels were built with -fsanitize=thread hooks
+uint32_t next_epoch();      // a fresh barrier-interval id
+void race_new_interval(Worker &w);  // block start, __syncthreads completion
+void race_syncwarp(Worker &w, unsigned warp_index, unsigned mask);
+// An access the runtime makes for the running thread (ldmatrix reads,
+// cp.async issue and landing); `pc` is the kernel code address it was
+// called from (__builtin_return_address), for the report's source line.
+// No-op unless w.racecheck and p is in the block's shared memory.
+void race_access(Worker &w, const void *p, size_t n, bool write, const void *pc);
+// Marks [p, p + n) as the destination of a cp.async in flight (or landed):
+// any access to it before then fails the launch.
+void race_mark_pending(Worker &w, const void *p, size_t n, bool pending);
+
+// cp_async.cpp
+void cp_async_drop(Thread &t);  // a finished or reset thread's copies
 
 // warp.cpp
 void warp_lane_exited(Worker &w, Thread &t);  // may fail: lane named in a pending op

@@ -244,6 +244,7 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
           "ldmatrix at %s:%u: row address %p (lane %u) is not in the block's shared memory "
           "(ldmatrix reads .shared)",
           file, line, row, lane));
+    detail::race_access(*detail::tl_worker, row, 16, false, __builtin_return_address(0));
   }
   LdmLane &me = reinterpret_cast<LdmLane *>(detail::warp_scratch() + kLdmOffset)[lane];
   me.count = count;

@@ -61,11 +61,12 @@ void fail(const std::string &what) {
 
 namespace {
 // The fiber to switch to straight from t when t blocks, or null to go back
-// to the scheduler. First the next runnable lane of t's own warp (after t,
-// wrapping around): a warp keeps running through its warp ops with its 32
-// stacks hot in the cache, which matters for mma/ldmatrix loops. Else the
-// thread the scheduler's pass would run next: the first runnable one after t
-// in linear order. Null when that one has not started yet (the scheduler
+// to the scheduler. First the next runnable lane of t's own warp (after t
+// in the schedule's lane order, wrapping around): a warp keeps running
+// through its warp ops with its 32 stacks hot in the cache, which matters
+// for mma/ldmatrix loops. Else the thread the scheduler's pass would run
+// next: the first runnable one after t's warp in the schedule's order
+// (linear order unless strict mode perturbs it, strict.cpp). Null when that one has not started yet (the scheduler
 // gives it a stack), when there is none, when aborting, and under ASan.
 Thread *next_runnable(Worker &w, const Thread &t) {
 #ifdef FTN_EMU_ASAN
@@ -74,14 +75,15 @@ Thread *next_runnable(Worker &w, const Thread &t) {
   return nullptr;  // fiber-to-fiber switches skip the ASan stack bookkeeping
 #else
   if (w.aborting) return nullptr;
-  const unsigned base = t.pub.linear & ~31u, lane = t.pub.linear & 31u;
+  const unsigned base = t.pub.linear & ~31u;
   const unsigned lanes = w.nthreads - base < 32 ? w.nthreads - base : 32;
+  const unsigned start = w.warp_pos[t.pub.linear >> 5], k = w.rank[t.pub.linear] - start;
   for (unsigned i = 1; i < lanes; ++i) {
-    Thread &o = w.threads[base + (lane + i) % lanes];
+    Thread &o = w.threads[w.order[start + (k + i) % lanes]];
     if (o.state == TState::Runnable) return &o;
   }
-  for (unsigned j = base + lanes; j < w.nthreads; ++j) {
-    Thread &o = w.threads[j];
+  for (unsigned j = start + lanes; j < w.nthreads; ++j) {
+    Thread &o = w.threads[w.order[j]];
     if (o.state == TState::Runnable) return &o;
     if (o.state == TState::NotStarted) return nullptr;
   }
@@ -126,6 +128,7 @@ int block_barrier(int kind, int pred, const char *file, unsigned line) {
     w.bar_result = w.bar_acc;
     w.bar_count = 0;
     w.bar_acc = 0;
+    if (w.racecheck) race_new_interval(w);  // accesses after this are ordered after those before
     for (Thread &o : w.threads)
       if (o.state == TState::WaitBarrier) o.state = TState::Runnable;
   } else {
@@ -203,29 +206,6 @@ bool overlaps_shared(const void *p, size_t bytes) {
   if (!w || !w->arena || bytes == 0) return false;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(w->arena);
   return a < base + w->arena_size && base < a + bytes;
-}
-
-void cp_async(void *dst, const void *src, int size, int src_bytes, const char *file,
-              unsigned line) {
-  if (size != 4 && size != 8 && size != 16)
-    fail(strprintf("cp.async at %s:%u: copy size %d is not 4, 8 or 16", file, line, size));
-  if (src_bytes < 0 || src_bytes > size)
-    fail(strprintf("cp.async at %s:%u: src-size %d is outside [0, %d]", file, line, src_bytes,
-                   size));
-  check_aligned(dst, size_t(size), "cp.async destination", file, line);
-  if (!in_shared(dst, size_t(size)))
-    fail(strprintf("cp.async at %s:%u: destination %p is not in the block's shared memory "
-                   "(cp.async writes .shared)",
-                   file, line, dst));
-  if (src_bytes > 0) {
-    check_aligned(src, size_t(size), "cp.async source", file, line);
-    if (overlaps_shared(src, size_t(src_bytes)))
-      fail(strprintf("cp.async at %s:%u: source %p is in the block's shared memory "
-                     "(cp.async reads .global)",
-                     file, line, src));
-    std::memcpy(dst, src, size_t(src_bytes));
-  }
-  std::memset(static_cast<char *>(dst) + src_bytes, 0, size_t(size - src_bytes));
 }
 
 void launch_bounds_fail(unsigned max_threads, const char *text) {
@@ -334,6 +314,10 @@ void setup_launch(Worker &w, Launch &l) {
   const ftn_emu_launch_desc &d = *l.desc;
   w.launch = &l;
   w.nthreads = l.nthreads;
+  w.strict = l.strict;
+  w.racecheck = l.strict && racecheck_compiled();
+  w.launch_schedule = l.schedule;
+  w.launch_seed = l.seed;
   w.blk.bdim = dim3(d.block[0], d.block[1], d.block[2]);
   w.blk.gdim = dim3(d.grid[0], d.grid[1], d.grid[2]);
   w.threads.assign(w.nthreads, Thread{});
@@ -369,7 +353,12 @@ void run_block(Worker &w, uint64_t b) {
   w.blk.bid.x = unsigned(b % d.grid[0]);
   w.blk.bid.y = unsigned((b / d.grid[0]) % d.grid[1]);
   w.blk.bid.z = unsigned(b / (uint64_t(d.grid[0]) * d.grid[1]));
-  for (Thread &t : w.threads) t.state = TState::NotStarted;
+  for (Thread &t : w.threads) {
+    t.state = TState::NotStarted;
+    cp_async_drop(t);
+  }
+  schedule_block(w, b);
+  w.epoch = w.block_serial = next_epoch();
   for (Warp &wp : w.warps) {
     wp.exited = 0;
     wp.nslots = 0;
@@ -391,11 +380,11 @@ void run_block(Worker &w, uint64_t b) {
     for (;;) {
       if (w.launch->failed.load(std::memory_order_relaxed)) break;  // another block failed
       bool progress = false;
-      for (unsigned i = 0; i < n && !w.aborting; ++i) {
-        Thread &t = w.threads[i];
+      for (unsigned k = 0; k < n && !w.aborting; ++k) {
+        Thread &t = w.threads[w.order[k]];
         if (t.state != TState::NotStarted && t.state != TState::Runnable) continue;
         progress = true;
-        i = run_fiber(w, t);  // the pass goes on after the last fiber that ran
+        k = w.rank[run_fiber(w, t)];  // the pass goes on after the last fiber that ran
       }
       if (w.aborting || w.done_count == n) break;
       if (!progress) {
@@ -503,6 +492,10 @@ extern "C" int ftn_emu_launch(const ftn_emu_launch_desc *desc, char *err, size_t
     Launch l;
     l.desc = desc;
     l.name = name;
+    const StrictConfig cfg = strict_config();
+    l.strict = cfg.strict;
+    l.schedule = cfg.schedule;
+    l.seed = cfg.seed;
     l.nblocks = uint64_t(desc->grid[0]) * desc->grid[1] * desc->grid[2];
     l.nthreads = desc->block[0] * desc->block[1] * desc->block[2];
     uint64_t nw = desc->num_workers ? desc->num_workers : default_workers();
@@ -519,6 +512,11 @@ extern "C" int ftn_emu_launch(const ftn_emu_launch_desc *desc, char *err, size_t
     worker_main(l);  // the caller is worker 0 (keeps 1-worker runs debuggable)
     for (std::thread &t : pool) t.join();
     if (l.failed.load()) {
+      if (l.strict) {
+        const std::string sched = schedule_name(cfg);
+        l.err += strprintf(" [strict mode, schedule %s: replay with FTN_EMU_SCHEDULE=%s]",
+                           sched.c_str(), sched.c_str());
+      }
       write_err(err, err_len, l.err);
       return 1;
     }

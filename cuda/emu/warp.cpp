@@ -59,6 +59,7 @@ void complete(Worker &w, unsigned warp_index, const WarpSlot &s) {
       data[l] = (mask >> l & 1u) ? reinterpret_cast<void *>(uintptr_t(lanes[l].wval)) : nullptr;
     reinterpret_cast<WarpCollectiveFn>(s.aux)(mask, data);
   }
+  if (s.op == kSyncWarp && w.racecheck) race_syncwarp(w, warp_index, mask);
   switch (s.op) {
     case kBallot:
     case kAny:

@@ -13,6 +13,10 @@ namespace ftn_emu_test {
 struct Failure {
   std::string msg;
 };
+// A test that cannot run in this build (reported as skipped, not passed).
+struct Skip {
+  std::string why;
+};
 std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 
 // Runs a launch; returns ftn_emu_launch's status and its message in *err.
@@ -26,6 +30,19 @@ void launch_ok(const char *name, ftn_emu_entry_fn entry, const void *params, dim
 std::string launch_fails(const char *name, ftn_emu_entry_fn entry, const void *params,
                          dim3 grid, dim3 block, size_t dyn_smem, unsigned workers,
                          const char *needle);
+
+// Runs the scope under another strict-mode schedule ("forward", "reverse",
+// "random:SEED") and restores the previous one.
+class ScheduleGuard {
+ public:
+  explicit ScheduleGuard(const char *spec);
+  ~ScheduleGuard();
+  ScheduleGuard(const ScheduleGuard &) = delete;
+  ScheduleGuard &operator=(const ScheduleGuard &) = delete;
+
+ private:
+  std::string prev_;
+};
 
 }  // namespace ftn_emu_test
 

@@ -1,6 +1,8 @@
 // The self-test table and the C API of libftn_emu_selftest.a:
 // ftn_emu_selftest_count/name/run. Each test throws ftn_emu_test::Failure
-// (or any exception) on failure; run() turns that into a message.
+// (or any exception) on failure; run() turns that into a message and
+// returns 1, or 2 for a test that throws ftn_emu_test::Skip (e.g. the race
+// check is not compiled into this build).
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -44,7 +46,12 @@
   X(strict_vector_alignment)        \
   X(strict_ldmatrix_shared)         \
   X(strict_cp_async)                \
-  X(strict_activemask)
+  X(strict_activemask)              \
+  X(race_shared_memory)             \
+  X(race_warp_synchronous)          \
+  X(race_false_positives)           \
+  X(cp_async_deferred)              \
+  X(schedule_perturbation)
 
 #define DECLARE(n) void test_##n();
 FTN_EMU_TESTS(DECLARE)
@@ -81,6 +88,9 @@ extern "C" int ftn_emu_selftest_run(int i, char *err, size_t err_len) {
   try {
     kTests[i].fn();
     return 0;
+  } catch (const ftn_emu_test::Skip &s) {
+    copy_msg(err, err_len, s.why);
+    return 2;
   } catch (const ftn_emu_test::Failure &f) {
     copy_msg(err, err_len, f.msg);
   } catch (const std::exception &e) {

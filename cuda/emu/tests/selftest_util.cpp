@@ -86,4 +86,13 @@ std::string launch_fails(const char *name, ftn_emu_entry_fn entry, const void *p
   return err;
 }
 
+ScheduleGuard::ScheduleGuard(const char *spec) {
+  char buf[64];
+  ftn_emu_schedule(buf, sizeof buf);
+  prev_ = buf;
+  if (ftn_emu_set_schedule(spec) != 0) throw Failure{fmt("bad schedule '%s'", spec)};
+}
+
+ScheduleGuard::~ScheduleGuard() { ftn_emu_set_schedule(prev_.c_str()); }
+
 }  // namespace ftn_emu_test

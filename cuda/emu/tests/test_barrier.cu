@@ -120,7 +120,7 @@ FTN_KERNEL(st_smem_poison, PoisonParams, p) {
   }
   __syncthreads();
   a[threadIdx.x] = 1.0f;  // dirty everything for the next block
-  b[threadIdx.x % 4][threadIdx.x % 8] = 0;
+  if (threadIdx.x < 32) b[threadIdx.x / 8][threadIdx.x % 8] = 0;
   d[threadIdx.x] = 0;
   __syncthreads();
   if (threadIdx.x == 0) o[6] = unsigned(d[1]) + unsigned(b[0][0]) + unsigned(a[1]);
