@@ -234,7 +234,8 @@ unsafe fn mlp_forward_t<T: TpElement>(
 /// sequence parallelism; `input` / `output` NULL when they describe
 /// elements or not 2-byte aligned: ftnInvalidArgument; a `stream` of
 /// another context: ftnDeviceMismatch; a broken communicator:
-/// ftnBackendError. Peers that time out or are gone: ftnBackendError at
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). Peers that time out or are gone: ftnBackendError at
 /// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_forward(
@@ -484,7 +485,8 @@ unsafe fn attention_forward_t<T: TpElement>(
 /// * batch` not a multiple of the size with sequence parallelism; `input` /
 /// `output` NULL or not 2-byte aligned: ftnInvalidArgument; a `stream` of
 /// another context: ftnDeviceMismatch; a broken communicator:
-/// ftnBackendError. Peers that time out or are gone: ftnBackendError at
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). Peers that time out or are gone: ftnBackendError at
 /// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_forward(

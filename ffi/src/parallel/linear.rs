@@ -279,9 +279,9 @@ unsafe fn column_forward_t<T: TpElement>(
 /// when they describe elements or not 2-byte aligned; `pre` NULL with an
 /// activation or non-NULL without: ftnInvalidArgument; a `stream` of
 /// another context: ftnDeviceMismatch; a broken communicator:
-/// ftnBackendError. `tokens` 0 is allowed (collectives still run: every
-/// rank calls). Peers that time out or are gone: ftnBackendError at
-/// synchronize.
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). `tokens` 0 is allowed (collectives still run: every rank
+/// calls). Peers that time out or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_forward(
     layer: ftnColumnParallelLinear_t,
@@ -367,8 +367,9 @@ unsafe fn column_backward_t<T: TpElement>(
 /// non-zero `reserved` or a bad `weight_mode`, `grads->weight` NULL or
 /// misaligned for its mode (fp32 for accumulate); `grads->bias` may be NULL
 /// (skipped): ftnInvalidArgument; a `stream` of another context:
-/// ftnDeviceMismatch; a broken communicator: ftnBackendError. Peers that
-/// time out or are gone: ftnBackendError at synchronize.
+/// ftnDeviceMismatch; a broken communicator: ftnBackendError (at its first
+/// collective: work enqueued before it stays enqueued). Peers that time out
+/// or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_backward(
     layer: ftnColumnParallelLinear_t,
@@ -546,9 +547,9 @@ unsafe fn row_forward_t<T: TpElement>(
 /// multiple of the size with sequence parallelism; `input` / `output` NULL
 /// when they describe elements or not 2-byte aligned: ftnInvalidArgument; a
 /// `stream` of another context: ftnDeviceMismatch; a broken communicator:
-/// ftnBackendError. `tokens` 0 is allowed (collectives still run: every
-/// rank calls). Peers that time out or are gone: ftnBackendError at
-/// synchronize.
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). `tokens` 0 is allowed (collectives still run: every rank
+/// calls). Peers that time out or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_forward(
     layer: ftnRowParallelLinear_t,
@@ -638,7 +639,8 @@ unsafe fn row_backward_t<T: TpElement>(
 /// when they describe elements or not 2-byte aligned; `grads` bad as for
 /// `ftn_column_parallel_linear_backward`: ftnInvalidArgument; a `stream` of
 /// another context: ftnDeviceMismatch; a broken communicator:
-/// ftnBackendError. Peers that time out or are gone: ftnBackendError at
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). Peers that time out or are gone: ftnBackendError at
 /// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_backward(
