@@ -614,15 +614,16 @@ pub unsafe extern "C" fn ftn_dist_opt_destroy(opt: ftnDistOpt_t) -> ftnResult_t 
 /// the ranks, skipping the update everywhere on overflow; without a scaler
 /// `found_inf` must be NULL.
 ///
-/// Bad input (ftnInvalidArgument, nothing enqueued): `opt`, `ddp`,
-/// `stream` NULL, stale or of another kind (another context:
-/// ftnDeviceMismatch); a `ddp` other than the optimizer's; gradients not
-/// synchronised by `ftn_ddp_finish_grad_sync`; `lr` / `step` NULL or
-/// misaligned; `found_inf` NULL with a scaler, non-NULL without one, or
-/// misaligned; a stale or wrong-kind `scaler`. A broken communicator:
-/// ftnBackendError at the call. The values behind `lr`, `step`,
-/// `found_inf` are device data, never checked; peers that time out or are
-/// gone: ftnBackendError at synchronize.
+/// Bad input (ftnInvalidArgument, nothing enqueued): `opt`, `ddp`, `stream`
+/// NULL, stale or of another kind (another context: ftnDeviceMismatch); a
+/// `ddp` other than the optimizer's; gradients not synchronised by
+/// `ftn_ddp_finish_grad_sync`; `lr` / `step` NULL or misaligned;
+/// `found_inf` NULL with a scaler, non-NULL without one, or misaligned; a
+/// stale or wrong-kind `scaler`. A broken communicator: ftnBackendError at
+/// the call (local work before the first collective may already be
+/// enqueued). The values behind `lr`, `step`, `found_inf` are device data,
+/// never checked; peers that time out or are gone: ftnBackendError at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_dist_opt_step(
     opt: ftnDistOpt_t,
