@@ -18,10 +18,13 @@
  *  - data pointers may be NULL only for zero elements and must be aligned to
  *    their element size; their length is trusted (it cannot be checked);
  *  - zero elements is a successful no-op; a layer dimension of 0 is rejected;
- *  - argument errors come at the call; failures of enqueued work (kernels,
- *    collectives whose peers time out or are gone) come from the next
- *    ftn_stream_synchronize / ftn_context_synchronize / ftn_comm_wait as
- *    ftnBackendError; every call on a broken communicator fails at once. */
+ *  - argument errors come at the call; failures of enqueued work come from
+ *    the next ftn_stream_synchronize / ftn_context_synchronize /
+ *    ftn_comm_wait: ftnKernelFailed for a kernel (assert, emulator-detected
+ *    misuse), ftnBackendError for collectives whose peers time out or are
+ *    gone and driver faults; every call on a broken communicator fails at
+ *    once;
+ *  - each function's comment has a "Bad input" paragraph with its specifics. */
 
 #ifndef FERROTRON_H
 #define FERROTRON_H
@@ -2178,8 +2181,8 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
  Bad input (ftnInvalidArgument, checked before waiting, nothing written):
  `scaler` NULL, stale or of another kind; `state` NULL, misaligned or
  with a `size` that is not this or an older version's. A failure of the
- device read (e.g. an earlier fault on the device): ftnBackendError or
- ftnKernelFailed, `*state` untouched.
+ device read (a driver fault, e.g. after an earlier fault on the device)
+ is returned with `*state` untouched.
  */
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
 
@@ -2526,10 +2529,10 @@ ftnResult_t ftn_tp_attention_get_params(ftnTpAttention_t attention,
 
  Bad input (at the call, nothing enqueued): `attention`, `comm` or
  `stream` NULL, stale or of another kind; negative, 0 or overflowing
- `seq` / `batch`; a `comm` of another size or rank than the block's; `seq
- * batch` not a multiple of the size with sequence parallelism; `input` /
- `output` NULL or not 2-byte aligned: ftnInvalidArgument; a `stream` of
- another context: ftnDeviceMismatch; a broken communicator:
+ `seq` / `batch`; a `comm` of another size or rank than the block's;
+ `seq*batch` not a multiple of the size with sequence parallelism;
+ `input` / `output` NULL or not 2-byte aligned: ftnInvalidArgument; a
+ `stream` of another context: ftnDeviceMismatch; a broken communicator:
  ftnBackendError (at its first collective: work enqueued before it stays
  enqueued). Peers that time out or are gone: ftnBackendError at
  synchronize.

@@ -82,7 +82,11 @@ fn every_export_states_its_bad_input() {
 fn the_header_is_ascii() {
     let h = header();
     for (i, l) in h.lines().enumerate() {
-        assert!(l.is_ascii(), "include/ferrotron.h:{}: non-ASCII: {l}", i + 1);
+        assert!(
+            l.is_ascii(),
+            "include/ferrotron.h:{}: non-ASCII: {l}",
+            i + 1
+        );
     }
 }
 

@@ -280,8 +280,8 @@ pub unsafe extern "C" fn ftn_grad_scaler_update(
 /// Bad input (ftnInvalidArgument, checked before waiting, nothing written):
 /// `scaler` NULL, stale or of another kind; `state` NULL, misaligned or
 /// with a `size` that is not this or an older version's. A failure of the
-/// device read (e.g. an earlier fault on the device): ftnBackendError or
-/// ftnKernelFailed, `*state` untouched.
+/// device read (a driver fault, e.g. after an earlier fault on the device)
+/// is returned with `*state` untouched.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_get_state(
     scaler: ftnGradScaler_t,

@@ -481,10 +481,10 @@ unsafe fn attention_forward_t<T: TpElement>(
 ///
 /// Bad input (at the call, nothing enqueued): `attention`, `comm` or
 /// `stream` NULL, stale or of another kind; negative, 0 or overflowing
-/// `seq` / `batch`; a `comm` of another size or rank than the block's; `seq
-/// * batch` not a multiple of the size with sequence parallelism; `input` /
-/// `output` NULL or not 2-byte aligned: ftnInvalidArgument; a `stream` of
-/// another context: ftnDeviceMismatch; a broken communicator:
+/// `seq` / `batch`; a `comm` of another size or rank than the block's;
+/// `seq*batch` not a multiple of the size with sequence parallelism;
+/// `input` / `output` NULL or not 2-byte aligned: ftnInvalidArgument; a
+/// `stream` of another context: ftnDeviceMismatch; a broken communicator:
 /// ftnBackendError (at its first collective: work enqueued before it stays
 /// enqueued). Peers that time out or are gone: ftnBackendError at
 /// synchronize.
