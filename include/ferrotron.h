@@ -1615,10 +1615,10 @@ ftnResult_t ftn_comm_split(ftnComm_t comm, int color, int key, ftnComm_t *newcom
 
  Bad input: `comm` or `stream` NULL, stale or of another kind, a negative
  `timeout_ms`: ftnInvalidArgument, nothing waited for. `timeout_ms` 0
- checks once. The stream is not checked against the communicator's
- context. A timeout: ftnBackendError (NCCL: the communicator is aborted
- and broken). In-process, failures of the awaited work are not reported
- here (they come from the stream's synchronize); NCCL reports an
+ checks once; a `stream` of another context than the communicator's:
+ ftnDeviceMismatch. A timeout: ftnBackendError (NCCL: the communicator is
+ aborted and broken). In-process, failures of the awaited work are not
+ reported here (they come from the stream's synchronize); NCCL reports an
  asynchronous NCCL error here as ftnBackendError and aborts.
  */
 ftnResult_t ftn_comm_wait(ftnComm_t comm, ftnStream_t stream, int64_t timeout_ms);

@@ -374,10 +374,10 @@ pub unsafe extern "C" fn ftn_comm_split(
 ///
 /// Bad input: `comm` or `stream` NULL, stale or of another kind, a negative
 /// `timeout_ms`: ftnInvalidArgument, nothing waited for. `timeout_ms` 0
-/// checks once. The stream is not checked against the communicator's
-/// context. A timeout: ftnBackendError (NCCL: the communicator is aborted
-/// and broken). In-process, failures of the awaited work are not reported
-/// here (they come from the stream's synchronize); NCCL reports an
+/// checks once; a `stream` of another context than the communicator's:
+/// ftnDeviceMismatch. A timeout: ftnBackendError (NCCL: the communicator is
+/// aborted and broken). In-process, failures of the awaited work are not
+/// reported here (they come from the stream's synchronize); NCCL reports an
 /// asynchronous NCCL error here as ftnBackendError and aborts.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_wait(
@@ -387,6 +387,11 @@ pub unsafe extern "C" fn ftn_comm_wait(
 ) -> ftnResult_t {
     export!(|op| {
         let c = call(op, comm, stream)?;
+        // A stream of another context carries none of this communicator's
+        // work: mixing contexts is ftnDeviceMismatch, as everywhere.
+        c.comm
+            .device()
+            .check_same_as(op, "stream", c.stream.device(), "the communicator")?;
         let ms =
             u64::try_from(timeout_ms).map_err(|_| invalid(op, "timeout_ms", ">= 0", timeout_ms))?;
         c.comm
