@@ -14,7 +14,10 @@
  * Bad input, unless a function's comment says otherwise:
  *  - NULL, destroyed or wrong-kind handles: ftnInvalidArgument;
  *  - out-pointers and descriptors must be non-NULL and aligned for their type
- *    (checked before any work; nothing is written on failure);
+ *    (checked before any work; nothing is written on failure); a "bad size"
+ *    of a descriptor or output struct is one below its first version's,
+ *    between two versions' sizes or above FTN_MAX_DESC_SIZE, and an input
+ *    descriptor's bytes past the fields this version knows must be zero;
  *  - data pointers may be NULL only for zero elements and must be aligned to
  *    their element size; their length is trusted (it cannot be checked);
  *  - zero elements is a successful no-op; a layer dimension of 0 is rejected;
@@ -1797,8 +1800,8 @@ ftnResult_t ftn_rank_grid_dp(const ftnRankGridDesc_t *desc, int *dp);
  The coordinates of `rank` (`coords->size` set by the caller).
 
  Bad input (ftnInvalidArgument, nothing written): a bad grid as for
- `ftn_rank_grid_dp`; `coords` NULL, misaligned or with a `coords->size`
- that is not this or an older version's; `rank` negative or `>= world`.
+ `ftn_rank_grid_dp`; `coords` NULL, misaligned or with a bad
+ `coords->size`; `rank` negative or `>= world`.
  */
 ftnResult_t ftn_rank_grid_coords(const ftnRankGridDesc_t *desc, int rank, ftnRankCoords_t *coords);
 
@@ -1858,10 +1861,11 @@ ftnResult_t ftn_comm_split_for_grid(ftnComm_t comm,
  MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
 
  Bad input (ftnInvalidArgument, nothing written): `env` NULL, misaligned
- or with a `size` that is not this or an older version's; a variable
- missing or malformed (not a non-negative integer, a port outside
- 1..=65535), `WORLD_SIZE` 0, `RANK >= WORLD_SIZE`, or a value that does
- not fit in an `int`: the last error names the variable.
+ or with a bad `size` (below the first version's, between versions, or
+ above `FTN_MAX_DESC_SIZE`); a variable missing or malformed (not a
+ non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, `RANK
+ >= WORLD_SIZE`, or a value that does not fit in an `int`: the last error
+ names the variable.
  */
 ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
 
@@ -1890,9 +1894,9 @@ ftnResult_t ftn_rendezvous_share_unique_id(ftnUniqueId_t *id, int64_t timeout_ms
  betas (0.9, 0.999), eps 1e-8, `ftnAdamDecoupled` (AdamW).
 
  Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
- aligned for the struct, or a `config->size` that is not this or an older
- version's size (or is above `FTN_MAX_DESC_SIZE`); bytes past the known
- fields are left alone.
+ aligned for the struct, or a bad `config->size` (below the first
+ version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+ the known fields are left alone.
  */
 ftnResult_t ftn_adam_config_default(ftnAdamConfig_t *config);
 
@@ -2094,9 +2098,9 @@ ftnResult_t ftn_gemm_bias_grad(ftnStream_t stream,
  defaults.
 
  Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
- aligned for the struct, or a `config->size` that is not this or an older
- version's size (or is above `FTN_MAX_DESC_SIZE`); bytes past the known
- fields are left alone.
+ aligned for the struct, or a bad `config->size` (below the first
+ version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+ the known fields are left alone.
  */
 ftnResult_t ftn_grad_scaler_config_default(ftnGradScalerConfig_t *config);
 
@@ -2180,9 +2184,10 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
 
  Bad input (ftnInvalidArgument, checked before waiting, nothing written):
  `scaler` NULL, stale or of another kind; `state` NULL, misaligned or
- with a `size` that is not this or an older version's. A failure of the
- device read (a driver fault, e.g. after an earlier fault on the device)
- is returned with `*state` untouched.
+ with a bad `size` (below the first version's, between versions, or above
+ `FTN_MAX_DESC_SIZE`). A failure of the device read (a driver fault, e.g.
+ after an earlier fault on the device) is returned with `*state`
+ untouched.
  */
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
 
@@ -2426,8 +2431,9 @@ ftnResult_t ftn_tp_mlp_destroy(ftnTpMlp_t mlp);
  checked (non-NULL, aligned, `size` set) before either is written.
 
  Bad input (ftnInvalidArgument, nothing written): `fc1` or `fc2` NULL,
- misaligned or with a `size` that is not this or an older version's;
- `mlp` NULL, stale or of another kind.
+ misaligned or with a bad `size` (below the first version's, between
+ versions, or above `FTN_MAX_DESC_SIZE`); `mlp` NULL, stale or of another
+ kind.
  */
 ftnResult_t ftn_tp_mlp_get_params(ftnTpMlp_t mlp, ftnLinearParams_t *fc1, ftnLinearParams_t *fc2);
 
@@ -2515,8 +2521,9 @@ ftnResult_t ftn_tp_attention_destroy(ftnTpAttention_t attention);
  `qkv` and `proj` are both checked before either is written.
 
  Bad input (ftnInvalidArgument, nothing written): `qkv` or `proj` NULL,
- misaligned or with a `size` that is not this or an older version's;
- `attention` NULL, stale or of another kind.
+ misaligned or with a bad `size` (below the first version's, between
+ versions, or above `FTN_MAX_DESC_SIZE`); `attention` NULL, stale or of
+ another kind.
  */
 ftnResult_t ftn_tp_attention_get_params(ftnTpAttention_t attention,
                                         ftnLinearParams_t *qkv,
@@ -2832,8 +2839,8 @@ ftnResult_t ftn_column_parallel_linear_destroy(ftnColumnParallelLinear_t layer);
  device memory (owned by the layer).
 
  Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
- of another kind; `params` NULL, misaligned or with a `size` that is not
- this or an older version's.
+ of another kind; `params` NULL, misaligned or with a bad `size` (below
+ the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
  */
 ftnResult_t ftn_column_parallel_linear_get_params(ftnColumnParallelLinear_t layer,
                                                   ftnLinearParams_t *params);
@@ -2934,8 +2941,8 @@ ftnResult_t ftn_row_parallel_linear_destroy(ftnRowParallelLinear_t layer);
  in device memory (owned by the layer).
 
  Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
- of another kind; `params` NULL, misaligned or with a `size` that is not
- this or an older version's.
+ of another kind; `params` NULL, misaligned or with a bad `size` (below
+ the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
  */
 ftnResult_t ftn_row_parallel_linear_get_params(ftnRowParallelLinear_t layer,
                                                ftnLinearParams_t *params);
@@ -3265,8 +3272,8 @@ ftnResult_t ftn_vocab_parallel_embedding_backward(const ftnVocabEmbeddingDesc_t 
  ignored.
 
  Bad input (at the call, nothing enqueued, `*saved` untouched): `desc`
- NULL, misaligned, a `size` that is neither 40 (version 1) nor this
- version's (or non-zero bytes past the known fields), a non-zero
+ NULL, misaligned, a `size` below 56 other than 40 (version 1), above
+ `FTN_MAX_DESC_SIZE`, or non-zero bytes past the known fields, a non-zero
  `reserved` or `reserved2`; `comm` or `stream` NULL, stale or of another
  kind; `saved` NULL or misaligned; `dtype` not a float type or
  `label_dtype` not int32 / int64; negative `tokens`, `shard_vocab` 0,

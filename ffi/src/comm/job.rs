@@ -167,8 +167,8 @@ pub unsafe extern "C" fn ftn_rank_grid_dp(
 /// The coordinates of `rank` (`coords->size` set by the caller).
 ///
 /// Bad input (ftnInvalidArgument, nothing written): a bad grid as for
-/// `ftn_rank_grid_dp`; `coords` NULL, misaligned or with a `coords->size`
-/// that is not this or an older version's; `rank` negative or `>= world`.
+/// `ftn_rank_grid_dp`; `coords` NULL, misaligned or with a bad
+/// `coords->size`; `rank` negative or `>= world`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rank_grid_coords(
     desc: *const ftnRankGridDesc_t,
@@ -346,10 +346,11 @@ fn small(op: &'static str, arg: &'static str, v: usize) -> Result<i32> {
 /// MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
 ///
 /// Bad input (ftnInvalidArgument, nothing written): `env` NULL, misaligned
-/// or with a `size` that is not this or an older version's; a variable
-/// missing or malformed (not a non-negative integer, a port outside
-/// 1..=65535), `WORLD_SIZE` 0, `RANK >= WORLD_SIZE`, or a value that does
-/// not fit in an `int`: the last error names the variable.
+/// or with a bad `size` (below the first version's, between versions, or
+/// above `FTN_MAX_DESC_SIZE`); a variable missing or malformed (not a
+/// non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, `RANK
+/// >= WORLD_SIZE`, or a value that does not fit in an `int`: the last error
+/// names the variable.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_job_env_from_environment(env: *mut ftnJobEnv_t) -> ftnResult_t {
     export!(|op| {

@@ -172,9 +172,9 @@ pub(crate) unsafe fn scalars(
 /// betas (0.9, 0.999), eps 1e-8, `ftnAdamDecoupled` (AdamW).
 ///
 /// Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
-/// aligned for the struct, or a `config->size` that is not this or an older
-/// version's size (or is above `FTN_MAX_DESC_SIZE`); bytes past the known
-/// fields are left alone.
+/// aligned for the struct, or a bad `config->size` (below the first
+/// version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+/// the known fields are left alone.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_adam_config_default(config: *mut ftnAdamConfig_t) -> ftnResult_t {
     export!(|op| {

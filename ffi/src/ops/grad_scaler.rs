@@ -114,9 +114,9 @@ unsafe fn write_state(out: *mut ftnGradScalerState_t, s: &DynamicGradScaler) {
 /// defaults.
 ///
 /// Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
-/// aligned for the struct, or a `config->size` that is not this or an older
-/// version's size (or is above `FTN_MAX_DESC_SIZE`); bytes past the known
-/// fields are left alone.
+/// aligned for the struct, or a bad `config->size` (below the first
+/// version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+/// the known fields are left alone.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_config_default(
     config: *mut ftnGradScalerConfig_t,
@@ -279,9 +279,10 @@ pub unsafe extern "C" fn ftn_grad_scaler_update(
 ///
 /// Bad input (ftnInvalidArgument, checked before waiting, nothing written):
 /// `scaler` NULL, stale or of another kind; `state` NULL, misaligned or
-/// with a `size` that is not this or an older version's. A failure of the
-/// device read (a driver fault, e.g. after an earlier fault on the device)
-/// is returned with `*state` untouched.
+/// with a bad `size` (below the first version's, between versions, or above
+/// `FTN_MAX_DESC_SIZE`). A failure of the device read (a driver fault, e.g.
+/// after an earlier fault on the device) is returned with `*state`
+/// untouched.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_get_state(
     scaler: ftnGradScaler_t,

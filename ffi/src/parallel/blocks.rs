@@ -181,8 +181,9 @@ pub unsafe extern "C" fn ftn_tp_mlp_destroy(mlp: ftnTpMlp_t) -> ftnResult_t {
 /// checked (non-NULL, aligned, `size` set) before either is written.
 ///
 /// Bad input (ftnInvalidArgument, nothing written): `fc1` or `fc2` NULL,
-/// misaligned or with a `size` that is not this or an older version's;
-/// `mlp` NULL, stale or of another kind.
+/// misaligned or with a bad `size` (below the first version's, between
+/// versions, or above `FTN_MAX_DESC_SIZE`); `mlp` NULL, stale or of another
+/// kind.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_get_params(
     mlp: ftnTpMlp_t,
@@ -417,8 +418,9 @@ pub unsafe extern "C" fn ftn_tp_attention_destroy(attention: ftnTpAttention_t) -
 /// `qkv` and `proj` are both checked before either is written.
 ///
 /// Bad input (ftnInvalidArgument, nothing written): `qkv` or `proj` NULL,
-/// misaligned or with a `size` that is not this or an older version's;
-/// `attention` NULL, stale or of another kind.
+/// misaligned or with a bad `size` (below the first version's, between
+/// versions, or above `FTN_MAX_DESC_SIZE`); `attention` NULL, stale or of
+/// another kind.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_get_params(
     attention: ftnTpAttention_t,

@@ -193,8 +193,8 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_destroy(
 /// device memory (owned by the layer).
 ///
 /// Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
-/// of another kind; `params` NULL, misaligned or with a `size` that is not
-/// this or an older version's.
+/// of another kind; `params` NULL, misaligned or with a bad `size` (below
+/// the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_get_params(
     layer: ftnColumnParallelLinear_t,
@@ -477,8 +477,8 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_destroy(
 /// in device memory (owned by the layer).
 ///
 /// Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
-/// of another kind; `params` NULL, misaligned or with a `size` that is not
-/// this or an older version's.
+/// of another kind; `params` NULL, misaligned or with a bad `size` (below
+/// the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_get_params(
     layer: ftnRowParallelLinear_t,

@@ -346,8 +346,8 @@ unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
 /// ignored.
 ///
 /// Bad input (at the call, nothing enqueued, `*saved` untouched): `desc`
-/// NULL, misaligned, a `size` that is neither 40 (version 1) nor this
-/// version's (or non-zero bytes past the known fields), a non-zero
+/// NULL, misaligned, a `size` below 56 other than 40 (version 1), above
+/// `FTN_MAX_DESC_SIZE`, or non-zero bytes past the known fields, a non-zero
 /// `reserved` or `reserved2`; `comm` or `stream` NULL, stale or of another
 /// kind; `saved` NULL or misaligned; `dtype` not a float type or
 /// `label_dtype` not int32 / int64; negative `tokens`, `shard_vocab` 0,
