@@ -1970,9 +1970,10 @@ ftnResult_t ftn_adam_step(ftnStream_t stream,
  otherwise. `ndims` and `out` are host arrays of `n` entries (NULL only
  when `n` is 0).
 
- Bad input (ftnInvalidArgument, nothing written): `ndims` or `out` NULL
- or misaligned with `n > 0`; a negative `ndims[i]`; `weight_decay` not
- finite or negative.
+ Bad input (ftnInvalidArgument, nothing written): `ndims` NULL or
+ misaligned with `n > 0`; `out` NULL with `n > 0`, or misaligned (checked
+ even when `n` is 0); a negative `ndims[i]`; `weight_decay` not finite or
+ negative.
  */
 ftnResult_t ftn_adam_default_weight_decay(const int64_t *ndims,
                                           size_t n,

@@ -577,9 +577,10 @@ fn grad_ref(b: &mut AnyBuffer) -> GradRef<'_> {
 /// otherwise. `ndims` and `out` are host arrays of `n` entries (NULL only
 /// when `n` is 0).
 ///
-/// Bad input (ftnInvalidArgument, nothing written): `ndims` or `out` NULL
-/// or misaligned with `n > 0`; a negative `ndims[i]`; `weight_decay` not
-/// finite or negative.
+/// Bad input (ftnInvalidArgument, nothing written): `ndims` NULL or
+/// misaligned with `n > 0`; `out` NULL with `n > 0`, or misaligned (checked
+/// even when `n` is 0); a negative `ndims[i]`; `weight_decay` not finite or
+/// negative.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_adam_default_weight_decay(
     ndims: *const i64,
