@@ -1863,9 +1863,9 @@ ftnResult_t ftn_comm_split_for_grid(ftnComm_t comm,
  Bad input (ftnInvalidArgument, nothing written): `env` NULL, misaligned
  or with a bad `size` (below the first version's, between versions, or
  above `FTN_MAX_DESC_SIZE`); a variable missing or malformed (not a
- non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, `RANK
- >= WORLD_SIZE`, or a value that does not fit in an `int`: the last error
- names the variable.
+ non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, a
+ `RANK` not below `WORLD_SIZE`, or a value that does not fit in an `int`:
+ the last error names the variable.
  */
 ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
 

@@ -348,9 +348,9 @@ fn small(op: &'static str, arg: &'static str, v: usize) -> Result<i32> {
 /// Bad input (ftnInvalidArgument, nothing written): `env` NULL, misaligned
 /// or with a bad `size` (below the first version's, between versions, or
 /// above `FTN_MAX_DESC_SIZE`); a variable missing or malformed (not a
-/// non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, `RANK
-/// >= WORLD_SIZE`, or a value that does not fit in an `int`: the last error
-/// names the variable.
+/// non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, a
+/// `RANK` not below `WORLD_SIZE`, or a value that does not fit in an `int`:
+/// the last error names the variable.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_job_env_from_environment(env: *mut ftnJobEnv_t) -> ftnResult_t {
     export!(|op| {
