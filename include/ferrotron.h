@@ -14,14 +14,20 @@
  * Bad input, unless a function's comment says otherwise:
  *  - NULL, destroyed or wrong-kind handles: ftnInvalidArgument;
  *  - out-pointers and descriptors must be non-NULL and aligned for their type
- *    (checked before any work; nothing is written on failure);
+ *    (checked before any work; nothing is written on failure); a "bad size"
+ *    of a descriptor or output struct is one below its first version's,
+ *    between two versions' sizes or above FTN_MAX_DESC_SIZE, and an input
+ *    descriptor's bytes past the fields this version knows must be zero;
  *  - data pointers may be NULL only for zero elements and must be aligned to
  *    their element size; their length is trusted (it cannot be checked);
  *  - zero elements is a successful no-op; a layer dimension of 0 is rejected;
- *  - argument errors come at the call; failures of enqueued work (kernels,
- *    collectives whose peers time out or are gone) come from the next
- *    ftn_stream_synchronize / ftn_context_synchronize / ftn_comm_wait as
- *    ftnBackendError; every call on a broken communicator fails at once. */
+ *  - argument errors come at the call; failures of enqueued work come from
+ *    the next ftn_stream_synchronize / ftn_context_synchronize /
+ *    ftn_comm_wait: ftnKernelFailed for a kernel (assert, emulator-detected
+ *    misuse), ftnBackendError for collectives whose peers time out or are
+ *    gone and driver faults; every call on a broken communicator fails at
+ *    once;
+ *  - each function's comment has a "Bad input" paragraph with its specifics. */
 
 #ifndef FERROTRON_H
 #define FERROTRON_H
@@ -1468,12 +1474,18 @@ extern "C" {
 /*
  The library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`
  (compare with `FTN_VERSION` from the header you compiled against).
+
+ Bad input: `version` NULL or not aligned for an `int`:
+ ftnInvalidArgument, nothing written.
  */
 ftnResult_t ftn_get_version(int *version);
 
 /*
  A static, human-readable description of a status (any value: unknown
  ones give "unknown status"). Never NULL.
+
+ Bad input: none; any `status` value is accepted and no status is
+ returned (the call cannot fail and never sets the last error).
  */
 const char *ftn_get_error_string(int status);
 
@@ -1482,6 +1494,9 @@ const char *ftn_get_error_string(int status);
  function, the failing argument, what was expected and what came (empty
  string if none failed yet). Valid until the next failing call on this
  thread; successful calls leave it unchanged. Never NULL.
+
+ Bad input: none (no arguments; the call cannot fail and does not change
+ the last error).
  */
 const char *ftn_get_last_error(void);
 
@@ -1493,6 +1508,12 @@ const char *ftn_get_last_error(void);
  layers and blocks need one thread per rank (they may block the host).
  A collective whose peers do not all arrive within 300 s fails with
  ftnBackendError (`ftn_comm_init_all_with_timeout` sets another limit).
+
+ Bad input (at the call, nothing written to `comms`; ftnInvalidArgument):
+ `comms` NULL or not aligned for a pointer; `nranks` < 1; `ctxs` NULL;
+ any `ctxs[i]` NULL, stale or of another kind (all are checked before
+ anything is created); a CUDA context (in-process ranks need emulator
+ contexts). `comms` and `ctxs` are trusted to hold `nranks` entries.
  */
 ftnResult_t ftn_comm_init_all(ftnComm_t *comms, int nranks, const ftnContext_t *ctxs);
 
@@ -1500,6 +1521,9 @@ ftnResult_t ftn_comm_init_all(ftnComm_t *comms, int nranks, const ftnContext_t *
  As `ftn_comm_init_all`, with the time (at least 1 ms) a collective waits
  for its peers before it fails with ftnBackendError: a dead or missing
  rank becomes an error instead of a hang.
+
+ Bad input: `timeout_ms` < 1: ftnInvalidArgument; otherwise as for
+ `ftn_comm_init_all` (nothing written to `comms` on failure).
  */
 ftnResult_t ftn_comm_init_all_with_timeout(ftnComm_t *comms,
                                            int nranks,
@@ -1508,12 +1532,25 @@ ftnResult_t ftn_comm_init_all_with_timeout(ftnComm_t *comms,
 
 /*
  A new NCCL unique id (CUDA builds; `ftnBackendUnavailable` otherwise).
+
+ Bad input: `id` NULL or misaligned: ftnInvalidArgument, nothing written;
+ a build without CUDA: ftnBackendUnavailable; NCCL failing to make an id:
+ ftnBackendError.
  */
 ftnResult_t ftn_get_unique_id(ftnUniqueId_t *id);
 
 /*
  Rank `rank` of an `nranks`-rank NCCL communicator on a CUDA context,
  from the unique id rank 0 created. Blocks until every rank has joined.
+
+ Bad input (at the call, `*comm` untouched; ftnInvalidArgument): `comm`
+ NULL or misaligned; `ctx` NULL, stale or of another kind; `id` NULL;
+ `nranks` < 1; `rank` outside `0..nranks`; with CUDA, an emulator
+ `ctx`. A build without CUDA: ftnBackendUnavailable (after the argument
+ checks); no NCCL library to load: an error naming what to install;
+ `ncclCommInitRank` failing: ftnBackendError. Ranks that disagree on
+ `nranks` or the id, or never join, are not detected: NCCL hangs or
+ fails.
  */
 ftnResult_t ftn_comm_init_rank(ftnComm_t *comm,
                                ftnContext_t ctx,
@@ -1522,24 +1559,34 @@ ftnResult_t ftn_comm_init_rank(ftnComm_t *comm,
                                int rank);
 
 /*
- Destroys one rank (waits for its pending operations first). NULL, stale
- or another kind of handle: ftnInvalidArgument. Until destroyed a
- communicator (and each handle from `ftn_comm_split*` /
- `ftn_comm_get_stream`) keeps its context from being destroyed. A
+ Destroys one rank (waits for its context's pending work first). Until
+ destroyed a communicator (and each handle from `ftn_comm_split*` /
+ `ftn_comm_get_stream`) keeps its context from being destroyed.
+
+ Bad input: NULL, stale or another kind of handle: ftnInvalidArgument. A
  communicator used by a live DDP (`ftn_ddp_create`) is not destroyed:
- ftnInvalidArgument; destroy the DDP first.
- Destroying a broken communicator (after a timeout or a lost peer)
- succeeds; in-process, peers waiting for this rank then fail at once.
+ ftnInvalidArgument; destroy the DDP first. Destroying a broken
+ communicator (after a timeout or a lost peer) succeeds; in-process,
+ peers waiting for this rank then fail at once. A pending failure of the
+ context's work is returned, and the rank is destroyed either way.
  */
 ftnResult_t ftn_comm_destroy(ftnComm_t comm);
 
 /*
  Number of ranks.
+
+ Bad input (ftnInvalidArgument, nothing written): `comm` NULL, stale or
+ of another kind; `count` NULL or not aligned for an `int`. Works on a
+ broken communicator.
  */
 ftnResult_t ftn_comm_count(ftnComm_t comm, int *count);
 
 /*
  This rank's index.
+
+ Bad input (ftnInvalidArgument, nothing written): `comm` NULL, stale or
+ of another kind; `rank` NULL or not aligned for an `int`. Works on a
+ broken communicator.
  */
 ftnResult_t ftn_comm_user_rank(ftnComm_t comm, int *rank);
 
@@ -1548,6 +1595,13 @@ ftnResult_t ftn_comm_user_rank(ftnComm_t comm, int *rank);
  ordered by `(key, rank)`; `color = FTN_SPLIT_NOCOLOR` takes part but
  gets NULL. Every rank must call it, from its own thread (it blocks
  until all have).
+
+ Bad input (at the call, `*newcomm` untouched): `comm` NULL, stale or of
+ another kind, `newcomm` NULL or misaligned, `color` negative other than
+ `FTN_SPLIT_NOCOLOR`, `key` negative: ftnInvalidArgument (checked before
+ joining, so peers are left waiting). A broken communicator, or peers
+ that do not all call within the communicator's timeout or are gone:
+ ftnBackendError, and the communicator is then broken on every rank.
  */
 ftnResult_t ftn_comm_split(ftnComm_t comm, int color, int key, ftnComm_t *newcomm);
 
@@ -1561,6 +1615,14 @@ ftnResult_t ftn_comm_split(ftnComm_t comm, int color, int key, ftnComm_t *newcom
  ftnBackendError naming the fault) and must be destroyed. In-process the
  operation keeps waiting (up to the communicator's own timeout) and the
  communicator stays usable.
+
+ Bad input: `comm` or `stream` NULL, stale or of another kind, a negative
+ `timeout_ms`: ftnInvalidArgument, nothing waited for. `timeout_ms` 0
+ checks once; a `stream` of another context than the communicator's:
+ ftnDeviceMismatch. A timeout: ftnBackendError (NCCL: the communicator is
+ aborted and broken). In-process, failures of the awaited work are not
+ reported here (they come from the stream's synchronize); NCCL reports an
+ asynchronous NCCL error here as ftnBackendError and aborts.
  */
 ftnResult_t ftn_comm_wait(ftnComm_t comm, ftnStream_t stream, int64_t timeout_ms);
 
@@ -1569,12 +1631,26 @@ ftnResult_t ftn_comm_wait(ftnComm_t comm, ftnStream_t stream, int64_t timeout_ms
  layers overlap their backward communication on. Make other streams
  wait for it with events; destroy the handle with `ftn_stream_destroy`
  (the stream itself lives as long as the communicator).
+
+ Bad input (ftnInvalidArgument, nothing written): `comm` NULL, stale or
+ of another kind; `stream` NULL or misaligned. Works on a broken
+ communicator.
  */
 ftnResult_t ftn_comm_get_stream(ftnComm_t comm, ftnStream_t *stream);
 
 /*
  `recvbuff = reduce over ranks of sendbuff` (`count` elements each; in
  place when the two are equal). Enqueued on `stream`.
+
+ Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+ or of another kind, `datatype` outside `ftnDataType_t`, `op` outside
+ `ftnRedOp_t`, `sendbuff` / `recvbuff` NULL with `count > 0` or not
+ aligned to the element size: ftnInvalidArgument; a `stream` of another
+ context: ftnDeviceMismatch; a broken communicator: ftnBackendError.
+ `count` 0 still takes part (every rank must call it). At synchronize
+ (in-process), ftnBackendError: ranks that disagree on count, datatype or
+ op (the communicator stays usable); peers that time out or are gone (it
+ is then broken). Partial overlap of the buffers is not checked.
  */
 ftnResult_t ftn_all_reduce(const void *sendbuff,
                            void *recvbuff,
@@ -1587,6 +1663,16 @@ ftnResult_t ftn_all_reduce(const void *sendbuff,
 /*
  `recvbuff` (`nranks * sendcount` elements) = the ranks' `sendbuff`s
  (`sendcount` each) in rank order.
+
+ Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+ or of another kind, `datatype` outside `ftnDataType_t`, `nranks *
+ sendcount` overflowing, `sendbuff` / `recvbuff` NULL when they describe
+ elements or not aligned to the element size: ftnInvalidArgument; a
+ `stream` of another context: ftnDeviceMismatch; a broken communicator:
+ ftnBackendError. `sendcount` 0 still takes part. At synchronize
+ (in-process), ftnBackendError: ranks that disagree on count or datatype
+ (the communicator stays usable); peers that time out or are gone (it is
+ then broken).
  */
 ftnResult_t ftn_all_gather(const void *sendbuff,
                            void *recvbuff,
@@ -1598,6 +1684,16 @@ ftnResult_t ftn_all_gather(const void *sendbuff,
 /*
  `recvbuff` (`recvcount` elements) = slice `rank` of the reduction over
  ranks of `sendbuff` (`nranks * recvcount` elements).
+
+ Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+ or of another kind, `datatype` outside `ftnDataType_t`, `op` outside
+ `ftnRedOp_t`, `nranks * recvcount` overflowing, `sendbuff` / `recvbuff`
+ NULL when they describe elements or not aligned to the element size:
+ ftnInvalidArgument; a `stream` of another context: ftnDeviceMismatch; a
+ broken communicator: ftnBackendError. `recvcount` 0 still takes part. At
+ synchronize (in-process), ftnBackendError: ranks that disagree on count,
+ datatype or op (the communicator stays usable); peers that time out or
+ are gone (it is then broken).
  */
 ftnResult_t ftn_reduce_scatter(const void *sendbuff,
                                void *recvbuff,
@@ -1609,6 +1705,15 @@ ftnResult_t ftn_reduce_scatter(const void *sendbuff,
 
 /*
  Copies `buff` (`count` elements) of rank `root` into `buff` of every rank.
+
+ Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+ or of another kind, `datatype` outside `ftnDataType_t`, `root` negative
+ or `>= nranks`, `buff` NULL with `count > 0` or not aligned to the
+ element size: ftnInvalidArgument; a `stream` of another context:
+ ftnDeviceMismatch; a broken communicator: ftnBackendError. `count` 0
+ still takes part. At synchronize (in-process), ftnBackendError: ranks
+ that disagree on count, datatype or root (the communicator stays
+ usable); peers that time out or are gone (it is then broken).
  */
 ftnResult_t ftn_broadcast(void *buff,
                           size_t count,
@@ -1619,11 +1724,25 @@ ftnResult_t ftn_broadcast(void *buff,
 
 /*
  Completes (in `stream` order) when every rank has reached it.
+
+ Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+ or of another kind: ftnInvalidArgument; a `stream` of another context:
+ ftnDeviceMismatch; a broken communicator: ftnBackendError. Peers that do
+ not arrive within the timeout or are gone: ftnBackendError at
+ synchronize, and the communicator is broken.
  */
 ftnResult_t ftn_barrier(ftnComm_t comm, ftnStream_t stream);
 
 /*
  Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
+
+ Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+ or of another kind, `datatype` outside `ftnDataType_t`, `peer` negative,
+ `>= nranks` or this rank, `sendbuff` NULL with `count > 0` or not
+ aligned to the element size: ftnInvalidArgument; a `stream` of another
+ context: ftnDeviceMismatch; a broken communicator: ftnBackendError. At
+ synchronize, ftnBackendError: a receive of another count or datatype, a
+ peer that never receives (timeout) or is gone.
  */
 ftnResult_t ftn_send(const void *sendbuff,
                      size_t count,
@@ -1634,6 +1753,10 @@ ftnResult_t ftn_send(const void *sendbuff,
 
 /*
  Receives `count` elements from `peer` (its `ftn_send` has the same count).
+
+ Bad input at the call (nothing enqueued): as for `ftn_send` (`recvbuff`
+ in place of `sendbuff`). At synchronize, ftnBackendError: a send of
+ another count or datatype, a peer that never sends (timeout) or is gone.
  */
 ftnResult_t ftn_recv(void *recvbuff,
                      size_t count,
@@ -1646,6 +1769,15 @@ ftnResult_t ftn_recv(void *recvbuff,
  A group of sends and receives that progress together (NCCL's
  `ncclGroupStart/End` around `ncclSend/ncclRecv`): a ring exchange in one
  group cannot deadlock. `ops` holds `count` entries.
+
+ Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+ or of another kind; `ops` NULL with `count > 0` or misaligned; a `count`
+ whose array overflows; `datatype` outside `ftnDataType_t`; an entry
+ (named `ops[i].<field>`) with `peer` negative, `>= nranks` or this rank,
+ or `buff` NULL with `count > 0` or not aligned to the element size:
+ ftnInvalidArgument; a `stream` of another context: ftnDeviceMismatch; a
+ broken communicator: ftnBackendError. `count` 0 enqueues an empty group.
+ At synchronize, ftnBackendError as for `ftn_send` / `ftn_recv`.
  */
 ftnResult_t ftn_group_p2p(const ftnP2pOp_t *ops,
                           size_t count,
@@ -1655,16 +1787,31 @@ ftnResult_t ftn_group_p2p(const ftnP2pOp_t *ops,
 
 /*
  The grid's data-parallel size (what remains of `world`), after validating it.
+
+ Bad input (ftnInvalidArgument, nothing written): `desc` NULL,
+ misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+ a non-zero `reserved`; `order` outside `ftnRankOrder_t`; `world`, `tp`,
+ `cp` or `pp` below 1; `world` not a multiple of `tp*cp*pp`; `dp` NULL or
+ not aligned for an `int`.
  */
 ftnResult_t ftn_rank_grid_dp(const ftnRankGridDesc_t *desc, int *dp);
 
 /*
  The coordinates of `rank` (`coords->size` set by the caller).
+
+ Bad input (ftnInvalidArgument, nothing written): a bad grid as for
+ `ftn_rank_grid_dp`; `coords` NULL, misaligned or with a bad
+ `coords->size`; `rank` negative or `>= world`.
  */
 ftnResult_t ftn_rank_grid_coords(const ftnRankGridDesc_t *desc, int rank, ftnRankCoords_t *coords);
 
 /*
  The rank at `coords`.
+
+ Bad input (ftnInvalidArgument, nothing written): a bad grid as for
+ `ftn_rank_grid_dp`; `coords` NULL, misaligned, a bad `coords->size` or
+ non-zero bytes past the known fields; a coordinate negative or not below
+ its axis' size; `rank` NULL or not aligned for an `int`.
  */
 ftnResult_t ftn_rank_grid_rank(const ftnRankGridDesc_t *desc,
                                const ftnRankCoords_t *coords,
@@ -1675,6 +1822,13 @@ ftnResult_t ftn_rank_grid_rank(const ftnRankGridDesc_t *desc,
  `ftnAxis_t`): written to `ranks` (room for `capacity`), their number
  to `*count`. A `capacity` too small is an error that still sets
  `*count` (call with `ranks = NULL, capacity = 0` to ask for the size).
+
+ Bad input (ftnInvalidArgument): a bad grid as for `ftn_rank_grid_dp`,
+ `rank` negative or `>= world`, `axes` 0, negative or with bits outside
+ `ftnAxis_t`, `count` NULL or misaligned: nothing written. After `*count`
+ is written: `capacity` negative or below the group's size, or `ranks`
+ NULL / misaligned with `capacity > 0`: an error with `*count` set and
+ `ranks` untouched. `ranks = NULL, capacity = 0` is the size query.
  */
 ftnResult_t ftn_rank_grid_group(const ftnRankGridDesc_t *desc,
                                 int rank,
@@ -1688,6 +1842,14 @@ ftnResult_t ftn_rank_grid_group(const ftnRankGridDesc_t *desc,
  `ftnAxisTp`: its tensor-parallel group) as a new handle. Every rank of
  `comm` calls it (from its own thread) with the same grid and axes; the
  grid's world must be `comm`'s size.
+
+ Bad input (at the call, `*newcomm` untouched): `comm` NULL, stale or of
+ another kind; a bad grid as for `ftn_rank_grid_dp`; `newcomm` NULL or
+ misaligned; `axes` 0, negative or with bits outside `ftnAxis_t`; a grid
+ whose `world` is not `comm`'s size: ftnInvalidArgument (checked before
+ joining: peers are left waiting). A broken communicator, or peers that
+ do not all call within the timeout or are gone: ftnBackendError, and the
+ communicator is then broken.
  */
 ftnResult_t ftn_comm_split_for_grid(ftnComm_t comm,
                                     const ftnRankGridDesc_t *desc,
@@ -1697,9 +1859,13 @@ ftnResult_t ftn_comm_split_for_grid(ftnComm_t comm,
 /*
  Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default RANK),
  MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
- `env` NULL, misaligned or with a wrong `size`, a variable missing or
- malformed, `WORLD_SIZE` 0, `RANK >= WORLD_SIZE`: ftnInvalidArgument
- naming the variable; nothing is written on an error.
+
+ Bad input (ftnInvalidArgument, nothing written): `env` NULL, misaligned
+ or with a bad `size` (below the first version's, between versions, or
+ above `FTN_MAX_DESC_SIZE`); a variable missing or malformed (not a
+ non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, a
+ `RANK` not below `WORLD_SIZE`, or a value that does not fit in an `int`:
+ the last error names the variable.
  */
 ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
 
@@ -1711,12 +1877,26 @@ ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
  clear error after `timeout_ms` if a peer never arrives, on a busy port,
  a wrong world size or a malformed message. `env` (optional, NULL to
  skip) receives this process's place in the job.
+
+ Bad input (at the call, before any network use; ftnInvalidArgument,
+ nothing written): `id` NULL or misaligned; a non-NULL `env` misaligned
+ or with a bad `size`; `timeout_ms` < 1; the environment bad as for
+ `ftn_job_env_from_environment`. Network failures (a peer that never
+ arrives within `timeout_ms`, a busy port, a wrong world size, a
+ malformed message): ftnBackendError, `*id` untouched. (A RANK,
+ WORLD_SIZE or LOCAL_RANK that parses but does not fit in an `int` fails
+ only after `*id` is written, with `*env` untouched.)
  */
 ftnResult_t ftn_rendezvous_share_unique_id(ftnUniqueId_t *id, int64_t timeout_ms, ftnJobEnv_t *env);
 
 /*
  Fills `config` (whose `size` the caller has set) with the defaults:
  betas (0.9, 0.999), eps 1e-8, `ftnAdamDecoupled` (AdamW).
+
+ Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
+ aligned for the struct, or a bad `config->size` (below the first
+ version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+ the known fields are left alone.
  */
 ftnResult_t ftn_adam_config_default(ftnAdamConfig_t *config);
 
@@ -1734,8 +1914,12 @@ ftnResult_t ftn_adam_config_default(ftnAdamConfig_t *config);
 ftnResult_t ftn_adam_create(ftnContext_t ctx, const ftnAdamConfig_t *config, ftnAdam_t *adam);
 
 /*
- Destroys an Adam optimizer (waits for its device's work first). NULL,
- stale or another kind of handle: ftnInvalidArgument.
+ Destroys an Adam optimizer (waits for its device's work first).
+
+ Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+ nothing destroyed. A pending failure of the device's work
+ (ftnKernelFailed, ftnBackendError) is returned, and the optimizer is
+ destroyed either way.
  */
 ftnResult_t ftn_adam_destroy(ftnAdam_t adam);
 
@@ -1762,8 +1946,13 @@ ftnResult_t ftn_adam_destroy(ftnAdam_t adam);
  a NULL or misaligned pointer with `numel > 0`, a `grad_dtype` or
  `model_dtype` that is not a float type, a weight decay that is not
  finite and `>= 0`, `reserved` non-zero; some but not all tensors
- with a model copy; `lr` or `step` NULL or misaligned; `inv_scale` and
- `scaler` both given; a stale `scaler`.
+ with a model copy; `lr` or `step` NULL or misaligned; `inv_scale` or
+ `found_inf` misaligned; `inv_scale` and `scaler` both given; a stale
+ or wrong-kind `scaler` (one of another context: ftnDeviceMismatch).
+ `num_tensors` 0 is not an error: only `*step` advances (unless
+ `*found_inf > 0`). The values behind `lr`, `step`, `inv_scale` and
+ `found_inf` are read on the device and never checked; faults on the
+ device come at synchronize.
  */
 ftnResult_t ftn_adam_step(ftnStream_t stream,
                           ftnAdam_t adam,
@@ -1781,9 +1970,10 @@ ftnResult_t ftn_adam_step(ftnStream_t stream,
  otherwise. `ndims` and `out` are host arrays of `n` entries (NULL only
  when `n` is 0).
 
- Bad input (ftnInvalidArgument, nothing written): `ndims` or `out` NULL
- or misaligned with `n > 0`; a negative `ndims[i]`; `weight_decay` not
- finite or negative.
+ Bad input (ftnInvalidArgument, nothing written): `ndims` NULL or
+ misaligned with `n > 0`; `out` NULL with `n > 0`, or misaligned (checked
+ even when `n` is 0); a negative `ndims[i]`; `weight_decay` not finite or
+ negative.
  */
 ftnResult_t ftn_adam_default_weight_decay(const int64_t *ndims,
                                           size_t n,
@@ -1793,6 +1983,15 @@ ftnResult_t ftn_adam_default_weight_decay(const int64_t *ndims,
 /*
  `out = gelu(x + bias)` (`bias` may be NULL: plain GeLU; `out` may be
  `x`). `x`, `out`: `rows * cols` elements; `bias`: `cols`.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+ `desc->size` or non-zero bytes past the known fields; `desc.gelu` or
+ `desc.dtype` outside the allowed values; negative `rows` / `cols` or a
+ product that overflows; `x` / `out` NULL with `rows * cols > 0`, or any
+ data pointer not aligned to the element size. `bias` NULL means no bias.
+ `rows` or `cols` 0 is a no-op. Overlap other than `out == x` is not
+ checked; faults on the device come at synchronize.
  */
 ftnResult_t ftn_bias_gelu_forward(ftnStream_t stream,
                                   const ftnBiasGeluDesc_t *desc,
@@ -1804,6 +2003,13 @@ ftnResult_t ftn_bias_gelu_forward(ftnStream_t stream,
  `dx = dy * gelu'(x + bias)` (`dx` may be `dy`; `bias` may be NULL, as
  in the forward) and, when `dbias` is not NULL, `dbias` (`cols`) =
  column sums of `dx` (deterministic).
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+ the forward (`stream`, `desc`, enums, dims, alignment), and `dy` / `x` /
+ `dx` NULL with `rows * cols > 0`. `bias` and `dbias` may be NULL (no
+ bias / no bias gradient). `rows` 0 with a `dbias` zero-fills `dbias`;
+ otherwise 0 elements is a no-op. Overlap other than `dx == dy` is not
+ checked; faults on the device come at synchronize.
  */
 ftnResult_t ftn_bias_gelu_backward(ftnStream_t stream,
                                    const ftnBiasGeluDesc_t *desc,
@@ -1819,11 +2025,14 @@ ftnResult_t ftn_bias_gelu_backward(ftnStream_t stream,
  overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
  cols` elements.
 
- Bad input (ftnInvalidArgument at the call, nothing enqueued): blocks
- that share an element (the same buffer with disjoint, e.g. interleaved
- column, blocks is fine), a pitch below `cols` (for `rows > 1`), negative
- offsets, pitches or dims, extents that overflow, `src` / `dst` NULL for
- a non-empty block. `rows` or `cols` 0 is a no-op.
+ Bad input (ftnInvalidArgument at the call, nothing enqueued): `stream`
+ NULL, stale or of another kind; `datatype` outside `ftnDataType_t`;
+ blocks that share an element (the same buffer with disjoint, e.g.
+ interleaved column, blocks is fine), a pitch below `cols` (for `rows >
+ 1`), negative offsets, pitches or dims, extents that overflow, `src` /
+ `dst` NULL for a non-empty block or not aligned to the element size.
+ `rows` or `cols` 0 is a no-op. Buffer lengths are trusted; faults on the
+ device come at synchronize.
  */
 ftnResult_t ftn_copy_2d(ftnStream_t stream,
                         int datatype,
@@ -1839,6 +2048,24 @@ ftnResult_t ftn_copy_2d(ftnStream_t stream,
  the layouts and how many elements each pointer must hold). `bias` (`n`
  elements of the input type) and `c` may be NULL as the epilogue and
  `beta` allow; `aux` is written by BiasGelu when not NULL and read by DGelu.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+ `desc->size` or non-zero bytes past the known fields; `dtype` not fp16 /
+ bf16, `out_dtype` not the input type or fp32, a bad `epilogue` or
+ `gelu`; negative dims, leading dimensions or strides, a leading
+ dimension below the stored row length, spans that overflow; for `batch >
+ 1` a `d` (and BiasGelu `aux`) batch stride below one entry's extent; a
+ non-finite `alpha` / `beta`. NULL rules: `bias` is required by Bias,
+ optional for BiasGelu, must be NULL otherwise; `c` must be NULL when
+ `beta == 0`, and with `beta != 0` a NULL `c` means C is D (then `ldc`
+ and `stride_c` must be 0); `aux` is required by DGelu, optional for
+ BiasGelu, must be NULL otherwise; `a`, `b`, `d` may be NULL only when
+ they span 0 elements. Every pointer must be aligned to its element size
+ (checked). `m`, `n` or `batch` 0 is a no-op after the checks.
+ cuBLASLt forced by `FTN_GEMM_PROVIDER` where it cannot run (the
+ emulator, no cuBLASLt): ftnBackendUnavailable. Faults on the device
+ come at synchronize.
  */
 ftnResult_t ftn_gemm(ftnStream_t stream,
                      const ftnGemmDesc_t *desc,
@@ -1852,6 +2079,15 @@ ftnResult_t ftn_gemm(ftnStream_t stream,
 /*
  `dbias` (`cols` elements) = column sums of `dy`, which spans
  `(rows - 1) * ld + cols` elements.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+ `desc->size`, non-zero bytes past the known fields or a non-zero
+ `reserved`; `dtype` not a float type; negative `rows`, `cols` or `ld`,
+ `ld` (when not 0) below `cols`, a span that overflows; `dy` / `dbias`
+ NULL when they describe elements, or not aligned to the element size.
+ `cols` 0 is a no-op; `rows` 0 zero-fills `dbias`. Faults on the device
+ come at synchronize.
  */
 ftnResult_t ftn_gemm_bias_grad(ftnStream_t stream,
                                const ftnBiasGradDesc_t *desc,
@@ -1861,6 +2097,11 @@ ftnResult_t ftn_gemm_bias_grad(ftnStream_t stream,
 /*
  Fills `config` (whose `size` the caller has set) with Megatron's
  defaults.
+
+ Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
+ aligned for the struct, or a bad `config->size` (below the first
+ version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+ the known fields are left alone.
  */
 ftnResult_t ftn_grad_scaler_config_default(ftnGradScalerConfig_t *config);
 
@@ -1898,11 +2139,14 @@ ftnResult_t ftn_grad_scaler_host_update(const ftnGradScalerConfig_t *config,
  kernel (`ftn_grad_scaler_update`), so a training step never waits for
  the host. `state` may be NULL (fresh state) or a saved state.
 
- Bad input (ftnInvalidArgument, no handle created): `ctx` NULL, stale or
- of another kind; `scaler` NULL; `config` NULL or invalid; a `state`
+ Bad input (at the call, no handle created, `*scaler` untouched;
+ ftnInvalidArgument): `ctx` NULL, stale or of another kind; `scaler`
+ NULL or misaligned; `config` NULL, misaligned, a bad `size` or invalid
+ values; a non-NULL `state` with a bad `size` or
  that `ftn_grad_scaler_host_update` would reject (`reserved` non-zero,
  unreachable trackers, NaN or non-positive scale; `+inf` is accepted).
- The scaler counts as a child of `ctx` until destroyed.
+ Device memory that cannot be had: ftnBackendError. The scaler counts
+ as a child of `ctx` until destroyed.
  */
 ftnResult_t ftn_grad_scaler_create(ftnContext_t ctx,
                                    const ftnGradScalerConfig_t *config,
@@ -1910,8 +2154,11 @@ ftnResult_t ftn_grad_scaler_create(ftnContext_t ctx,
                                    ftnGradScaler_t *scaler);
 
 /*
- Destroys a device scaler (waits for the device's work first). NULL,
- stale or another kind of handle: ftnInvalidArgument.
+ Destroys a device scaler (waits for the device's work first).
+
+ Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+ nothing destroyed. Failures of pending work are not reported here (they
+ come from the streams' synchronize).
  */
 ftnResult_t ftn_grad_scaler_destroy(ftnGradScaler_t scaler);
 
@@ -1920,6 +2167,12 @@ ftnResult_t ftn_grad_scaler_destroy(ftnGradScaler_t scaler);
  in device memory, non-zero = overflow, e.g. written by
  `ftn_multi_tensor_unscale` and MAX-all-reduced); with
  `reset_found_inf` non-zero it is then set to 0 for the next step.
+
+ Bad input (at the call, nothing enqueued): `stream` or `scaler` NULL,
+ stale or of another kind, `found_inf` NULL or not 4-byte aligned:
+ ftnInvalidArgument; a `stream` of another context than the scaler's:
+ ftnDeviceMismatch. `found_inf` is read on the device: its value is never
+ an error. Faults on the device come at synchronize.
  */
 ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
                                    ftnStream_t stream,
@@ -1927,10 +2180,15 @@ ftnResult_t ftn_grad_scaler_update(ftnGradScaler_t scaler,
                                    int reset_found_inf);
 
 /*
- Waits for the device's work and writes the scaler's state (to save
- it, or to read the current scale on the host). `state` NULL,
- misaligned or with a wrong `size`: ftnInvalidArgument, checked before
- waiting.
+ Waits for the device's work and writes the scaler's state (to save it,
+ or to read the current scale on the host).
+
+ Bad input (ftnInvalidArgument, checked before waiting, nothing written):
+ `scaler` NULL, stale or of another kind; `state` NULL, misaligned or
+ with a bad `size` (below the first version's, between versions, or above
+ `FTN_MAX_DESC_SIZE`). A failure of the device read (a driver fault, e.g.
+ after an earlier fault on the device) is returned with `*state`
+ untouched.
  */
 ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState_t *state);
 
@@ -1938,6 +2196,16 @@ ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState
  LayerNorm forward: `y = (x - mean) * rstd * g + beta`; writes fp32
  `mean[rows]` and `rstd[rows]` for the backward. `gamma`, `beta`
  (`hidden` elements) may be NULL. `y` must not overlap `x`.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+ `desc->size`, non-zero bytes past the known fields or a non-zero
+ `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
+ sizes that overflow; `eps` not finite and > 0; `x`, `y`, `mean`, `rstd`
+ NULL with `rows > 0`, or any data pointer not aligned to its element
+ size (4 bytes for `mean` / `rstd`). `rows` 0 is a no-op. The overlap of
+ `y` and `x` is not checked (undefined results); faults on the device
+ come at synchronize.
  */
 ftnResult_t ftn_layer_norm_forward(ftnStream_t stream,
                                    const ftnNormDesc_t *desc,
@@ -1952,6 +2220,13 @@ ftnResult_t ftn_layer_norm_forward(ftnStream_t stream,
  LayerNorm backward: `dx`, and when not NULL `dgamma`, `dbeta`
  (`hidden` elements, deterministic). `mean`, `rstd` from the forward;
  `gamma` may be NULL, as in the forward.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+ the forward (`stream`, `desc`, `reserved`, dtype, dims, alignment; `eps`
+ is not checked here), and `dy`, `x`, `mean`, `rstd`, `dx` NULL with
+ `rows > 0`. `gamma`, `dgamma`, `dbeta` may be NULL. `rows` 0 zero-fills
+ `dgamma` / `dbeta` when given and does nothing else. Faults on the
+ device come at synchronize.
  */
 ftnResult_t ftn_layer_norm_backward(ftnStream_t stream,
                                     const ftnNormDesc_t *desc,
@@ -1967,6 +2242,15 @@ ftnResult_t ftn_layer_norm_backward(ftnStream_t stream,
 /*
  RMSNorm forward: `y = x * rstd * g`; writes fp32 `rstd[rows]`.
  `gamma` may be NULL. `y` must not overlap `x`.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+ `desc->size`, non-zero bytes past the known fields or a non-zero
+ `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
+ sizes that overflow; `eps` not finite and > 0; `x`, `y`, `rstd` NULL
+ with `rows > 0`, or any data pointer not aligned to its element size.
+ `gamma` may be NULL. `rows` 0 is a no-op. The overlap of `y` and `x` is
+ not checked; faults on the device come at synchronize.
  */
 ftnResult_t ftn_rms_norm_forward(ftnStream_t stream,
                                  const ftnNormDesc_t *desc,
@@ -1978,6 +2262,12 @@ ftnResult_t ftn_rms_norm_forward(ftnStream_t stream,
 /*
  RMSNorm backward: `dx`, and when not NULL `dgamma` (deterministic).
  `gamma` may be NULL, as in the forward.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+ the forward (`stream`, `desc`, `reserved`, dtype, dims, alignment; `eps`
+ is not checked here), and `dy`, `x`, `rstd`, `dx` NULL with `rows > 0`.
+ `gamma` and `dgamma` may be NULL. `rows` 0 zero-fills `dgamma` when
+ given and does nothing else. Faults on the device come at synchronize.
  */
 ftnResult_t ftn_rms_norm_backward(ftnStream_t stream,
                                   const ftnNormDesc_t *desc,
@@ -1994,6 +2284,18 @@ ftnResult_t ftn_rms_norm_backward(ftnStream_t stream,
  memory) to 1 if any value was non-finite (it is never cleared here).
  With a `scaler` its current scale is used, read on the device, and
  `desc.scale` is ignored; `scaler` may be NULL.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+ `desc->size`, non-zero bytes past the known fields or a non-zero
+ `reserved`; `tensors` NULL with `num_tensors > 0` or misaligned; a
+ tensor with a negative `numel`, a non-zero `reserved`, a non-float
+ `dtype`, or `data` NULL with `numel > 0` or not aligned to its element
+ size; `found_inf` NULL or not 4-byte aligned (even for an empty list);
+ without a scaler, `desc.scale` not finite and > 0 (or with an infinite
+ reciprocal). A non-NULL `scaler` that is stale or of another kind:
+ ftnInvalidArgument; of another context: ftnDeviceMismatch. An empty list
+ (or all `numel` 0) is a no-op. Faults on the device come at synchronize.
  */
 ftnResult_t ftn_multi_tensor_unscale(ftnStream_t stream,
                                      const ftnMultiTensorDesc_t *desc,
@@ -2004,6 +2306,14 @@ ftnResult_t ftn_multi_tensor_unscale(ftnStream_t stream,
 /*
  `*norm` (one fp32 in device memory) = the L2 norm over all tensors of
  the list (fp32 accumulation, deterministic).
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` or the tensor list bad as for
+ `ftn_multi_tensor_unscale` (`size`, `reserved` fields, NULL / misaligned
+ `tensors` or `data`, negative `numel`, non-float `dtype`); `norm` NULL
+ or not 4-byte aligned. `desc.scale` and `max_norm` are not read. An
+ empty list writes 0 to `*norm`. Faults on the device come at
+ synchronize.
  */
 ftnResult_t ftn_multi_tensor_l2_norm(ftnStream_t stream,
                                      const ftnMultiTensorDesc_t *desc,
@@ -2013,6 +2323,12 @@ ftnResult_t ftn_multi_tensor_l2_norm(ftnStream_t stream,
 /*
  Scales every tensor by `min(1, max_norm / (*norm + 1e-6))` in place,
  with `*norm` read on the device (e.g. from `ftn_multi_tensor_l2_norm`).
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` or the tensor list bad as for
+ `ftn_multi_tensor_unscale`; `desc.max_norm` not finite and > 0; `norm`
+ NULL or not 4-byte aligned. An empty list is a no-op. A NaN `*norm`
+ clips nothing (not an error). Faults on the device come at synchronize.
  */
 ftnResult_t ftn_multi_tensor_clip_by_norm(ftnStream_t stream,
                                           const ftnMultiTensorDesc_t *desc,
@@ -2022,6 +2338,12 @@ ftnResult_t ftn_multi_tensor_clip_by_norm(ftnStream_t stream,
 /*
  `ftn_multi_tensor_l2_norm` then `ftn_multi_tensor_clip_by_norm`:
  PyTorch's `clip_grad_norm_`; `*norm` receives the norm before clipping.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` or the tensor list bad as for
+ `ftn_multi_tensor_unscale`; `desc.max_norm` not finite and > 0; `norm`
+ NULL or not 4-byte aligned. An empty list writes 0 to `*norm` and clips
+ nothing. Faults on the device come at synchronize.
  */
 ftnResult_t ftn_multi_tensor_clip_grad_norm(ftnStream_t stream,
                                             const ftnMultiTensorDesc_t *desc,
@@ -2033,6 +2355,17 @@ ftnResult_t ftn_multi_tensor_clip_grad_norm(ftnStream_t stream,
  `x`, `y`: `batch * heads * sq * sk` elements; `mask` (uint8, only with
  `ftnSoftmaxMaskPadding`, else ignored): `batch * sq * sk` elements, or
  `sq * sk` with `mask_broadcast`. Fully masked rows give zeros.
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+ NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+ `desc->size` or non-zero bytes past the known fields; `desc.mask` or
+ `desc.dtype` outside the allowed values; negative dims or products that
+ overflow; `sk` 0; a non-finite `scale`; a causal mask with `sq != sk`;
+ `x` / `y` (and `mask` with `ftnSoftmaxMaskPadding`) NULL when they
+ describe elements, or `x` / `y` not aligned to the element size. `mask`
+ is not read (may be NULL) without a padding mask. `batch`, `heads` or
+ `sq` 0 is a no-op. Overlap other than `y == x` is not checked; faults on
+ the device come at synchronize.
  */
 ftnResult_t ftn_softmax_forward(ftnStream_t stream,
                                 const ftnSoftmaxDesc_t *desc,
@@ -2045,6 +2378,13 @@ ftnResult_t ftn_softmax_forward(ftnStream_t stream,
  (`dx` may be `dy`). All three: `batch * heads * sq * sk` elements.
  `desc.mask` is not used but checked as in the forward (an invalid
  value is ftnInvalidArgument).
+
+ Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+ the forward (`stream`, `desc`, enums, dims, `sk` 0, non-finite `scale`),
+ and `y` / `dy` / `dx` NULL when they describe elements or not aligned to
+ the element size. `batch`, `heads` or `sq` 0 is a no-op. Overlap other
+ than `dx == dy` is not checked; faults on the device come at
+ synchronize.
  */
 ftnResult_t ftn_softmax_backward(ftnStream_t stream,
                                  const ftnSoftmaxDesc_t *desc,
@@ -2058,6 +2398,16 @@ ftnResult_t ftn_softmax_backward(ftnStream_t stream,
  `[hidden, ffn]` and bias `[hidden]` (Megatron's `[out, in]` layout).
  `hidden` or `ffn` 0, or `ffn` not a multiple of the communicator's size:
  ftnInvalidArgument (a zero-sized block is an error, not an empty one).
+
+ Bad input (at the call, no handle created, `*mlp` untouched;
+ ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+ misaligned, a bad `desc->size` or non-zero bytes past the known fields;
+ `dtype` not fp16 / bf16; `gelu` outside `ftnGelu_t`; negative or 0
+ `hidden` / `ffn`, `ffn` not a multiple of the size; `mlp` NULL or
+ misaligned; any of the four host arrays NULL (biases included) or not
+ 2-byte aligned. Device memory that cannot be had: ftnBackendError. Local
+ to this rank (no communication); host arrays are trusted for their
+ sizes.
  */
 ftnResult_t ftn_tp_mlp_create(ftnComm_t comm,
                               const ftnTpMlpDesc_t *desc,
@@ -2069,6 +2419,9 @@ ftnResult_t ftn_tp_mlp_create(ftnComm_t comm,
 
 /*
  Destroys an MLP block (waits for the device's work first).
+
+ Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+ nothing destroyed.
  */
 ftnResult_t ftn_tp_mlp_destroy(ftnTpMlp_t mlp);
 
@@ -2077,6 +2430,11 @@ ftnResult_t ftn_tp_mlp_destroy(ftnTpMlp_t mlp);
  weight `[ffn/tp, hidden]` and bias `[ffn/tp]`, fc2 weight `[hidden,
  ffn/tp]` and the replicated bias `[hidden]`. `fc1` and `fc2` are both
  checked (non-NULL, aligned, `size` set) before either is written.
+
+ Bad input (ftnInvalidArgument, nothing written): `fc1` or `fc2` NULL,
+ misaligned or with a bad `size` (below the first version's, between
+ versions, or above `FTN_MAX_DESC_SIZE`); `mlp` NULL, stale or of another
+ kind.
  */
 ftnResult_t ftn_tp_mlp_get_params(ftnTpMlp_t mlp, ftnLinearParams_t *fc1, ftnLinearParams_t *fc2);
 
@@ -2084,6 +2442,16 @@ ftnResult_t ftn_tp_mlp_get_params(ftnTpMlp_t mlp, ftnLinearParams_t *fc1, ftnLin
  Forward on `stream`: `input` and `output` `[tokens, hidden]`
  (`[tokens/tp, hidden]` with sequence parallelism). Saves the
  activations for `ftn_tp_mlp_backward`.
+
+ Bad input (at the call, nothing enqueued): `mlp`, `comm` or `stream`
+ NULL, stale or of another kind; negative `tokens`; a `comm` of another
+ size or rank than the block's; `tokens` not a multiple of the size with
+ sequence parallelism; `input` / `output` NULL when they describe
+ elements or not 2-byte aligned: ftnInvalidArgument; a `stream` of
+ another context: ftnDeviceMismatch; a broken communicator:
+ ftnBackendError (at its first collective: work enqueued before it stays
+ enqueued). Peers that time out or are gone: ftnBackendError at
+ synchronize.
  */
 ftnResult_t ftn_tp_mlp_forward(ftnTpMlp_t mlp,
                                ftnComm_t comm,
@@ -2097,6 +2465,14 @@ ftnResult_t ftn_tp_mlp_forward(ftnTpMlp_t mlp,
  `grad_input` and the gradients of fc1 (weight `[ffn/tp, hidden]`, bias
  `[ffn/tp]`) and fc2 (weight `[hidden, ffn/tp]`, bias `[hidden]`) from
  `grad_output`, all shaped like the forward's tensors.
+
+ Bad input (at the call, nothing enqueued): as for the forward, and no
+ preceding forward, a `tokens` other than the last forward's,
+ `grad_output` / `grad_input` NULL or misaligned, `fc1` / `fc2` bad as
+ `ftnLinearGrads_t` (NULL, `size`, `reserved`, `weight_mode`, a NULL or
+ misaligned `weight`; `bias` may be NULL): ftnInvalidArgument;
+ ftnDeviceMismatch and ftnBackendError as for the forward. Peers that
+ time out or are gone: ftnBackendError at synchronize.
  */
 ftnResult_t ftn_tp_mlp_backward(ftnTpMlp_t mlp,
                                 ftnComm_t comm,
@@ -2113,6 +2489,15 @@ ftnResult_t ftn_tp_mlp_backward(ftnTpMlp_t mlp,
  parameters: QKV weight `[3*heads*head_dim, hidden]` (rows ordered
  `(head, {q,k,v}, dim)`) and bias `[3*heads*head_dim]`, output
  projection weight `[hidden, heads*head_dim]` and bias `[hidden]`.
+
+ Bad input (at the call, no handle created, `*attention` untouched;
+ ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+ misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+ a non-zero `reserved`; `dtype` not fp16 / bf16; negative or 0 `hidden` /
+ `heads` / `head_dim`, `heads` not a multiple of the size, sizes that
+ overflow; `attention` NULL or misaligned; any of the four host arrays
+ NULL (biases included) or not 2-byte aligned. Device memory that cannot
+ be had: ftnBackendError. Local to this rank (no communication).
  */
 ftnResult_t ftn_tp_attention_create(ftnComm_t comm,
                                     const ftnTpAttentionDesc_t *desc,
@@ -2124,6 +2509,9 @@ ftnResult_t ftn_tp_attention_create(ftnComm_t comm,
 
 /*
  Destroys an attention block (waits for the device's work first).
+
+ Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+ nothing destroyed.
  */
 ftnResult_t ftn_tp_attention_destroy(ftnTpAttention_t attention);
 
@@ -2132,6 +2520,11 @@ ftnResult_t ftn_tp_attention_destroy(ftnTpAttention_t attention);
  weight `[3*hp*d, hidden]` and bias `[3*hp*d]` (`hp = heads/tp` whole
  heads), projection weight `[hidden, hp*d]` and the replicated bias.
  `qkv` and `proj` are both checked before either is written.
+
+ Bad input (ftnInvalidArgument, nothing written): `qkv` or `proj` NULL,
+ misaligned or with a bad `size` (below the first version's, between
+ versions, or above `FTN_MAX_DESC_SIZE`); `attention` NULL, stale or of
+ another kind.
  */
 ftnResult_t ftn_tp_attention_get_params(ftnTpAttention_t attention,
                                         ftnLinearParams_t *qkv,
@@ -2141,6 +2534,16 @@ ftnResult_t ftn_tp_attention_get_params(ftnTpAttention_t attention,
  Forward on `stream`: `input` and `output` `[seq*batch, hidden]` in
  `[seq, batch]` row order (this rank's `[seq*batch/tp, hidden]` rows
  with sequence parallelism). Saves the activations for the backward.
+
+ Bad input (at the call, nothing enqueued): `attention`, `comm` or
+ `stream` NULL, stale or of another kind; negative, 0 or overflowing
+ `seq` / `batch`; a `comm` of another size or rank than the block's;
+ `seq*batch` not a multiple of the size with sequence parallelism;
+ `input` / `output` NULL or not 2-byte aligned: ftnInvalidArgument; a
+ `stream` of another context: ftnDeviceMismatch; a broken communicator:
+ ftnBackendError (at its first collective: work enqueued before it stays
+ enqueued). Peers that time out or are gone: ftnBackendError at
+ synchronize.
  */
 ftnResult_t ftn_tp_attention_forward(ftnTpAttention_t attention,
                                      ftnComm_t comm,
@@ -2155,6 +2558,14 @@ ftnResult_t ftn_tp_attention_forward(ftnTpAttention_t attention,
  `input`): `grad_input` and the gradients of the QKV layer (weight
  `[3*hp*d, hidden]`, bias `[3*hp*d]`) and the output projection (weight
  `[hidden, hp*d]`, bias `[hidden]`) from `grad_output`.
+
+ Bad input (at the call, nothing enqueued): as for the forward, and no
+ preceding forward, a `seq` / `batch` other than the last forward's,
+ `grad_output` / `grad_input` NULL or misaligned, `qkv` / `proj` bad as
+ `ftnLinearGrads_t` (NULL, `size`, `reserved`, `weight_mode`, a NULL or
+ misaligned `weight`; `bias` may be NULL): ftnInvalidArgument;
+ ftnDeviceMismatch and ftnBackendError as for the forward. Peers that
+ time out or are gone: ftnBackendError at synchronize.
  */
 ftnResult_t ftn_tp_attention_backward(ftnTpAttention_t attention,
                                       ftnComm_t comm,
@@ -2170,13 +2581,18 @@ ftnResult_t ftn_tp_attention_backward(ftnTpAttention_t attention,
 /*
  Creates an empty parameter registry (host only: no context). Register
  every parameter in forward order, then create a DDP from it on every
- data-parallel rank. `reg` NULL or misaligned: ftnInvalidArgument.
+ data-parallel rank.
+
+ Bad input: `reg` NULL or not aligned for a pointer: ftnInvalidArgument,
+ nothing written.
  */
 ftnResult_t ftn_param_registry_create(ftnParamRegistry_t *reg);
 
 /*
- Destroys a registry (DDPs created from it keep their own copy). NULL,
- stale or another kind of handle: ftnInvalidArgument.
+ Destroys a registry (DDPs created from it keep their own copy).
+
+ Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+ nothing destroyed.
  */
 ftnResult_t ftn_param_registry_destroy(ftnParamRegistry_t reg);
 
@@ -2214,8 +2630,11 @@ ftnResult_t ftn_param_registry_register(ftnParamRegistry_t reg,
 
  Bad input (ftnInvalidArgument, nothing created): `comm` or `reg` NULL,
  stale or of another kind; an empty registry; `config` NULL, misaligned
- or with a wrong `size`; a negative `bucket_size`; an unknown
- `averaging`; `reserved` non-zero; `ddp` NULL or misaligned.
+ or with a wrong `size`; a negative `bucket_size` (0: the default); an
+ unknown `averaging`; `reserved` non-zero; `ddp` NULL or misaligned.
+ Device memory that cannot be had: ftnBackendError. Ranks that
+ registered different parameters are not detected here: their
+ reductions disagree later (ftnBackendError at synchronize).
  */
 ftnResult_t ftn_ddp_create(ftnComm_t comm,
                            ftnParamRegistry_t reg,
@@ -2224,9 +2643,13 @@ ftnResult_t ftn_ddp_create(ftnComm_t comm,
 
 /*
  Destroys a DDP (waits for its device's work, reductions in flight
- included, first); its buffers and the pointers from `ftn_ddp_get_grad`
- / `ftn_ddp_get_param` are freed. NULL, stale or another kind of handle:
- ftnInvalidArgument.
+ included, first); its buffers and the pointers from `ftn_ddp_get_grad` /
+ `ftn_ddp_get_param` are freed.
+
+ Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+ nothing destroyed. A pending failure of the device's work (a reduction
+ whose peers timed out or are gone: ftnBackendError) is returned, and the
+ DDP is destroyed either way.
  */
 ftnResult_t ftn_ddp_destroy(ftnDdp_t ddp);
 
@@ -2243,10 +2666,12 @@ ftnResult_t ftn_ddp_get_grad(ftnDdp_t ddp, int64_t param_id, void **grad);
 /*
  `*param` = the device pointer of parameter `param_id` inside the
  parameter buffer (its registered param dtype), valid until the DDP is
- destroyed: write the initial values there before
- `ftn_dist_opt_create`; the optimizer step writes the updated ones.
- Only with the distributed optimizer (otherwise ftnInvalidArgument,
- naming `ddp`); other bad input as `ftn_ddp_get_grad`.
+ destroyed: write the initial values there before `ftn_dist_opt_create`;
+ the optimizer step writes the updated ones.
+
+ Bad input (ftnInvalidArgument, nothing written): `ddp` NULL, stale or of
+ another kind, or created without the distributed optimizer (naming
+ `ddp`); `param_id` not registered; `param` NULL or misaligned.
  */
 ftnResult_t ftn_ddp_get_param(ftnDdp_t ddp, int64_t param_id, void **param);
 
@@ -2259,6 +2684,10 @@ ftnResult_t ftn_ddp_get_param(ftnDdp_t ddp, int64_t param_id, void **param);
  Bad input (ftnInvalidArgument): `ddp` or `stream` NULL, stale or of
  another kind (a stream of another context: ftnDeviceMismatch);
  `param_id` not registered; a parameter marked twice in one backward.
+ A broken communicator: ftnBackendError at the call when a bucket's
+ reduction is to be enqueued. Peers that time out or are gone, or ranks
+ that mark other buckets: ftnBackendError at synchronize (the reduction
+ runs on the communicator's stream).
  */
 ftnResult_t ftn_ddp_mark_grad_ready(ftnDdp_t ddp, ftnStream_t stream, int64_t param_id);
 
@@ -2267,6 +2696,10 @@ ftnResult_t ftn_ddp_mark_grad_ready(ftnDdp_t ddp, ftnStream_t stream, int64_t pa
  whose gradients only accumulate locally (no collective). Changing it
  halfway through a backward (some parameters marked ready) is
  ftnInvalidArgument.
+
+ Bad input (ftnInvalidArgument, nothing changed): `ddp` NULL, stale or of
+ another kind; a change while some parameters of this backward are marked
+ ready. Any non-zero `is_last` means 1. Host only: nothing is enqueued.
  */
 ftnResult_t ftn_ddp_set_is_last_microbatch(ftnDdp_t ddp, int is_last);
 
@@ -2276,6 +2709,14 @@ ftnResult_t ftn_ddp_set_is_last_microbatch(ftnDdp_t ddp, int is_last);
  optimizer) hold the mean over the ranks. ftnInvalidArgument in a
  `no_sync` micro-batch or when parameters were never marked ready (the
  error names them); bad handles as `ftn_ddp_mark_grad_ready`.
+
+ Bad input (at the call, nothing enqueued): `ddp` or `stream` NULL, stale
+ or of another kind, a `no_sync` micro-batch, parameters never marked
+ ready: ftnInvalidArgument; a `stream` of another context:
+ ftnDeviceMismatch. Failures of the reductions themselves (peers that
+ time out or are gone, ranks that disagree) come at synchronize as
+ ftnBackendError (the reductions run on the communicator's stream:
+ `ftn_context_synchronize` or `ftn_comm_wait` reports them).
  */
 ftnResult_t ftn_ddp_finish_grad_sync(ftnDdp_t ddp, ftnStream_t stream);
 
@@ -2283,6 +2724,11 @@ ftnResult_t ftn_ddp_finish_grad_sync(ftnDdp_t ddp, ftnStream_t stream);
  Waits for reductions in flight, zeroes every gradient buffer on
  `stream` and starts a new step. Bad handles as
  `ftn_ddp_mark_grad_ready`.
+
+ Bad input (at the call, nothing enqueued): `ddp` or `stream` NULL, stale
+ or of another kind: ftnInvalidArgument; a `stream` of another context:
+ ftnDeviceMismatch. Always allowed between steps (also after a failed
+ one); the readiness of every parameter is reset.
  */
 ftnResult_t ftn_ddp_zero_grad_buffer(ftnDdp_t ddp, ftnStream_t stream);
 
@@ -2303,7 +2749,10 @@ ftnResult_t ftn_dist_opt_create(ftnDdp_t ddp, const ftnDistOptConfig_t *config, 
 
 /*
  Destroys a distributed optimizer (waits for its device's work first).
- NULL, stale or another kind of handle: ftnInvalidArgument.
+
+ Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+ nothing destroyed. A pending failure of the device's work is returned,
+ and the optimizer is destroyed either way.
  */
 ftnResult_t ftn_dist_opt_destroy(ftnDistOpt_t opt);
 
@@ -2318,11 +2767,16 @@ ftnResult_t ftn_dist_opt_destroy(ftnDistOpt_t opt);
  the ranks, skipping the update everywhere on overflow; without a scaler
  `found_inf` must be NULL.
 
- Bad input (ftnInvalidArgument, nothing enqueued): `opt`, `ddp`,
- `stream` NULL, stale or of another kind (another context:
- ftnDeviceMismatch); a `ddp` other than the optimizer's; gradients not
- synchronised by `ftn_ddp_finish_grad_sync`; `lr` / `step` NULL or
- misaligned; `found_inf` NULL with a scaler or non-NULL without one.
+ Bad input (ftnInvalidArgument, nothing enqueued): `opt`, `ddp`, `stream`
+ NULL, stale or of another kind (another context: ftnDeviceMismatch); a
+ `ddp` other than the optimizer's; gradients not synchronised by
+ `ftn_ddp_finish_grad_sync`; `lr` / `step` NULL or misaligned;
+ `found_inf` NULL with a scaler, non-NULL without one, or misaligned; a
+ stale or wrong-kind `scaler`. A broken communicator: ftnBackendError at
+ the call (local work before the first collective may already be
+ enqueued). The values behind `lr`, `step`, `found_inf` are device data,
+ never checked; peers that time out or are gone: ftnBackendError at
+ synchronize.
  */
 ftnResult_t ftn_dist_opt_step(ftnDistOpt_t opt,
                               ftnDdp_t ddp,
@@ -2355,6 +2809,17 @@ ftnResult_t ftn_ddp_bytes_per_param(int param_dtype,
  layer keeps its shard in device memory (`ftn_column_parallel_linear_get_params`).
  `in_features` or `out_features` 0, or `out_features` not a multiple of
  the communicator's size: ftnInvalidArgument (never an empty layer).
+
+ Bad input (at the call, no handle created, `*layer` untouched;
+ ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+ misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+ a non-zero `reserved`; `dtype` not fp16 / bf16; `activation` outside
+ `ftnActivation_t`; `layer` NULL or misaligned; negative features;
+ `sequence_parallel` with `gather_output`, or an activation with
+ `skip_bias_add`; `full_weight` NULL or not 2-byte aligned; `full_bias`
+ NULL while `desc->bias` is set, non-NULL while it is not, or misaligned.
+ Device memory that cannot be had: ftnBackendError. Local to this rank
+ (no communication); the host arrays are trusted for their sizes.
  */
 ftnResult_t ftn_column_parallel_linear_create(ftnComm_t comm,
                                               const ftnColumnParallelLinearDesc_t *desc,
@@ -2364,12 +2829,19 @@ ftnResult_t ftn_column_parallel_linear_create(ftnComm_t comm,
 
 /*
  Destroys a column-parallel layer (waits for the device's work first).
+
+ Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+ nothing destroyed. Failures of pending work are not reported here.
  */
 ftnResult_t ftn_column_parallel_linear_destroy(ftnColumnParallelLinear_t layer);
 
 /*
  This rank's weight shard `[out/tp, in]` and bias shard `[out/tp]` in
  device memory (owned by the layer).
+
+ Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
+ of another kind; `params` NULL, misaligned or with a bad `size` (below
+ the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
  */
 ftnResult_t ftn_column_parallel_linear_get_params(ftnColumnParallelLinear_t layer,
                                                   ftnLinearParams_t *params);
@@ -2380,6 +2852,17 @@ ftnResult_t ftn_column_parallel_linear_get_params(ftnColumnParallelLinear_t laye
  out/tp]` (`[tokens, out]` with gather_output); `pre` receives the
  pre-activation `[tokens, out/tp]`, given iff the layer has an activation.
  Every rank calls it; returns when enqueued.
+
+ Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+ NULL, stale or of another kind; negative `tokens`; a `comm` whose size
+ or rank differs from the one the layer was built for; `tokens` not a
+ multiple of the size with sequence parallelism; `input` / `output` NULL
+ when they describe elements or not 2-byte aligned; `pre` NULL with an
+ activation or non-NULL without: ftnInvalidArgument; a `stream` of
+ another context: ftnDeviceMismatch; a broken communicator:
+ ftnBackendError (at its first collective: work enqueued before it stays
+ enqueued). `tokens` 0 is allowed (collectives still run: every rank
+ calls). Peers that time out or are gone: ftnBackendError at synchronize.
  */
 ftnResult_t ftn_column_parallel_linear_forward(ftnColumnParallelLinear_t layer,
                                                ftnComm_t comm,
@@ -2399,6 +2882,19 @@ ftnResult_t ftn_column_parallel_linear_forward(ftnColumnParallelLinear_t layer,
  backward fused into the next row layer's dgrad). The dgrad all-reduce
  (reduce-scatter with sequence parallelism) overlaps the weight gradient
  unless `serialize_comm`.
+
+ Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+ NULL, stale or of another kind; negative `tokens`; a `comm` of another
+ size or rank than the layer's; `tokens` not a multiple of the size with
+ sequence parallelism; `input`, `grad_output`, `grad_input` NULL when
+ they describe elements or not 2-byte aligned; a non-NULL `pre` for a
+ layer without activation; `grads` NULL, misaligned, a bad `size`, a
+ non-zero `reserved` or a bad `weight_mode`, `grads->weight` NULL or
+ misaligned for its mode (fp32 for accumulate); `grads->bias` may be NULL
+ (skipped): ftnInvalidArgument; a `stream` of another context:
+ ftnDeviceMismatch; a broken communicator: ftnBackendError (at its first
+ collective: work enqueued before it stays enqueued). Peers that time out
+ or are gone: ftnBackendError at synchronize.
  */
 ftnResult_t ftn_column_parallel_linear_backward(ftnColumnParallelLinear_t layer,
                                                 ftnComm_t comm,
@@ -2416,6 +2912,16 @@ ftnResult_t ftn_column_parallel_linear_backward(ftnColumnParallelLinear_t layer,
  `[out_features]`, replicated; NULL iff `desc->bias` is 0).
  `in_features` or `out_features` 0, or `in_features` not a multiple of
  the communicator's size: ftnInvalidArgument (never an empty layer).
+
+ Bad input (at the call, no handle created, `*layer` untouched;
+ ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+ misaligned, a bad `desc->size` or non-zero bytes past the known fields;
+ `dtype` not fp16 / bf16; `layer` NULL or misaligned; negative features;
+ `sequence_parallel` without `input_is_parallel`; `full_weight` NULL or
+ not 2-byte aligned; `full_bias` NULL while `desc->bias` is set, non-NULL
+ while it is not, or misaligned. Device memory that cannot be had:
+ ftnBackendError. Local to this rank (no communication); the host arrays
+ are trusted for their sizes.
  */
 ftnResult_t ftn_row_parallel_linear_create(ftnComm_t comm,
                                            const ftnRowParallelLinearDesc_t *desc,
@@ -2425,12 +2931,19 @@ ftnResult_t ftn_row_parallel_linear_create(ftnComm_t comm,
 
 /*
  Destroys a row-parallel layer (waits for the device's work first).
+
+ Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+ nothing destroyed. Failures of pending work are not reported here.
  */
 ftnResult_t ftn_row_parallel_linear_destroy(ftnRowParallelLinear_t layer);
 
 /*
  This rank's weight shard `[out, in/tp]` and the replicated bias `[out]`
  in device memory (owned by the layer).
+
+ Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
+ of another kind; `params` NULL, misaligned or with a bad `size` (below
+ the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
  */
 ftnResult_t ftn_row_parallel_linear_get_params(ftnRowParallelLinear_t layer,
                                                ftnLinearParams_t *params);
@@ -2440,6 +2953,16 @@ ftnResult_t ftn_row_parallel_linear_get_params(ftnRowParallelLinear_t layer,
  `input`: `[tokens, in/tp]` (`[tokens, in]` unless input_is_parallel);
  `output`: `[tokens, out]` (`[tokens/tp, out]` with sequence
  parallelism). Every rank calls it; returns when enqueued.
+
+ Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+ NULL, stale or of another kind; negative `tokens`; a `comm` whose size
+ or rank differs from the one the layer was built for; `tokens` not a
+ multiple of the size with sequence parallelism; `input` / `output` NULL
+ when they describe elements or not 2-byte aligned: ftnInvalidArgument; a
+ `stream` of another context: ftnDeviceMismatch; a broken communicator:
+ ftnBackendError (at its first collective: work enqueued before it stays
+ enqueued). `tokens` 0 is allowed (collectives still run: every rank
+ calls). Peers that time out or are gone: ftnBackendError at synchronize.
  */
 ftnResult_t ftn_row_parallel_linear_forward(ftnRowParallelLinear_t layer,
                                             ftnComm_t comm,
@@ -2456,6 +2979,18 @@ ftnResult_t ftn_row_parallel_linear_forward(ftnRowParallelLinear_t layer,
  column layer into dgrad: `grad_input = (dY W) * gelu'(dgelu_pre)` with
  `dgelu_pre` that layer's pre-activation `[tokens, in/tp]` (requires
  input_is_parallel); NULL otherwise.
+
+ Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+ NULL, stale or of another kind; negative `tokens`; a `comm` of another
+ size or rank than the layer's; `dgelu` outside `ftnActivation_t`;
+ `dgelu_pre` NULL with a `dgelu`, non-NULL without, or given for a layer
+ without `input_is_parallel`; `input`, `grad_output`, `grad_input` NULL
+ when they describe elements or not 2-byte aligned; `grads` bad as for
+ `ftn_column_parallel_linear_backward`: ftnInvalidArgument; a `stream` of
+ another context: ftnDeviceMismatch; a broken communicator:
+ ftnBackendError (at its first collective: work enqueued before it stays
+ enqueued). Peers that time out or are gone: ftnBackendError at
+ synchronize.
  */
 ftnResult_t ftn_row_parallel_linear_backward(ftnRowParallelLinear_t layer,
                                              ftnComm_t comm,
@@ -2475,7 +3010,9 @@ ftnResult_t ftn_row_parallel_linear_backward(ftnRowParallelLinear_t layer,
  Bad input (ftnInvalidArgument, nothing written): a split dimension that
  is not a multiple of `tp` (e.g. a scatter of 7 columns over 2 ranks;
  never truncated), `tp < 1`, negative dims, `rows * cols` or a gathered
- dimension that overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
+ dimension that overflows `int64_t`, `mapping` outside `ftnMapping_t`,
+ `out_rows` or `out_cols` NULL or misaligned. A shape with no element
+ is fine (its output shape is written).
  */
 ftnResult_t ftn_tp_mapping_shape(int mapping,
                                  int backward,
@@ -2495,8 +3032,12 @@ ftnResult_t ftn_tp_mapping_shape(int mapping,
  shape has no element), misaligned, overlapping each other (`input ==
  output` included), a split dimension that is not a multiple of the
  communicator's size; NULL, stale or wrong-kind `comm` / `stream`;
- `stream` of another device than `comm` is ftnDeviceMismatch. Peers that
- never arrive fail at the communicator's timeout (at synchronize).
+ `mapping` outside `ftnMapping_t`, `datatype` outside `ftnDataType_t`,
+ negative dims; `stream` of another device than `comm` is
+ ftnDeviceMismatch; a broken communicator is ftnBackendError. A shape
+ with no element still takes part in the mapping's collective, if any.
+ At synchronize, ftnBackendError: peers that never arrive (the
+ communicator's timeout) or are gone, ranks that disagree on the shape.
  */
 ftnResult_t ftn_tp_mapping_forward(int mapping,
                                    const void *input,
@@ -2528,6 +3069,16 @@ ftnResult_t ftn_tp_mapping_backward(int mapping,
  `*count`. `*count` is set whenever `desc` and `rank` are valid, also
  when `capacity` is too small (an error): call with `ops = NULL,
  capacity = 0` to ask for the size. `0 <= rank < desc->pp`.
+
+ Bad input (ftnInvalidArgument; host only, synchronous): `desc` NULL,
+ misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+ a non-zero `reserved`; `schedule` outside `ftnPipelineSchedule_t`; `pp`
+ outside `1..=FTN_PIPELINE_MAX_RANKS`; `microbatches` < 1; `vp` / `group`
+ breaking the schedule's rules (see `ftnPipelineSchedule_t`); more than
+ `FTN_PIPELINE_MAX_OPS` operations; `count` NULL or misaligned; `rank`
+ outside `0..pp`: nothing written. After `*count` is written: `ops` NULL
+ with `capacity > 0`, misaligned, or `capacity` below the count: an error
+ with only `*count` set.
  */
 ftnResult_t ftn_pipeline_schedule(const ftnPipelineDesc_t *desc,
                                   int rank,
@@ -2550,6 +3101,16 @@ ftnResult_t ftn_pipeline_schedule(const ftnPipelineDesc_t *desc,
  `count` may be NULL; if not, it receives the number). A `capacity` too
  small is an error that still sets `*count`; on an error nothing else is
  written.
+
+ Bad input (ftnInvalidArgument; host only, synchronous; nothing written
+ unless said): `desc` bad as for `ftn_pipeline_schedule`; `costs` NULL,
+ misaligned, a bad `size` or non-zero bytes past the known fields; a cost
+ that is negative, NaN or infinite; `makespan` or `bubble_fraction` NULL
+ or misaligned; a non-NULL `peak_in_flight` not 4-byte aligned (it is
+ trusted to hold `pp` entries); `count` NULL or misaligned when spans are
+ asked for (or misaligned when given). `spans` NULL with `capacity > 0`,
+ misaligned, or `capacity` below the count: an error after `*count` is
+ written.
  */
 ftnResult_t ftn_pipeline_simulate(const ftnPipelineDesc_t *desc,
                                   const ftnPipelineCosts_t *costs,
@@ -2565,6 +3126,13 @@ ftnResult_t ftn_pipeline_simulate(const ftnPipelineDesc_t *desc,
  host matrix `full` into `out` (host, room for `out_count >= rows/tp *
  cols` elements): a column-parallel weight or bias shard. `rows` must be
  a multiple of `tp`.
+
+ Bad input (ftnInvalidArgument, nothing written; host memory, no stream):
+ `datatype` outside `ftnDataType_t`; negative `rows` / `cols`; `tp` < 1
+ or `rank` outside `0..tp`; `rows` not a multiple of `tp`; `out_count`
+ below the shard's size; `full` or `out` NULL when they describe
+ elements, or not aligned to the element size. An empty shard writes
+ nothing. `full` is trusted for `rows * cols` elements.
  */
 ftnResult_t ftn_shard_rows(int datatype,
                            const void *full,
@@ -2579,6 +3147,13 @@ ftnResult_t ftn_shard_rows(int datatype,
  Columns `[rank*cols/tp, (rank+1)*cols/tp)` of the row-major `[rows,
  cols]` host matrix `full` into `out` (host, room for `rows * cols/tp`
  elements): a row-parallel weight shard. `cols` must be a multiple of `tp`.
+
+ Bad input (ftnInvalidArgument, nothing written; host memory, no stream):
+ `datatype` outside `ftnDataType_t`; negative `rows` / `cols`; `tp` < 1
+ or `rank` outside `0..tp`; `cols` not a multiple of `tp`; `out_count`
+ below the shard's size; `full` or `out` NULL when they describe
+ elements, or not aligned to the element size. An empty shard writes
+ nothing. `full` is trusted for `rows * cols` elements.
  */
 ftnResult_t ftn_shard_cols(int datatype,
                            const void *full,
@@ -2594,6 +3169,13 @@ ftnResult_t ftn_shard_cols(int datatype,
  full `[vocab, hidden]` host embedding table `full`, padding rows zero,
  into `out` (host, room for the range's `rows * hidden` elements): the
  `weight_shard` of `ftn_vocab_parallel_embedding_forward`.
+
+ Bad input (ftnInvalidArgument, nothing written; host memory, no stream):
+ `datatype` outside `ftnDataType_t`; negative `vocab` / `hidden`; `tp` <
+ 1 or `rank` outside `0..tp`; a padded size that overflows; `out_count`
+ below the range's `rows * hidden`; `full` or `out` NULL when they
+ describe elements, or not aligned to the element size. `vocab` need not
+ be a multiple of `tp` (padding rows are zero).
  */
 ftnResult_t ftn_vocab_shard_rows(int datatype,
                                  const void *full,
@@ -2607,12 +3189,21 @@ ftnResult_t ftn_vocab_shard_rows(int datatype,
 /*
  The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
  `make_vocab_size_divisible_by = 128`).
+
+ Bad input (ftnInvalidArgument, nothing written): negative `vocab`; `tp`
+ < 1; a padded size that overflows; `padded` NULL or not 8-byte aligned.
+ `vocab` 0 gives 0.
  */
 ftnResult_t ftn_vocab_padded_size(int64_t vocab, int tp, int64_t *padded);
 
 /*
  Rows `[*start, *start + *rows)` of the padded vocabulary owned by `rank`
  of `tp`.
+
+ Bad input (ftnInvalidArgument, nothing written): negative `vocab`; `tp`
+ < 1 or `rank` outside `0..tp`; a padded size that overflows; `start` or
+ `rows` NULL or not 8-byte aligned (both checked before either is
+ written).
  */
 ftnResult_t ftn_vocab_range(int64_t vocab, int tp, int rank, int64_t *start, int64_t *rows);
 
@@ -2624,6 +3215,18 @@ ftnResult_t ftn_vocab_range(int64_t vocab, int tp, int rank, int64_t *start, int
  `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
  (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
  `desc.vocab` or `desc.hidden` 0: ftnInvalidArgument (not a no-op).
+
+ Bad input (at the call, nothing enqueued): `desc` NULL, misaligned, a
+ bad `desc->size` or non-zero bytes past the known fields; `comm` or
+ `stream` NULL, stale or of another kind; negative `tokens`; `dtype` not
+ a float type or `id_dtype` not int32 / int64; negative `vocab` /
+ `hidden`; `ids`, `weight_shard`, `out` NULL when they describe elements
+ or not aligned to their element size: ftnInvalidArgument; a `stream` of
+ another context: ftnDeviceMismatch; a broken communicator:
+ ftnBackendError (at its first collective: work enqueued before it stays
+ enqueued). Id values are device data and never an error. `tokens` 0
+ still all-reduces (every rank calls). Peers that time out or are gone:
+ ftnBackendError at synchronize.
  */
 ftnResult_t ftn_vocab_parallel_embedding_forward(const ftnVocabEmbeddingDesc_t *desc,
                                                  ftnComm_t comm,
@@ -2638,6 +3241,13 @@ ftnResult_t ftn_vocab_parallel_embedding_forward(const ftnVocabEmbeddingDesc_t *
  sum of `dy[t]` over the tokens with `ids[t] == start + v`, in token order
  (bitwise deterministic). `accumulate` non-zero adds to `dweight` (a
  main_grad), zero overwrites it. No communication.
+
+ Bad input (at the call, nothing enqueued): as for the forward (`desc`,
+ handles, dtypes, `vocab` / `hidden` 0 or negative, negative `tokens`),
+ and `ids`, `dy`, `dweight` NULL when they describe elements or not
+ aligned to their element size (4 bytes for `dweight`):
+ ftnInvalidArgument. The stream is not checked against `comm`'s context
+ (no communication). Out-of-range ids are skipped, not an error.
  */
 ftnResult_t ftn_vocab_parallel_embedding_backward(const ftnVocabEmbeddingDesc_t *desc,
                                                   ftnComm_t comm,
@@ -2661,6 +3271,20 @@ ftnResult_t ftn_vocab_parallel_embedding_backward(const ftnVocabEmbeddingDesc_t 
  behaviour): then, as for any label equal to it, loss 0 and a zero
  gradient row. A mean over the batch then divides by the rows not
  ignored.
+
+ Bad input (at the call, nothing enqueued, `*saved` untouched): `desc`
+ NULL, misaligned, a `size` below 56 other than 40 (version 1), above
+ `FTN_MAX_DESC_SIZE`, or non-zero bytes past the known fields, a non-zero
+ `reserved` or `reserved2`; `comm` or `stream` NULL, stale or of another
+ kind; `saved` NULL or misaligned; `dtype` not a float type or
+ `label_dtype` not int32 / int64; negative `tokens`, `shard_vocab` 0,
+ sizes that overflow; `label_smoothing` outside `[0, 1)`; an
+ `ignore_index` that does not fit int32 labels; `logits`, `labels`,
+ `loss` NULL when they describe elements or misaligned:
+ ftnInvalidArgument; a `stream` of another context: ftnDeviceMismatch; a
+ broken communicator: ftnBackendError (at its first collective: work
+ enqueued before it stays enqueued). Peers that time out or are gone:
+ ftnBackendError at synchronize.
  */
 ftnResult_t ftn_vocab_parallel_cross_entropy_forward(const ftnCrossEntropyDesc_t *desc,
                                                      ftnComm_t comm,
@@ -2678,6 +3302,15 @@ ftnResult_t ftn_vocab_parallel_cross_entropy_forward(const ftnCrossEntropyDesc_t
  be the forward's (a different `ignore_index` / `has_ignore_index` or label
  smoothing than `saved` was made with: ftnInvalidArgument naming `saved`).
  No communication.
+
+ Bad input (at the call, nothing enqueued): `desc` bad as for the
+ forward; `saved`, `comm` or `stream` NULL, stale or of another kind; a
+ `desc` whose shape, label smoothing or ignore index differ from the
+ forward's: ftnInvalidArgument naming `saved`; `logits`, `labels`,
+ `dloss`, `grad` NULL when they describe elements or misaligned:
+ ftnInvalidArgument. The stream is not checked against `comm`'s context
+ (no communication). `grad == logits` is in place; other overlaps are not
+ checked.
  */
 ftnResult_t ftn_vocab_parallel_cross_entropy_backward(const ftnCrossEntropyDesc_t *desc,
                                                       ftnComm_t comm,
@@ -2691,6 +3324,9 @@ ftnResult_t ftn_vocab_parallel_cross_entropy_backward(const ftnCrossEntropyDesc_
 /*
  Frees the statistics of a cross-entropy forward (stream-ordered: after
  the work enqueued so far on every stream; the caller does not wait).
+
+ Bad input: NULL, a stale handle (freed before) or another kind:
+ ftnInvalidArgument, nothing freed.
  */
 ftnResult_t ftn_cross_entropy_saved_destroy(ftnCrossEntropySaved_t saved);
 
@@ -2698,10 +3334,14 @@ ftnResult_t ftn_cross_entropy_saved_destroy(ftnCrossEntropySaved_t saved);
  Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
  ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
  emulator). With `ftnBackendAuto` the emulator is used when no GPU can
- be; query which with `ftn_context_get_backend`. `ctx` NULL or
- misaligned, a bad `backend` value or a negative `device`:
- ftnInvalidArgument; no usable GPU for `ftnBackendCuda`:
- ftnBackendUnavailable.
+ be; query which with `ftn_context_get_backend`.
+
+ Bad input (at the call, `*ctx` untouched): `ctx` NULL or not aligned for
+ a pointer, a `backend` value outside `ftnBackend_t`, or a negative
+ `device` (checked on every backend): ftnInvalidArgument;
+ `ftnBackendCuda` with no usable GPU (no driver, bad ordinal, built
+ without CUDA): ftnBackendUnavailable. `ftnBackendAuto` never fails for
+ want of a GPU.
  */
 ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
 
@@ -2713,21 +3353,30 @@ ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
  another kind is `ftnInvalidArgument`. A context that still has live
  children (streams, events, device grad scalers, communicators created
  on it, including `ftn_comm_get_stream` handles and split
- communicators, Adam optimizers, DDPs and distributed optimizers) is not destroyed: `ftnInvalidArgument` listing their
- counts; destroy them first, then the context. Layers and blocks keep
- their own memory and need no context.
+ communicators, Adam optimizers, DDPs and distributed optimizers) is
+ not destroyed: `ftnInvalidArgument` listing their counts; destroy them
+ first, then the context. Layers and blocks keep their own memory and
+ need no context. A pending failure of the context's work
+ (ftnKernelFailed, ftnBackendError) is returned, and the context is
+ destroyed either way.
  */
 ftnResult_t ftn_context_destroy(ftnContext_t ctx);
 
 /*
  The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
- `backend` NULL or misaligned: ftnInvalidArgument.
+
+ Bad input (ftnInvalidArgument, nothing written): `ctx` NULL, stale or of
+ another kind; `backend` NULL or not aligned for an `int`.
  */
 ftnResult_t ftn_context_get_backend(ftnContext_t ctx, int *backend);
 
 /*
  Writes the device's name, NUL-terminated and truncated to `len` bytes.
- `name` NULL or `len` 0: ftnInvalidArgument.
+
+ Bad input (ftnInvalidArgument, nothing written): `ctx` NULL, stale or of
+ another kind; `name` NULL; `len` 0 (no room for the NUL). A `len`
+ shorter than the name truncates it (not an error); `name` is trusted for
+ `len` bytes.
  */
 ftnResult_t ftn_context_get_name(ftnContext_t ctx, char *name, size_t len);
 
@@ -2735,23 +3384,35 @@ ftnResult_t ftn_context_get_name(ftnContext_t ctx, char *name, size_t len);
  Waits for all work on every stream of the context; reports the first
  failure (errors of enqueued work come here or at a stream's
  synchronize).
+
+ Bad input: `ctx` NULL, stale or of another kind: ftnInvalidArgument.
+ Failures of work enqueued earlier on the context's streams are returned
+ here: ftnKernelFailed (a kernel assert or emulator-detected misuse),
+ ftnBackendError (a driver fault, a collective whose peers timed out or
+ are gone).
  */
 ftnResult_t ftn_context_synchronize(ftnContext_t ctx);
 
 /*
  Allocates `bytes` zeroed bytes of device memory (host memory on the
- emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0. `ptr`
- NULL or misaligned: ftnInvalidArgument; memory that cannot be had (any
- size, e.g. 2^62): ftnBackendError, `*ptr` unchanged (never an abort).
+ emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+
+ Bad input (at the call, `*ptr` untouched): `ctx` NULL, stale or of
+ another kind, or `ptr` NULL or not aligned for a pointer:
+ ftnInvalidArgument. `bytes` 0 succeeds and writes NULL. Memory that
+ cannot be had (any size, e.g. 2^62): ftnBackendError (never an abort).
  */
 ftnResult_t ftn_malloc(ftnContext_t ctx, void **ptr, size_t bytes);
 
 /*
  Frees memory from `ftn_malloc` on the same context. Stream-ordered: the
  memory is released once every stream of the context has done the work
- enqueued before this call; the caller does not wait. NULL is a no-op;
- a pointer that is not a live `ftn_malloc` allocation of this context
- (freed already, interior, or foreign): ftnInvalidArgument.
+ enqueued before this call; the caller does not wait.
+
+ Bad input: `ctx` NULL, stale or of another kind: ftnInvalidArgument.
+ `ptr` NULL is a no-op. A `ptr` that is not a live `ftn_malloc`
+ allocation of this context (freed already, an interior pointer, another
+ context's or foreign memory): ftnInvalidArgument, nothing freed.
  */
 ftnResult_t ftn_free(ftnContext_t ctx, void *ptr);
 
@@ -2759,108 +3420,171 @@ ftnResult_t ftn_free(ftnContext_t ctx, void *ptr);
  Frees memory from `ftn_malloc` in `stream`'s order only (like
  `cudaFreeAsync`): after the work enqueued on `stream` so far, without
  waiting for other streams. The caller promises that no other stream's
- pending work uses the memory. NULL is a no-op. `stream` of another
- context: ftnDeviceMismatch; a pointer that is not a live allocation of
+ pending work uses the memory.
+
+ Bad input (at the call, nothing freed): `ctx` or `stream` NULL, stale or
+ of another kind: ftnInvalidArgument (checked even when `ptr` is NULL);
+ `ptr` NULL is then a no-op; `stream` of another context:
+ ftnDeviceMismatch; a `ptr` that is not a live `ftn_malloc` allocation of
  `ctx`: ftnInvalidArgument.
  */
 ftnResult_t ftn_free_async(ftnContext_t ctx, void *ptr, ftnStream_t stream);
 
 /*
  Creates a stream (an in-order queue of work) on a context; it counts as
- a child of the context until destroyed. `stream` NULL or misaligned, or
- a NULL / stale `ctx`: ftnInvalidArgument.
+ a child of the context until destroyed.
+
+ Bad input (at the call, `*stream` untouched): `ctx` NULL, stale or of
+ another kind, or `stream` NULL or not aligned for a pointer:
+ ftnInvalidArgument; a backend stream that cannot be created (CUDA):
+ ftnBackendError.
  */
 ftnResult_t ftn_stream_create(ftnContext_t ctx, ftnStream_t *stream);
 
 /*
- Waits for the stream's work, then destroys it. Returns the stream's
- pending failure, if any (the stream is destroyed either way). NULL, a
- stale handle (destroyed before) or another kind: ftnInvalidArgument,
- nothing destroyed.
+ Waits for the stream's work, then destroys it.
+
+ Bad input: NULL, a stale handle (destroyed before) or another kind:
+ ftnInvalidArgument, nothing destroyed. The stream's pending failure, if
+ any (ftnKernelFailed, ftnBackendError), is returned, and the stream is
+ destroyed either way.
  */
 ftnResult_t ftn_stream_destroy(ftnStream_t stream);
 
 /*
  Blocks until all work enqueued on the stream has finished; reports the
  first failure since the last synchronize.
+
+ Bad input: `stream` NULL, stale or of another kind: ftnInvalidArgument.
+ This is where failures of work enqueued earlier come: ftnKernelFailed (a
+ kernel assert or emulator-detected misuse), ftnBackendError (a driver
+ fault; a collective or transfer whose peers timed out or are gone).
  */
 ftnResult_t ftn_stream_synchronize(ftnStream_t stream);
 
 /*
- Makes later work on `stream` wait for the event's latest record.
+ Makes later work on `stream` wait for the event's latest record (an
+ event never recorded: no wait).
+
+ Bad input (at the call, nothing enqueued): `stream` or `event` NULL,
+ stale or of another kind: ftnInvalidArgument; an event of another
+ context: ftnDeviceMismatch.
  */
 ftnResult_t ftn_stream_wait_event(ftnStream_t stream, ftnEvent_t event);
 
 /*
- Creates an event on a context (not yet recorded: waiting on it
- returns at once); it counts as a child of the context until destroyed.
- `event` NULL or misaligned: ftnInvalidArgument.
+ Creates an event on a context (not yet recorded: waiting on it returns
+ at once); it counts as a child of the context until destroyed.
+
+ Bad input (at the call, `*event` untouched): `ctx` NULL, stale or of
+ another kind, or `event` NULL or not aligned for a pointer:
+ ftnInvalidArgument; a CUDA event that cannot be created:
+ ftnBackendError.
  */
 ftnResult_t ftn_event_create(ftnContext_t ctx, ftnEvent_t *event);
 
 /*
- Destroys an event. NULL, a stale handle (destroyed before, even if a new
- event has been created since: that one is not touched) or another kind:
- ftnInvalidArgument.
+ Destroys an event.
+
+ Bad input: NULL, a stale handle (destroyed before, even if a new event
+ has been created since: that one is not touched) or another kind:
+ ftnInvalidArgument, nothing destroyed.
  */
 ftnResult_t ftn_event_destroy(ftnEvent_t event);
 
 /*
  Records the event at the current end of `stream`.
+
+ Bad input (at the call, nothing recorded): `event` or `stream` NULL,
+ stale or of another kind: ftnInvalidArgument; an event and a stream of
+ two contexts: ftnDeviceMismatch.
  */
 ftnResult_t ftn_event_record(ftnEvent_t event, ftnStream_t stream);
 
 /*
- Blocks until the event's latest record has been reached.
+ Blocks until the event's latest record has been reached (at once for an
+ event never recorded).
+
+ Bad input: `event` NULL, stale or of another kind: ftnInvalidArgument.
+ On the emulator failures of the recorded work are not reported here
+ (they come from that stream's synchronize); on CUDA a device or driver
+ fault may surface here as ftnBackendError.
  */
 ftnResult_t ftn_event_synchronize(ftnEvent_t event);
 
 /*
- `*complete` = 1 when the event's latest record has been reached, else 0.
- `complete` NULL or misaligned: ftnInvalidArgument.
+ `*complete` = 1 when the event's latest record has been reached, else 0
+ (1 for an event never recorded).
+
+ Bad input (ftnInvalidArgument, nothing written): `event` NULL, stale or
+ of another kind; `complete` NULL or not aligned for an `int`. A CUDA
+ driver fault: ftnBackendError.
  */
 ftnResult_t ftn_event_query(ftnEvent_t event, int *complete);
 
 /*
- Milliseconds between two completed records (`start` before `end`).
- `ms` NULL or misaligned, an event never recorded: ftnInvalidArgument;
- events of two contexts: ftnDeviceMismatch.
+ Milliseconds between two completed records (`start` before `end`); waits
+ for both records on the emulator.
+
+ Bad input (nothing written to `*ms`): `start` or `end` NULL, stale or of
+ another kind, or `ms` NULL or not aligned for a `float`:
+ ftnInvalidArgument; events of two contexts: ftnDeviceMismatch. An event
+ never recorded: ftnInvalidArgument on the emulator, ftnBackendError (the
+ driver's error) on CUDA.
  */
 ftnResult_t ftn_event_elapsed_ms(ftnEvent_t start, ftnEvent_t end, float *ms);
 
 /*
- Enqueues a copy of `bytes` bytes from host memory `src` to device
- memory `dst`. `src` is staged before the call returns.
+ Enqueues a copy of `bytes` bytes from host memory `src` to device memory
+ `dst`. `src` is staged before the call returns.
 
- Bad input (at the call, nothing enqueued): `src` or `dst` NULL with
- `bytes > 0` (both may be NULL when `bytes` is 0), `bytes` past the end
- of the `ftn_malloc` allocation `dst` points into, or more than `isize`
- can hold: ftnInvalidArgument; a staging buffer that cannot be allocated:
- ftnBackendError (never an abort). Memory the library did not allocate
- is trusted for `bytes`.
+ Bad input (at the call, nothing enqueued): `stream` NULL, stale or of
+ another kind; `src` or `dst` NULL with `bytes > 0` (both may be NULL
+ when `bytes` is 0, a no-op); `bytes` past the end of the `ftn_malloc`
+ allocation `dst` points into, or more than `isize` can hold:
+ ftnInvalidArgument; a staging buffer that cannot be allocated:
+ ftnBackendError (never an abort). No alignment is required. Memory the
+ library did not allocate is trusted for `bytes`; faults on the device
+ come at synchronize.
  */
 ftnResult_t ftn_memcpy_htod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
 
 /*
- Copies `bytes` bytes from device memory `src` to host memory `dst`
- after the stream's earlier work (blocks the caller). Bad input as for
- `ftn_memcpy_htod` (`bytes` checked against the allocation `src` points
- into); failures of the earlier work are reported here.
+ Copies `bytes` bytes from device memory `src` to host memory `dst` after
+ the stream's earlier work (blocks the caller).
+
+ Bad input (at the call, nothing copied): `stream` NULL, stale or of
+ another kind; `dst` or `src` NULL with `bytes > 0` (both may be NULL
+ when `bytes` is 0, a no-op); `bytes` past the end of the `ftn_malloc`
+ allocation `src` points into, or more than `isize` can hold:
+ ftnInvalidArgument. No alignment is required. Failures of the stream's
+ earlier work are reported here (as by `ftn_stream_synchronize`). Memory
+ the library did not allocate is trusted for `bytes`.
  */
 ftnResult_t ftn_memcpy_dtoh(ftnStream_t stream, void *dst, const void *src, size_t bytes);
 
 /*
  Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
- Bad input as for `ftn_memcpy_htod` (`bytes` checked against the
- allocations `src` and `dst` point into).
+
+ Bad input (at the call, nothing enqueued): `stream` NULL, stale or of
+ another kind; `src` or `dst` NULL with `bytes > 0` (`bytes` 0 is a
+ no-op, NULL allowed); `bytes` past the end of the `ftn_malloc`
+ allocation `src` or `dst` points into, or more than `isize` can hold:
+ ftnInvalidArgument. No alignment is required. Memory the library did not
+ allocate is trusted for `bytes`; faults on the device come at
+ synchronize.
  */
 ftnResult_t ftn_memcpy_dtod(ftnStream_t stream, void *dst, const void *src, size_t bytes);
 
 /*
  Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
- 0xFF makes float buffers NaN). `value` outside 0..=255, `dst` NULL with
- `bytes > 0`, `bytes` past the end of the allocation `dst` points into:
- ftnInvalidArgument.
+ 0xFF makes float buffers NaN).
+
+ Bad input (at the call, nothing enqueued): `stream` NULL, stale or of
+ another kind; `value` outside 0..=255; `dst` NULL with `bytes > 0`
+ (`bytes` 0 is a no-op, NULL allowed); `bytes` past the end of the
+ `ftn_malloc` allocation `dst` points into: ftnInvalidArgument. No
+ alignment is required; memory the library did not allocate is trusted.
  */
 ftnResult_t ftn_memset(ftnStream_t stream, void *dst, int value, size_t bytes);
 

@@ -61,6 +61,9 @@ pub const FTN_VERSION: c_int = 100;
 
 /// The library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`
 /// (compare with `FTN_VERSION` from the header you compiled against).
+///
+/// Bad input: `version` NULL or not aligned for an `int`:
+/// ftnInvalidArgument, nothing written.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_get_version(version: *mut c_int) -> ftnResult_t {
     export!(|op| {
@@ -71,6 +74,9 @@ pub unsafe extern "C" fn ftn_get_version(version: *mut c_int) -> ftnResult_t {
 
 /// A static, human-readable description of a status (any value: unknown
 /// ones give "unknown status"). Never NULL.
+///
+/// Bad input: none; any `status` value is accepted and no status is
+/// returned (the call cannot fail and never sets the last error).
 #[no_mangle]
 pub extern "C" fn ftn_get_error_string(status: c_int) -> *const c_char {
     match ftnResult_t::from_code(status) {
@@ -83,6 +89,9 @@ pub extern "C" fn ftn_get_error_string(status: c_int) -> *const c_char {
 /// function, the failing argument, what was expected and what came (empty
 /// string if none failed yet). Valid until the next failing call on this
 /// thread; successful calls leave it unchanged. Never NULL.
+///
+/// Bad input: none (no arguments; the call cannot fail and does not change
+/// the last error).
 #[no_mangle]
 pub extern "C" fn ftn_get_last_error() -> *const c_char {
     abi::boundary::last_error_ptr()

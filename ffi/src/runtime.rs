@@ -82,10 +82,14 @@ handle!(ftnEvent, ftnEvent_t, 0x4654_4e45_5654_0003, "ftnEvent_t", {
 /// Creates a context on `backend` (`ftnBackend_t`); `device` is the GPU
 /// ordinal for `ftnBackendCuda` / `ftnBackendAuto` (ignored by the
 /// emulator). With `ftnBackendAuto` the emulator is used when no GPU can
-/// be; query which with `ftn_context_get_backend`. `ctx` NULL or
-/// misaligned, a bad `backend` value or a negative `device`:
-/// ftnInvalidArgument; no usable GPU for `ftnBackendCuda`:
-/// ftnBackendUnavailable.
+/// be; query which with `ftn_context_get_backend`.
+///
+/// Bad input (at the call, `*ctx` untouched): `ctx` NULL or not aligned for
+/// a pointer, a `backend` value outside `ftnBackend_t`, or a negative
+/// `device` (checked on every backend): ftnInvalidArgument;
+/// `ftnBackendCuda` with no usable GPU (no driver, bad ordinal, built
+/// without CUDA): ftnBackendUnavailable. `ftnBackendAuto` never fails for
+/// want of a GPU.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_create(
     backend: c_int,
@@ -118,9 +122,12 @@ pub unsafe extern "C" fn ftn_context_create(
 /// another kind is `ftnInvalidArgument`. A context that still has live
 /// children (streams, events, device grad scalers, communicators created
 /// on it, including `ftn_comm_get_stream` handles and split
-/// communicators, Adam optimizers, DDPs and distributed optimizers) is not destroyed: `ftnInvalidArgument` listing their
-/// counts; destroy them first, then the context. Layers and blocks keep
-/// their own memory and need no context.
+/// communicators, Adam optimizers, DDPs and distributed optimizers) is
+/// not destroyed: `ftnInvalidArgument` listing their counts; destroy them
+/// first, then the context. Layers and blocks keep their own memory and
+/// need no context. A pending failure of the context's work
+/// (ftnKernelFailed, ftnBackendError) is returned, and the context is
+/// destroyed either way.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
     export!(|op| {
@@ -143,7 +150,9 @@ pub unsafe extern "C" fn ftn_context_destroy(ctx: ftnContext_t) -> ftnResult_t {
 }
 
 /// The backend a context runs on (`ftnBackendEmu` or `ftnBackendCuda`).
-/// `backend` NULL or misaligned: ftnInvalidArgument.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `ctx` NULL, stale or of
+/// another kind; `backend` NULL or not aligned for an `int`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_get_backend(
     ctx: ftnContext_t,
@@ -162,7 +171,11 @@ pub unsafe extern "C" fn ftn_context_get_backend(
 }
 
 /// Writes the device's name, NUL-terminated and truncated to `len` bytes.
-/// `name` NULL or `len` 0: ftnInvalidArgument.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `ctx` NULL, stale or of
+/// another kind; `name` NULL; `len` 0 (no room for the NUL). A `len`
+/// shorter than the name truncates it (not an error); `name` is trusted for
+/// `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_get_name(
     ctx: ftnContext_t,
@@ -190,6 +203,12 @@ pub unsafe extern "C" fn ftn_context_get_name(
 /// Waits for all work on every stream of the context; reports the first
 /// failure (errors of enqueued work come here or at a stream's
 /// synchronize).
+///
+/// Bad input: `ctx` NULL, stale or of another kind: ftnInvalidArgument.
+/// Failures of work enqueued earlier on the context's streams are returned
+/// here: ftnKernelFailed (a kernel assert or emulator-detected misuse),
+/// ftnBackendError (a driver fault, a collective whose peers timed out or
+/// are gone).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult_t {
     export!(|op| {
@@ -199,9 +218,12 @@ pub unsafe extern "C" fn ftn_context_synchronize(ctx: ftnContext_t) -> ftnResult
 }
 
 /// Allocates `bytes` zeroed bytes of device memory (host memory on the
-/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0. `ptr`
-/// NULL or misaligned: ftnInvalidArgument; memory that cannot be had (any
-/// size, e.g. 2^62): ftnBackendError, `*ptr` unchanged (never an abort).
+/// emulator), 256-byte aligned. `*ptr` is NULL when `bytes` is 0.
+///
+/// Bad input (at the call, `*ptr` untouched): `ctx` NULL, stale or of
+/// another kind, or `ptr` NULL or not aligned for a pointer:
+/// ftnInvalidArgument. `bytes` 0 succeeds and writes NULL. Memory that
+/// cannot be had (any size, e.g. 2^62): ftnBackendError (never an abort).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_malloc(
     ctx: ftnContext_t,
@@ -251,9 +273,12 @@ fn take_alloc(
 
 /// Frees memory from `ftn_malloc` on the same context. Stream-ordered: the
 /// memory is released once every stream of the context has done the work
-/// enqueued before this call; the caller does not wait. NULL is a no-op;
-/// a pointer that is not a live `ftn_malloc` allocation of this context
-/// (freed already, interior, or foreign): ftnInvalidArgument.
+/// enqueued before this call; the caller does not wait.
+///
+/// Bad input: `ctx` NULL, stale or of another kind: ftnInvalidArgument.
+/// `ptr` NULL is a no-op. A `ptr` that is not a live `ftn_malloc`
+/// allocation of this context (freed already, an interior pointer, another
+/// context's or foreign memory): ftnInvalidArgument, nothing freed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnResult_t {
     export!(|op| {
@@ -270,8 +295,12 @@ pub unsafe extern "C" fn ftn_free(ctx: ftnContext_t, ptr: *mut c_void) -> ftnRes
 /// Frees memory from `ftn_malloc` in `stream`'s order only (like
 /// `cudaFreeAsync`): after the work enqueued on `stream` so far, without
 /// waiting for other streams. The caller promises that no other stream's
-/// pending work uses the memory. NULL is a no-op. `stream` of another
-/// context: ftnDeviceMismatch; a pointer that is not a live allocation of
+/// pending work uses the memory.
+///
+/// Bad input (at the call, nothing freed): `ctx` or `stream` NULL, stale or
+/// of another kind: ftnInvalidArgument (checked even when `ptr` is NULL);
+/// `ptr` NULL is then a no-op; `stream` of another context:
+/// ftnDeviceMismatch; a `ptr` that is not a live `ftn_malloc` allocation of
 /// `ctx`: ftnInvalidArgument.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_free_async(
@@ -292,8 +321,12 @@ pub unsafe extern "C" fn ftn_free_async(
 }
 
 /// Creates a stream (an in-order queue of work) on a context; it counts as
-/// a child of the context until destroyed. `stream` NULL or misaligned, or
-/// a NULL / stale `ctx`: ftnInvalidArgument.
+/// a child of the context until destroyed.
+///
+/// Bad input (at the call, `*stream` untouched): `ctx` NULL, stale or of
+/// another kind, or `stream` NULL or not aligned for a pointer:
+/// ftnInvalidArgument; a backend stream that cannot be created (CUDA):
+/// ftnBackendError.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_create(
     ctx: ftnContext_t,
@@ -318,10 +351,12 @@ pub unsafe extern "C" fn ftn_stream_create(
     })
 }
 
-/// Waits for the stream's work, then destroys it. Returns the stream's
-/// pending failure, if any (the stream is destroyed either way). NULL, a
-/// stale handle (destroyed before) or another kind: ftnInvalidArgument,
-/// nothing destroyed.
+/// Waits for the stream's work, then destroys it.
+///
+/// Bad input: NULL, a stale handle (destroyed before) or another kind:
+/// ftnInvalidArgument, nothing destroyed. The stream's pending failure, if
+/// any (ftnKernelFailed, ftnBackendError), is returned, and the stream is
+/// destroyed either way.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t {
     export!(|op| {
@@ -335,6 +370,11 @@ pub unsafe extern "C" fn ftn_stream_destroy(stream: ftnStream_t) -> ftnResult_t 
 
 /// Blocks until all work enqueued on the stream has finished; reports the
 /// first failure since the last synchronize.
+///
+/// Bad input: `stream` NULL, stale or of another kind: ftnInvalidArgument.
+/// This is where failures of work enqueued earlier come: ftnKernelFailed (a
+/// kernel assert or emulator-detected misuse), ftnBackendError (a driver
+/// fault; a collective or transfer whose peers timed out or are gone).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_synchronize(stream: ftnStream_t) -> ftnResult_t {
     export!(|op| {
@@ -343,7 +383,12 @@ pub unsafe extern "C" fn ftn_stream_synchronize(stream: ftnStream_t) -> ftnResul
     })
 }
 
-/// Makes later work on `stream` wait for the event's latest record.
+/// Makes later work on `stream` wait for the event's latest record (an
+/// event never recorded: no wait).
+///
+/// Bad input (at the call, nothing enqueued): `stream` or `event` NULL,
+/// stale or of another kind: ftnInvalidArgument; an event of another
+/// context: ftnDeviceMismatch.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_stream_wait_event(
     stream: ftnStream_t,
@@ -356,9 +401,13 @@ pub unsafe extern "C" fn ftn_stream_wait_event(
     })
 }
 
-/// Creates an event on a context (not yet recorded: waiting on it
-/// returns at once); it counts as a child of the context until destroyed.
-/// `event` NULL or misaligned: ftnInvalidArgument.
+/// Creates an event on a context (not yet recorded: waiting on it returns
+/// at once); it counts as a child of the context until destroyed.
+///
+/// Bad input (at the call, `*event` untouched): `ctx` NULL, stale or of
+/// another kind, or `event` NULL or not aligned for a pointer:
+/// ftnInvalidArgument; a CUDA event that cannot be created:
+/// ftnBackendError.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_create(
     ctx: ftnContext_t,
@@ -377,9 +426,11 @@ pub unsafe extern "C" fn ftn_event_create(
     })
 }
 
-/// Destroys an event. NULL, a stale handle (destroyed before, even if a new
-/// event has been created since: that one is not touched) or another kind:
-/// ftnInvalidArgument.
+/// Destroys an event.
+///
+/// Bad input: NULL, a stale handle (destroyed before, even if a new event
+/// has been created since: that one is not touched) or another kind:
+/// ftnInvalidArgument, nothing destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
     export!(|op| {
@@ -390,6 +441,10 @@ pub unsafe extern "C" fn ftn_event_destroy(event: ftnEvent_t) -> ftnResult_t {
 }
 
 /// Records the event at the current end of `stream`.
+///
+/// Bad input (at the call, nothing recorded): `event` or `stream` NULL,
+/// stale or of another kind: ftnInvalidArgument; an event and a stream of
+/// two contexts: ftnDeviceMismatch.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_record(event: ftnEvent_t, stream: ftnStream_t) -> ftnResult_t {
     export!(|op| {
@@ -399,7 +454,13 @@ pub unsafe extern "C" fn ftn_event_record(event: ftnEvent_t, stream: ftnStream_t
     })
 }
 
-/// Blocks until the event's latest record has been reached.
+/// Blocks until the event's latest record has been reached (at once for an
+/// event never recorded).
+///
+/// Bad input: `event` NULL, stale or of another kind: ftnInvalidArgument.
+/// On the emulator failures of the recorded work are not reported here
+/// (they come from that stream's synchronize); on CUDA a device or driver
+/// fault may surface here as ftnBackendError.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t {
     export!(|op| {
@@ -408,8 +469,12 @@ pub unsafe extern "C" fn ftn_event_synchronize(event: ftnEvent_t) -> ftnResult_t
     })
 }
 
-/// `*complete` = 1 when the event's latest record has been reached, else 0.
-/// `complete` NULL or misaligned: ftnInvalidArgument.
+/// `*complete` = 1 when the event's latest record has been reached, else 0
+/// (1 for an event never recorded).
+///
+/// Bad input (ftnInvalidArgument, nothing written): `event` NULL, stale or
+/// of another kind; `complete` NULL or not aligned for an `int`. A CUDA
+/// driver fault: ftnBackendError.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int) -> ftnResult_t {
     export!(|op| {
@@ -422,9 +487,14 @@ pub unsafe extern "C" fn ftn_event_query(event: ftnEvent_t, complete: *mut c_int
     })
 }
 
-/// Milliseconds between two completed records (`start` before `end`).
-/// `ms` NULL or misaligned, an event never recorded: ftnInvalidArgument;
-/// events of two contexts: ftnDeviceMismatch.
+/// Milliseconds between two completed records (`start` before `end`); waits
+/// for both records on the emulator.
+///
+/// Bad input (nothing written to `*ms`): `start` or `end` NULL, stale or of
+/// another kind, or `ms` NULL or not aligned for a `float`:
+/// ftnInvalidArgument; events of two contexts: ftnDeviceMismatch. An event
+/// never recorded: ftnInvalidArgument on the emulator, ftnBackendError (the
+/// driver's error) on CUDA.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_event_elapsed_ms(
     start: ftnEvent_t,
@@ -448,15 +518,17 @@ fn stream_dev(s: &ftnStream) -> Device {
     s.stream.device().clone()
 }
 
-/// Enqueues a copy of `bytes` bytes from host memory `src` to device
-/// memory `dst`. `src` is staged before the call returns.
+/// Enqueues a copy of `bytes` bytes from host memory `src` to device memory
+/// `dst`. `src` is staged before the call returns.
 ///
-/// Bad input (at the call, nothing enqueued): `src` or `dst` NULL with
-/// `bytes > 0` (both may be NULL when `bytes` is 0), `bytes` past the end
-/// of the `ftn_malloc` allocation `dst` points into, or more than `isize`
-/// can hold: ftnInvalidArgument; a staging buffer that cannot be allocated:
-/// ftnBackendError (never an abort). Memory the library did not allocate
-/// is trusted for `bytes`.
+/// Bad input (at the call, nothing enqueued): `stream` NULL, stale or of
+/// another kind; `src` or `dst` NULL with `bytes > 0` (both may be NULL
+/// when `bytes` is 0, a no-op); `bytes` past the end of the `ftn_malloc`
+/// allocation `dst` points into, or more than `isize` can hold:
+/// ftnInvalidArgument; a staging buffer that cannot be allocated:
+/// ftnBackendError (never an abort). No alignment is required. Memory the
+/// library did not allocate is trusted for `bytes`; faults on the device
+/// come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_htod(
     stream: ftnStream_t,
@@ -487,10 +559,16 @@ pub unsafe extern "C" fn ftn_memcpy_htod(
     })
 }
 
-/// Copies `bytes` bytes from device memory `src` to host memory `dst`
-/// after the stream's earlier work (blocks the caller). Bad input as for
-/// `ftn_memcpy_htod` (`bytes` checked against the allocation `src` points
-/// into); failures of the earlier work are reported here.
+/// Copies `bytes` bytes from device memory `src` to host memory `dst` after
+/// the stream's earlier work (blocks the caller).
+///
+/// Bad input (at the call, nothing copied): `stream` NULL, stale or of
+/// another kind; `dst` or `src` NULL with `bytes > 0` (both may be NULL
+/// when `bytes` is 0, a no-op); `bytes` past the end of the `ftn_malloc`
+/// allocation `src` points into, or more than `isize` can hold:
+/// ftnInvalidArgument. No alignment is required. Failures of the stream's
+/// earlier work are reported here (as by `ftn_stream_synchronize`). Memory
+/// the library did not allocate is trusted for `bytes`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_dtoh(
     stream: ftnStream_t,
@@ -522,8 +600,14 @@ pub unsafe extern "C" fn ftn_memcpy_dtoh(
 }
 
 /// Enqueues a device-to-device copy of `bytes` bytes (ranges may overlap).
-/// Bad input as for `ftn_memcpy_htod` (`bytes` checked against the
-/// allocations `src` and `dst` point into).
+///
+/// Bad input (at the call, nothing enqueued): `stream` NULL, stale or of
+/// another kind; `src` or `dst` NULL with `bytes > 0` (`bytes` 0 is a
+/// no-op, NULL allowed); `bytes` past the end of the `ftn_malloc`
+/// allocation `src` or `dst` points into, or more than `isize` can hold:
+/// ftnInvalidArgument. No alignment is required. Memory the library did not
+/// allocate is trusted for `bytes`; faults on the device come at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memcpy_dtod(
     stream: ftnStream_t,
@@ -552,9 +636,13 @@ pub unsafe extern "C" fn ftn_memcpy_dtod(
 }
 
 /// Enqueues setting `bytes` bytes of device memory to `value` (0..=255;
-/// 0xFF makes float buffers NaN). `value` outside 0..=255, `dst` NULL with
-/// `bytes > 0`, `bytes` past the end of the allocation `dst` points into:
-/// ftnInvalidArgument.
+/// 0xFF makes float buffers NaN).
+///
+/// Bad input (at the call, nothing enqueued): `stream` NULL, stale or of
+/// another kind; `value` outside 0..=255; `dst` NULL with `bytes > 0`
+/// (`bytes` 0 is a no-op, NULL allowed); `bytes` past the end of the
+/// `ftn_malloc` allocation `dst` points into: ftnInvalidArgument. No
+/// alignment is required; memory the library did not allocate is trusted.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_memset(
     stream: ftnStream_t,

@@ -54,6 +54,16 @@ unsafe fn all_reduce_t<T: CommElement>(
 
 /// `recvbuff = reduce over ranks of sendbuff` (`count` elements each; in
 /// place when the two are equal). Enqueued on `stream`.
+///
+/// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+/// or of another kind, `datatype` outside `ftnDataType_t`, `op` outside
+/// `ftnRedOp_t`, `sendbuff` / `recvbuff` NULL with `count > 0` or not
+/// aligned to the element size: ftnInvalidArgument; a `stream` of another
+/// context: ftnDeviceMismatch; a broken communicator: ftnBackendError.
+/// `count` 0 still takes part (every rank must call it). At synchronize
+/// (in-process), ftnBackendError: ranks that disagree on count, datatype or
+/// op (the communicator stays usable); peers that time out or are gone (it
+/// is then broken). Partial overlap of the buffers is not checked.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_all_reduce(
     sendbuff: *const c_void,
@@ -92,6 +102,16 @@ unsafe fn all_gather_t<T: CommElement>(
 
 /// `recvbuff` (`nranks * sendcount` elements) = the ranks' `sendbuff`s
 /// (`sendcount` each) in rank order.
+///
+/// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+/// or of another kind, `datatype` outside `ftnDataType_t`, `nranks *
+/// sendcount` overflowing, `sendbuff` / `recvbuff` NULL when they describe
+/// elements or not aligned to the element size: ftnInvalidArgument; a
+/// `stream` of another context: ftnDeviceMismatch; a broken communicator:
+/// ftnBackendError. `sendcount` 0 still takes part. At synchronize
+/// (in-process), ftnBackendError: ranks that disagree on count or datatype
+/// (the communicator stays usable); peers that time out or are gone (it is
+/// then broken).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_all_gather(
     sendbuff: *const c_void,
@@ -129,6 +149,16 @@ unsafe fn reduce_scatter_t<T: CommElement>(
 
 /// `recvbuff` (`recvcount` elements) = slice `rank` of the reduction over
 /// ranks of `sendbuff` (`nranks * recvcount` elements).
+///
+/// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+/// or of another kind, `datatype` outside `ftnDataType_t`, `op` outside
+/// `ftnRedOp_t`, `nranks * recvcount` overflowing, `sendbuff` / `recvbuff`
+/// NULL when they describe elements or not aligned to the element size:
+/// ftnInvalidArgument; a `stream` of another context: ftnDeviceMismatch; a
+/// broken communicator: ftnBackendError. `recvcount` 0 still takes part. At
+/// synchronize (in-process), ftnBackendError: ranks that disagree on count,
+/// datatype or op (the communicator stays usable); peers that time out or
+/// are gone (it is then broken).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_reduce_scatter(
     sendbuff: *const c_void,
@@ -160,6 +190,15 @@ unsafe fn broadcast_t<T: CommElement>(
 }
 
 /// Copies `buff` (`count` elements) of rank `root` into `buff` of every rank.
+///
+/// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+/// or of another kind, `datatype` outside `ftnDataType_t`, `root` negative
+/// or `>= nranks`, `buff` NULL with `count > 0` or not aligned to the
+/// element size: ftnInvalidArgument; a `stream` of another context:
+/// ftnDeviceMismatch; a broken communicator: ftnBackendError. `count` 0
+/// still takes part. At synchronize (in-process), ftnBackendError: ranks
+/// that disagree on count, datatype or root (the communicator stays
+/// usable); peers that time out or are gone (it is then broken).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_broadcast(
     buff: *mut c_void,
@@ -178,6 +217,12 @@ pub unsafe extern "C" fn ftn_broadcast(
 }
 
 /// Completes (in `stream` order) when every rank has reached it.
+///
+/// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+/// or of another kind: ftnInvalidArgument; a `stream` of another context:
+/// ftnDeviceMismatch; a broken communicator: ftnBackendError. Peers that do
+/// not arrive within the timeout or are gone: ftnBackendError at
+/// synchronize, and the communicator is broken.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_barrier(comm: ftnComm_t, stream: ftnStream_t) -> ftnResult_t {
     export!(|op| {
@@ -211,6 +256,14 @@ unsafe fn recv_t<T: CommElement>(
 }
 
 /// Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
+///
+/// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+/// or of another kind, `datatype` outside `ftnDataType_t`, `peer` negative,
+/// `>= nranks` or this rank, `sendbuff` NULL with `count > 0` or not
+/// aligned to the element size: ftnInvalidArgument; a `stream` of another
+/// context: ftnDeviceMismatch; a broken communicator: ftnBackendError. At
+/// synchronize, ftnBackendError: a receive of another count or datatype, a
+/// peer that never receives (timeout) or is gone.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_send(
     sendbuff: *const c_void,
@@ -229,6 +282,10 @@ pub unsafe extern "C" fn ftn_send(
 }
 
 /// Receives `count` elements from `peer` (its `ftn_send` has the same count).
+///
+/// Bad input at the call (nothing enqueued): as for `ftn_send` (`recvbuff`
+/// in place of `sendbuff`). At synchronize, ftnBackendError: a send of
+/// another count or datatype, a peer that never sends (timeout) or is gone.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_recv(
     recvbuff: *mut c_void,
@@ -290,10 +347,19 @@ unsafe fn group_t<T: CommElement>(op: &'static str, c: &Call, ops: &[ftnP2pOp_t]
     c.comm.group_p2p(c.stream, &mut group).map(drop)
 }
 
-#[no_mangle]
 /// A group of sends and receives that progress together (NCCL's
 /// `ncclGroupStart/End` around `ncclSend/ncclRecv`): a ring exchange in one
 /// group cannot deadlock. `ops` holds `count` entries.
+///
+/// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
+/// or of another kind; `ops` NULL with `count > 0` or misaligned; a `count`
+/// whose array overflows; `datatype` outside `ftnDataType_t`; an entry
+/// (named `ops[i].<field>`) with `peer` negative, `>= nranks` or this rank,
+/// or `buff` NULL with `count > 0` or not aligned to the element size:
+/// ftnInvalidArgument; a `stream` of another context: ftnDeviceMismatch; a
+/// broken communicator: ftnBackendError. `count` 0 enqueues an empty group.
+/// At synchronize, ftnBackendError as for `ftn_send` / `ftn_recv`.
+#[no_mangle]
 pub unsafe extern "C" fn ftn_group_p2p(
     ops: *const ftnP2pOp_t,
     count: usize,

@@ -145,6 +145,12 @@ fn rank_of(op: &'static str, rank: c_int) -> Result<usize> {
 }
 
 /// The grid's data-parallel size (what remains of `world`), after validating it.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `desc` NULL,
+/// misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+/// a non-zero `reserved`; `order` outside `ftnRankOrder_t`; `world`, `tp`,
+/// `cp` or `pp` below 1; `world` not a multiple of `tp*cp*pp`; `dp` NULL or
+/// not aligned for an `int`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rank_grid_dp(
     desc: *const ftnRankGridDesc_t,
@@ -159,6 +165,10 @@ pub unsafe extern "C" fn ftn_rank_grid_dp(
 }
 
 /// The coordinates of `rank` (`coords->size` set by the caller).
+///
+/// Bad input (ftnInvalidArgument, nothing written): a bad grid as for
+/// `ftn_rank_grid_dp`; `coords` NULL, misaligned or with a bad
+/// `coords->size`; `rank` negative or `>= world`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rank_grid_coords(
     desc: *const ftnRankGridDesc_t,
@@ -183,6 +193,11 @@ pub unsafe extern "C" fn ftn_rank_grid_coords(
 }
 
 /// The rank at `coords`.
+///
+/// Bad input (ftnInvalidArgument, nothing written): a bad grid as for
+/// `ftn_rank_grid_dp`; `coords` NULL, misaligned, a bad `coords->size` or
+/// non-zero bytes past the known fields; a coordinate negative or not below
+/// its axis' size; `rank` NULL or not aligned for an `int`.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rank_grid_rank(
     desc: *const ftnRankGridDesc_t,
@@ -207,6 +222,13 @@ pub unsafe extern "C" fn ftn_rank_grid_rank(
 /// `ftnAxis_t`): written to `ranks` (room for `capacity`), their number
 /// to `*count`. A `capacity` too small is an error that still sets
 /// `*count` (call with `ranks = NULL, capacity = 0` to ask for the size).
+///
+/// Bad input (ftnInvalidArgument): a bad grid as for `ftn_rank_grid_dp`,
+/// `rank` negative or `>= world`, `axes` 0, negative or with bits outside
+/// `ftnAxis_t`, `count` NULL or misaligned: nothing written. After `*count`
+/// is written: `capacity` negative or below the group's size, or `ranks`
+/// NULL / misaligned with `capacity > 0`: an error with `*count` set and
+/// `ranks` untouched. `ranks = NULL, capacity = 0` is the size query.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rank_grid_group(
     desc: *const ftnRankGridDesc_t,
@@ -271,6 +293,14 @@ pub unsafe extern "C" fn ftn_rank_grid_group(
 /// `ftnAxisTp`: its tensor-parallel group) as a new handle. Every rank of
 /// `comm` calls it (from its own thread) with the same grid and axes; the
 /// grid's world must be `comm`'s size.
+///
+/// Bad input (at the call, `*newcomm` untouched): `comm` NULL, stale or of
+/// another kind; a bad grid as for `ftn_rank_grid_dp`; `newcomm` NULL or
+/// misaligned; `axes` 0, negative or with bits outside `ftnAxis_t`; a grid
+/// whose `world` is not `comm`'s size: ftnInvalidArgument (checked before
+/// joining: peers are left waiting). A broken communicator, or peers that
+/// do not all call within the timeout or are gone: ftnBackendError, and the
+/// communicator is then broken.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_split_for_grid(
     comm: ftnComm_t,
@@ -314,9 +344,13 @@ fn small(op: &'static str, arg: &'static str, v: usize) -> Result<i32> {
 
 /// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default RANK),
 /// MASTER_ADDR and MASTER_PORT into `env` (`env->size` set by the caller).
-/// `env` NULL, misaligned or with a wrong `size`, a variable missing or
-/// malformed, `WORLD_SIZE` 0, `RANK >= WORLD_SIZE`: ftnInvalidArgument
-/// naming the variable; nothing is written on an error.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `env` NULL, misaligned
+/// or with a bad `size` (below the first version's, between versions, or
+/// above `FTN_MAX_DESC_SIZE`); a variable missing or malformed (not a
+/// non-negative integer, a port outside 1..=65535), `WORLD_SIZE` 0, a
+/// `RANK` not below `WORLD_SIZE`, or a value that does not fit in an `int`:
+/// the last error names the variable.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_job_env_from_environment(env: *mut ftnJobEnv_t) -> ftnResult_t {
     export!(|op| {
@@ -353,6 +387,15 @@ unsafe fn write_env(op: &'static str, out: *mut ftnJobEnv_t, e: &JobEnv) -> Resu
 /// clear error after `timeout_ms` if a peer never arrives, on a busy port,
 /// a wrong world size or a malformed message. `env` (optional, NULL to
 /// skip) receives this process's place in the job.
+///
+/// Bad input (at the call, before any network use; ftnInvalidArgument,
+/// nothing written): `id` NULL or misaligned; a non-NULL `env` misaligned
+/// or with a bad `size`; `timeout_ms` < 1; the environment bad as for
+/// `ftn_job_env_from_environment`. Network failures (a peer that never
+/// arrives within `timeout_ms`, a busy port, a wrong world size, a
+/// malformed message): ftnBackendError, `*id` untouched. (A RANK,
+/// WORLD_SIZE or LOCAL_RANK that parses but does not fit in an `int` fails
+/// only after `*id` is written, with `*env` untouched.)
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rendezvous_share_unique_id(
     id: *mut ftnUniqueId_t,

@@ -76,6 +76,12 @@ impl Drop for CommUser {
 /// layers and blocks need one thread per rank (they may block the host).
 /// A collective whose peers do not all arrive within 300 s fails with
 /// ftnBackendError (`ftn_comm_init_all_with_timeout` sets another limit).
+///
+/// Bad input (at the call, nothing written to `comms`; ftnInvalidArgument):
+/// `comms` NULL or not aligned for a pointer; `nranks` < 1; `ctxs` NULL;
+/// any `ctxs[i]` NULL, stale or of another kind (all are checked before
+/// anything is created); a CUDA context (in-process ranks need emulator
+/// contexts). `comms` and `ctxs` are trusted to hold `nranks` entries.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_init_all(
     comms: *mut ftnComm_t,
@@ -92,6 +98,9 @@ pub unsafe extern "C" fn ftn_comm_init_all(
 /// As `ftn_comm_init_all`, with the time (at least 1 ms) a collective waits
 /// for its peers before it fails with ftnBackendError: a dead or missing
 /// rank becomes an error instead of a hang.
+///
+/// Bad input: `timeout_ms` < 1: ftnInvalidArgument; otherwise as for
+/// `ftn_comm_init_all` (nothing written to `comms` on failure).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_init_all_with_timeout(
     comms: *mut ftnComm_t,
@@ -167,6 +176,10 @@ unsafe fn init_all(
 }
 
 /// A new NCCL unique id (CUDA builds; `ftnBackendUnavailable` otherwise).
+///
+/// Bad input: `id` NULL or misaligned: ftnInvalidArgument, nothing written;
+/// a build without CUDA: ftnBackendUnavailable; NCCL failing to make an id:
+/// ftnBackendError.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_get_unique_id(id: *mut ftnUniqueId_t) -> ftnResult_t {
     export!(|op| {
@@ -190,6 +203,15 @@ pub unsafe extern "C" fn ftn_get_unique_id(id: *mut ftnUniqueId_t) -> ftnResult_
 
 /// Rank `rank` of an `nranks`-rank NCCL communicator on a CUDA context,
 /// from the unique id rank 0 created. Blocks until every rank has joined.
+///
+/// Bad input (at the call, `*comm` untouched; ftnInvalidArgument): `comm`
+/// NULL or misaligned; `ctx` NULL, stale or of another kind; `id` NULL;
+/// `nranks` < 1; `rank` outside `0..nranks`; with CUDA, an emulator
+/// `ctx`. A build without CUDA: ftnBackendUnavailable (after the argument
+/// checks); no NCCL library to load: an error naming what to install;
+/// `ncclCommInitRank` failing: ftnBackendError. Ranks that disagree on
+/// `nranks` or the id, or never join, are not detected: NCCL hangs or
+/// fails.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_init_rank(
     comm: *mut ftnComm_t,
@@ -233,14 +255,16 @@ pub unsafe extern "C" fn ftn_comm_init_rank(
     })
 }
 
-/// Destroys one rank (waits for its pending operations first). NULL, stale
-/// or another kind of handle: ftnInvalidArgument. Until destroyed a
-/// communicator (and each handle from `ftn_comm_split*` /
-/// `ftn_comm_get_stream`) keeps its context from being destroyed. A
+/// Destroys one rank (waits for its context's pending work first). Until
+/// destroyed a communicator (and each handle from `ftn_comm_split*` /
+/// `ftn_comm_get_stream`) keeps its context from being destroyed.
+///
+/// Bad input: NULL, stale or another kind of handle: ftnInvalidArgument. A
 /// communicator used by a live DDP (`ftn_ddp_create`) is not destroyed:
-/// ftnInvalidArgument; destroy the DDP first.
-/// Destroying a broken communicator (after a timeout or a lost peer)
-/// succeeds; in-process, peers waiting for this rank then fail at once.
+/// ftnInvalidArgument; destroy the DDP first. Destroying a broken
+/// communicator (after a timeout or a lost peer) succeeds; in-process,
+/// peers waiting for this rank then fail at once. A pending failure of the
+/// context's work is returned, and the rank is destroyed either way.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
     export!(|op| {
@@ -265,6 +289,10 @@ pub unsafe extern "C" fn ftn_comm_destroy(comm: ftnComm_t) -> ftnResult_t {
 }
 
 /// Number of ranks.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `comm` NULL, stale or
+/// of another kind; `count` NULL or not aligned for an `int`. Works on a
+/// broken communicator.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_count(comm: ftnComm_t, count: *mut c_int) -> ftnResult_t {
     export!(|op| {
@@ -277,6 +305,10 @@ pub unsafe extern "C" fn ftn_comm_count(comm: ftnComm_t, count: *mut c_int) -> f
 }
 
 /// This rank's index.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `comm` NULL, stale or
+/// of another kind; `rank` NULL or not aligned for an `int`. Works on a
+/// broken communicator.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_user_rank(comm: ftnComm_t, rank: *mut c_int) -> ftnResult_t {
     export!(|op| {
@@ -292,6 +324,13 @@ pub unsafe extern "C" fn ftn_comm_user_rank(comm: ftnComm_t, rank: *mut c_int) -
 /// ordered by `(key, rank)`; `color = FTN_SPLIT_NOCOLOR` takes part but
 /// gets NULL. Every rank must call it, from its own thread (it blocks
 /// until all have).
+///
+/// Bad input (at the call, `*newcomm` untouched): `comm` NULL, stale or of
+/// another kind, `newcomm` NULL or misaligned, `color` negative other than
+/// `FTN_SPLIT_NOCOLOR`, `key` negative: ftnInvalidArgument (checked before
+/// joining, so peers are left waiting). A broken communicator, or peers
+/// that do not all call within the communicator's timeout or are gone:
+/// ftnBackendError, and the communicator is then broken on every rank.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_split(
     comm: ftnComm_t,
@@ -332,6 +371,14 @@ pub unsafe extern "C" fn ftn_comm_split(
 /// ftnBackendError naming the fault) and must be destroyed. In-process the
 /// operation keeps waiting (up to the communicator's own timeout) and the
 /// communicator stays usable.
+///
+/// Bad input: `comm` or `stream` NULL, stale or of another kind, a negative
+/// `timeout_ms`: ftnInvalidArgument, nothing waited for. `timeout_ms` 0
+/// checks once; a `stream` of another context than the communicator's:
+/// ftnDeviceMismatch. A timeout: ftnBackendError (NCCL: the communicator is
+/// aborted and broken). In-process, failures of the awaited work are not
+/// reported here (they come from the stream's synchronize); NCCL reports an
+/// asynchronous NCCL error here as ftnBackendError and aborts.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_wait(
     comm: ftnComm_t,
@@ -340,6 +387,11 @@ pub unsafe extern "C" fn ftn_comm_wait(
 ) -> ftnResult_t {
     export!(|op| {
         let c = call(op, comm, stream)?;
+        // A stream of another context carries none of this communicator's
+        // work: mixing contexts is ftnDeviceMismatch, as everywhere.
+        c.comm
+            .device()
+            .check_same_as(op, "stream", c.stream.device(), "the communicator")?;
         let ms =
             u64::try_from(timeout_ms).map_err(|_| invalid(op, "timeout_ms", ">= 0", timeout_ms))?;
         c.comm
@@ -351,6 +403,10 @@ pub unsafe extern "C" fn ftn_comm_wait(
 /// layers overlap their backward communication on. Make other streams
 /// wait for it with events; destroy the handle with `ftn_stream_destroy`
 /// (the stream itself lives as long as the communicator).
+///
+/// Bad input (ftnInvalidArgument, nothing written): `comm` NULL, stale or
+/// of another kind; `stream` NULL or misaligned. Works on a broken
+/// communicator.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_get_stream(
     comm: ftnComm_t,

@@ -170,6 +170,11 @@ pub(crate) unsafe fn scalars(
 
 /// Fills `config` (whose `size` the caller has set) with the defaults:
 /// betas (0.9, 0.999), eps 1e-8, `ftnAdamDecoupled` (AdamW).
+///
+/// Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
+/// aligned for the struct, or a bad `config->size` (below the first
+/// version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+/// the known fields are left alone.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_adam_config_default(config: *mut ftnAdamConfig_t) -> ftnResult_t {
     export!(|op| {
@@ -245,8 +250,12 @@ pub(crate) fn rename(op: &'static str, e: ferrotron::Error) -> ferrotron::Error 
     }
 }
 
-/// Destroys an Adam optimizer (waits for its device's work first). NULL,
-/// stale or another kind of handle: ftnInvalidArgument.
+/// Destroys an Adam optimizer (waits for its device's work first).
+///
+/// Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+/// nothing destroyed. A pending failure of the device's work
+/// (ftnKernelFailed, ftnBackendError) is returned, and the optimizer is
+/// destroyed either way.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_adam_destroy(adam: ftnAdam_t) -> ftnResult_t {
     export!(|op| {
@@ -280,8 +289,13 @@ pub unsafe extern "C" fn ftn_adam_destroy(adam: ftnAdam_t) -> ftnResult_t {
 /// a NULL or misaligned pointer with `numel > 0`, a `grad_dtype` or
 /// `model_dtype` that is not a float type, a weight decay that is not
 /// finite and `>= 0`, `reserved` non-zero; some but not all tensors
-/// with a model copy; `lr` or `step` NULL or misaligned; `inv_scale` and
-/// `scaler` both given; a stale `scaler`.
+/// with a model copy; `lr` or `step` NULL or misaligned; `inv_scale` or
+/// `found_inf` misaligned; `inv_scale` and `scaler` both given; a stale
+/// or wrong-kind `scaler` (one of another context: ftnDeviceMismatch).
+/// `num_tensors` 0 is not an error: only `*step` advances (unless
+/// `*found_inf > 0`). The values behind `lr`, `step`, `inv_scale` and
+/// `found_inf` are read on the device and never checked; faults on the
+/// device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_adam_step(
     stream: ftnStream_t,
@@ -563,9 +577,10 @@ fn grad_ref(b: &mut AnyBuffer) -> GradRef<'_> {
 /// otherwise. `ndims` and `out` are host arrays of `n` entries (NULL only
 /// when `n` is 0).
 ///
-/// Bad input (ftnInvalidArgument, nothing written): `ndims` or `out` NULL
-/// or misaligned with `n > 0`; a negative `ndims[i]`; `weight_decay` not
-/// finite or negative.
+/// Bad input (ftnInvalidArgument, nothing written): `ndims` NULL or
+/// misaligned with `n > 0`; `out` NULL with `n > 0`, or misaligned (checked
+/// even when `n` is 0); a negative `ndims[i]`; `weight_decay` not finite or
+/// negative.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_adam_default_weight_decay(
     ndims: *const i64,

@@ -32,6 +32,15 @@ unsafe impl Desc for ftnBiasGeluDesc_t {
 
 /// `out = gelu(x + bias)` (`bias` may be NULL: plain GeLU; `out` may be
 /// `x`). `x`, `out`: `rows * cols` elements; `bias`: `cols`.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+/// `desc->size` or non-zero bytes past the known fields; `desc.gelu` or
+/// `desc.dtype` outside the allowed values; negative `rows` / `cols` or a
+/// product that overflows; `x` / `out` NULL with `rows * cols > 0`, or any
+/// data pointer not aligned to the element size. `bias` NULL means no bias.
+/// `rows` or `cols` 0 is a no-op. Overlap other than `out == x` is not
+/// checked; faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_bias_gelu_forward(
     stream: ftnStream_t,
@@ -63,6 +72,13 @@ pub unsafe extern "C" fn ftn_bias_gelu_forward(
 /// `dx = dy * gelu'(x + bias)` (`dx` may be `dy`; `bias` may be NULL, as
 /// in the forward) and, when `dbias` is not NULL, `dbias` (`cols`) =
 /// column sums of `dx` (deterministic).
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+/// the forward (`stream`, `desc`, enums, dims, alignment), and `dy` / `x` /
+/// `dx` NULL with `rows * cols > 0`. `bias` and `dbias` may be NULL (no
+/// bias / no bias gradient). `rows` 0 with a `dbias` zero-fills `dbias`;
+/// otherwise 0 elements is a no-op. Overlap other than `dx == dy` is not
+/// checked; faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_bias_gelu_backward(
     stream: ftnStream_t,

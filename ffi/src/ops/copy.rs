@@ -74,11 +74,14 @@ fn block(op: &'static str, arg: &'static str, b: ftnBlock2d_t) -> Result<Block2d
 /// overlap). Each pointer must hold its block: `(rows-1)*pitch + offset +
 /// cols` elements.
 ///
-/// Bad input (ftnInvalidArgument at the call, nothing enqueued): blocks
-/// that share an element (the same buffer with disjoint, e.g. interleaved
-/// column, blocks is fine), a pitch below `cols` (for `rows > 1`), negative
-/// offsets, pitches or dims, extents that overflow, `src` / `dst` NULL for
-/// a non-empty block. `rows` or `cols` 0 is a no-op.
+/// Bad input (ftnInvalidArgument at the call, nothing enqueued): `stream`
+/// NULL, stale or of another kind; `datatype` outside `ftnDataType_t`;
+/// blocks that share an element (the same buffer with disjoint, e.g.
+/// interleaved column, blocks is fine), a pitch below `cols` (for `rows >
+/// 1`), negative offsets, pitches or dims, extents that overflow, `src` /
+/// `dst` NULL for a non-empty block or not aligned to the element size.
+/// `rows` or `cols` 0 is a no-op. Buffer lengths are trusted; faults on the
+/// device come at synchronize.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_copy_2d(

@@ -233,11 +233,29 @@ unsafe fn gemm_t<
     gemm.run(&s.stream, inputs, aux, &mut dv)
 }
 
-#[no_mangle]
 /// Enqueues one (batched) GEMM described by `desc` (see `ftnGemmDesc_t` for
 /// the layouts and how many elements each pointer must hold). `bias` (`n`
 /// elements of the input type) and `c` may be NULL as the epilogue and
 /// `beta` allow; `aux` is written by BiasGelu when not NULL and read by DGelu.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+/// `desc->size` or non-zero bytes past the known fields; `dtype` not fp16 /
+/// bf16, `out_dtype` not the input type or fp32, a bad `epilogue` or
+/// `gelu`; negative dims, leading dimensions or strides, a leading
+/// dimension below the stored row length, spans that overflow; for `batch >
+/// 1` a `d` (and BiasGelu `aux`) batch stride below one entry's extent; a
+/// non-finite `alpha` / `beta`. NULL rules: `bias` is required by Bias,
+/// optional for BiasGelu, must be NULL otherwise; `c` must be NULL when
+/// `beta == 0`, and with `beta != 0` a NULL `c` means C is D (then `ldc`
+/// and `stride_c` must be 0); `aux` is required by DGelu, optional for
+/// BiasGelu, must be NULL otherwise; `a`, `b`, `d` may be NULL only when
+/// they span 0 elements. Every pointer must be aligned to its element size
+/// (checked). `m`, `n` or `batch` 0 is a no-op after the checks.
+/// cuBLASLt forced by `FTN_GEMM_PROVIDER` where it cannot run (the
+/// emulator, no cuBLASLt): ftnBackendUnavailable. Faults on the device
+/// come at synchronize.
+#[no_mangle]
 pub unsafe extern "C" fn ftn_gemm(
     stream: ftnStream_t,
     desc: *const ftnGemmDesc_t,
@@ -303,9 +321,18 @@ unsafe impl Desc for ftnBiasGradDesc_t {
     const V1_SIZE: usize = 40;
 }
 
-#[no_mangle]
 /// `dbias` (`cols` elements) = column sums of `dy`, which spans
 /// `(rows - 1) * ld + cols` elements.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+/// `desc->size`, non-zero bytes past the known fields or a non-zero
+/// `reserved`; `dtype` not a float type; negative `rows`, `cols` or `ld`,
+/// `ld` (when not 0) below `cols`, a span that overflows; `dy` / `dbias`
+/// NULL when they describe elements, or not aligned to the element size.
+/// `cols` 0 is a no-op; `rows` 0 zero-fills `dbias`. Faults on the device
+/// come at synchronize.
+#[no_mangle]
 pub unsafe extern "C" fn ftn_gemm_bias_grad(
     stream: ftnStream_t,
     desc: *const ftnBiasGradDesc_t,

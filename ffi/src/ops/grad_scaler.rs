@@ -112,6 +112,11 @@ unsafe fn write_state(out: *mut ftnGradScalerState_t, s: &DynamicGradScaler) {
 
 /// Fills `config` (whose `size` the caller has set) with Megatron's
 /// defaults.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `config` NULL, not
+/// aligned for the struct, or a bad `config->size` (below the first
+/// version's, between versions, or above `FTN_MAX_DESC_SIZE`); bytes past
+/// the known fields are left alone.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_config_default(
     config: *mut ftnGradScalerConfig_t,
@@ -195,11 +200,14 @@ handle!(ftnGradScaler, ftnGradScaler_t, 0x4654_4e47_5343_0004, "ftnGradScaler_t"
 /// kernel (`ftn_grad_scaler_update`), so a training step never waits for
 /// the host. `state` may be NULL (fresh state) or a saved state.
 ///
-/// Bad input (ftnInvalidArgument, no handle created): `ctx` NULL, stale or
-/// of another kind; `scaler` NULL; `config` NULL or invalid; a `state`
+/// Bad input (at the call, no handle created, `*scaler` untouched;
+/// ftnInvalidArgument): `ctx` NULL, stale or of another kind; `scaler`
+/// NULL or misaligned; `config` NULL, misaligned, a bad `size` or invalid
+/// values; a non-NULL `state` with a bad `size` or
 /// that `ftn_grad_scaler_host_update` would reject (`reserved` non-zero,
 /// unreachable trackers, NaN or non-positive scale; `+inf` is accepted).
-/// The scaler counts as a child of `ctx` until destroyed.
+/// Device memory that cannot be had: ftnBackendError. The scaler counts
+/// as a child of `ctx` until destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_create(
     ctx: ftnContext_t,
@@ -224,8 +232,11 @@ pub unsafe extern "C" fn ftn_grad_scaler_create(
     })
 }
 
-/// Destroys a device scaler (waits for the device's work first). NULL,
-/// stale or another kind of handle: ftnInvalidArgument.
+/// Destroys a device scaler (waits for the device's work first).
+///
+/// Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+/// nothing destroyed. Failures of pending work are not reported here (they
+/// come from the streams' synchronize).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_destroy(scaler: ftnGradScaler_t) -> ftnResult_t {
     export!(|op| {
@@ -239,6 +250,12 @@ pub unsafe extern "C" fn ftn_grad_scaler_destroy(scaler: ftnGradScaler_t) -> ftn
 /// in device memory, non-zero = overflow, e.g. written by
 /// `ftn_multi_tensor_unscale` and MAX-all-reduced); with
 /// `reset_found_inf` non-zero it is then set to 0 for the next step.
+///
+/// Bad input (at the call, nothing enqueued): `stream` or `scaler` NULL,
+/// stale or of another kind, `found_inf` NULL or not 4-byte aligned:
+/// ftnInvalidArgument; a `stream` of another context than the scaler's:
+/// ftnDeviceMismatch. `found_inf` is read on the device: its value is never
+/// an error. Faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_update(
     scaler: ftnGradScaler_t,
@@ -257,10 +274,15 @@ pub unsafe extern "C" fn ftn_grad_scaler_update(
     })
 }
 
-/// Waits for the device's work and writes the scaler's state (to save
-/// it, or to read the current scale on the host). `state` NULL,
-/// misaligned or with a wrong `size`: ftnInvalidArgument, checked before
-/// waiting.
+/// Waits for the device's work and writes the scaler's state (to save it,
+/// or to read the current scale on the host).
+///
+/// Bad input (ftnInvalidArgument, checked before waiting, nothing written):
+/// `scaler` NULL, stale or of another kind; `state` NULL, misaligned or
+/// with a bad `size` (below the first version's, between versions, or above
+/// `FTN_MAX_DESC_SIZE`). A failure of the device read (a driver fault, e.g.
+/// after an earlier fault on the device) is returned with `*state`
+/// untouched.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_grad_scaler_get_state(
     scaler: ftnGradScaler_t,

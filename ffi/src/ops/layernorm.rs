@@ -48,6 +48,16 @@ fn norm_shape(op: &'static str, d: &ftnNormDesc_t) -> Result<Shape> {
 /// LayerNorm forward: `y = (x - mean) * rstd * g + beta`; writes fp32
 /// `mean[rows]` and `rstd[rows]` for the backward. `gamma`, `beta`
 /// (`hidden` elements) may be NULL. `y` must not overlap `x`.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+/// `desc->size`, non-zero bytes past the known fields or a non-zero
+/// `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
+/// sizes that overflow; `eps` not finite and > 0; `x`, `y`, `mean`, `rstd`
+/// NULL with `rows > 0`, or any data pointer not aligned to its element
+/// size (4 bytes for `mean` / `rstd`). `rows` 0 is a no-op. The overlap of
+/// `y` and `x` is not checked (undefined results); faults on the device
+/// come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_layer_norm_forward(
     stream: ftnStream_t,
@@ -87,6 +97,13 @@ pub unsafe extern "C" fn ftn_layer_norm_forward(
 /// LayerNorm backward: `dx`, and when not NULL `dgamma`, `dbeta`
 /// (`hidden` elements, deterministic). `mean`, `rstd` from the forward;
 /// `gamma` may be NULL, as in the forward.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+/// the forward (`stream`, `desc`, `reserved`, dtype, dims, alignment; `eps`
+/// is not checked here), and `dy`, `x`, `mean`, `rstd`, `dx` NULL with
+/// `rows > 0`. `gamma`, `dgamma`, `dbeta` may be NULL. `rows` 0 zero-fills
+/// `dgamma` / `dbeta` when given and does nothing else. Faults on the
+/// device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_layer_norm_backward(
     stream: ftnStream_t,
@@ -129,6 +146,15 @@ pub unsafe extern "C" fn ftn_layer_norm_backward(
 
 /// RMSNorm forward: `y = x * rstd * g`; writes fp32 `rstd[rows]`.
 /// `gamma` may be NULL. `y` must not overlap `x`.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+/// `desc->size`, non-zero bytes past the known fields or a non-zero
+/// `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
+/// sizes that overflow; `eps` not finite and > 0; `x`, `y`, `rstd` NULL
+/// with `rows > 0`, or any data pointer not aligned to its element size.
+/// `gamma` may be NULL. `rows` 0 is a no-op. The overlap of `y` and `x` is
+/// not checked; faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rms_norm_forward(
     stream: ftnStream_t,
@@ -163,6 +189,12 @@ pub unsafe extern "C" fn ftn_rms_norm_forward(
 
 /// RMSNorm backward: `dx`, and when not NULL `dgamma` (deterministic).
 /// `gamma` may be NULL, as in the forward.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+/// the forward (`stream`, `desc`, `reserved`, dtype, dims, alignment; `eps`
+/// is not checked here), and `dy`, `x`, `rstd`, `dx` NULL with `rows > 0`.
+/// `gamma` and `dgamma` may be NULL. `rows` 0 zero-fills `dgamma` when
+/// given and does nothing else. Faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rms_norm_backward(
     stream: ftnStream_t,

@@ -165,6 +165,18 @@ fn tensor_refs(views: &[AnyBuffer]) -> Vec<TensorRef<'_>> {
 /// memory) to 1 if any value was non-finite (it is never cleared here).
 /// With a `scaler` its current scale is used, read on the device, and
 /// `desc.scale` is ignored; `scaler` may be NULL.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+/// `desc->size`, non-zero bytes past the known fields or a non-zero
+/// `reserved`; `tensors` NULL with `num_tensors > 0` or misaligned; a
+/// tensor with a negative `numel`, a non-zero `reserved`, a non-float
+/// `dtype`, or `data` NULL with `numel > 0` or not aligned to its element
+/// size; `found_inf` NULL or not 4-byte aligned (even for an empty list);
+/// without a scaler, `desc.scale` not finite and > 0 (or with an infinite
+/// reciprocal). A non-NULL `scaler` that is stale or of another kind:
+/// ftnInvalidArgument; of another context: ftnDeviceMismatch. An empty list
+/// (or all `numel` 0) is a no-op. Faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_multi_tensor_unscale(
     stream: ftnStream_t,
@@ -194,6 +206,14 @@ pub unsafe extern "C" fn ftn_multi_tensor_unscale(
 
 /// `*norm` (one fp32 in device memory) = the L2 norm over all tensors of
 /// the list (fp32 accumulation, deterministic).
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` or the tensor list bad as for
+/// `ftn_multi_tensor_unscale` (`size`, `reserved` fields, NULL / misaligned
+/// `tensors` or `data`, negative `numel`, non-float `dtype`); `norm` NULL
+/// or not 4-byte aligned. `desc.scale` and `max_norm` are not read. An
+/// empty list writes 0 to `*norm`. Faults on the device come at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_multi_tensor_l2_norm(
     stream: ftnStream_t,
@@ -215,6 +235,12 @@ pub unsafe extern "C" fn ftn_multi_tensor_l2_norm(
 
 /// Scales every tensor by `min(1, max_norm / (*norm + 1e-6))` in place,
 /// with `*norm` read on the device (e.g. from `ftn_multi_tensor_l2_norm`).
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` or the tensor list bad as for
+/// `ftn_multi_tensor_unscale`; `desc.max_norm` not finite and > 0; `norm`
+/// NULL or not 4-byte aligned. An empty list is a no-op. A NaN `*norm`
+/// clips nothing (not an error). Faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_multi_tensor_clip_by_norm(
     stream: ftnStream_t,
@@ -236,6 +262,12 @@ pub unsafe extern "C" fn ftn_multi_tensor_clip_by_norm(
 
 /// `ftn_multi_tensor_l2_norm` then `ftn_multi_tensor_clip_by_norm`:
 /// PyTorch's `clip_grad_norm_`; `*norm` receives the norm before clipping.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` or the tensor list bad as for
+/// `ftn_multi_tensor_unscale`; `desc.max_norm` not finite and > 0; `norm`
+/// NULL or not 4-byte aligned. An empty list writes 0 to `*norm` and clips
+/// nothing. Faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_multi_tensor_clip_grad_norm(
     stream: ftnStream_t,

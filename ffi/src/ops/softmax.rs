@@ -74,11 +74,22 @@ fn softmax_shape(
     Ok((ScaleMaskSoftmax::new(b, h, q, k, d.scale), n, matrix))
 }
 
-#[no_mangle]
 /// `y = softmax(mask(scale * x))` over the last dimension (`y` may be `x`).
 /// `x`, `y`: `batch * heads * sq * sk` elements; `mask` (uint8, only with
 /// `ftnSoftmaxMaskPadding`, else ignored): `batch * sq * sk` elements, or
 /// `sq * sk` with `mask_broadcast`. Fully masked rows give zeros.
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): `stream`
+/// NULL, stale or of another kind; `desc` NULL, misaligned, a bad
+/// `desc->size` or non-zero bytes past the known fields; `desc.mask` or
+/// `desc.dtype` outside the allowed values; negative dims or products that
+/// overflow; `sk` 0; a non-finite `scale`; a causal mask with `sq != sk`;
+/// `x` / `y` (and `mask` with `ftnSoftmaxMaskPadding`) NULL when they
+/// describe elements, or `x` / `y` not aligned to the element size. `mask`
+/// is not read (may be NULL) without a padding mask. `batch`, `heads` or
+/// `sq` 0 is a no-op. Overlap other than `y == x` is not checked; faults on
+/// the device come at synchronize.
+#[no_mangle]
 pub unsafe extern "C" fn ftn_softmax_forward(
     stream: ftnStream_t,
     desc: *const ftnSoftmaxDesc_t,
@@ -117,11 +128,18 @@ pub unsafe extern "C" fn ftn_softmax_forward(
     })
 }
 
-#[no_mangle]
 /// `dx = scale * (dy*y - y * sum(dy*y))` per row, `y` the forward's output
 /// (`dx` may be `dy`). All three: `batch * heads * sq * sk` elements.
 /// `desc.mask` is not used but checked as in the forward (an invalid
 /// value is ftnInvalidArgument).
+///
+/// Bad input (at the call, nothing enqueued; ftnInvalidArgument): as for
+/// the forward (`stream`, `desc`, enums, dims, `sk` 0, non-finite `scale`),
+/// and `y` / `dy` / `dx` NULL when they describe elements or not aligned to
+/// the element size. `batch`, `heads` or `sq` 0 is a no-op. Overlap other
+/// than `dx == dy` is not checked; faults on the device come at
+/// synchronize.
+#[no_mangle]
 pub unsafe extern "C" fn ftn_softmax_backward(
     stream: ftnStream_t,
     desc: *const ftnSoftmaxDesc_t,

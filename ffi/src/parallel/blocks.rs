@@ -119,6 +119,16 @@ unsafe fn host_params<'a, T: TpElement>(
 /// `[hidden, ffn]` and bias `[hidden]` (Megatron's `[out, in]` layout).
 /// `hidden` or `ffn` 0, or `ffn` not a multiple of the communicator's size:
 /// ftnInvalidArgument (a zero-sized block is an error, not an empty one).
+///
+/// Bad input (at the call, no handle created, `*mlp` untouched;
+/// ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+/// misaligned, a bad `desc->size` or non-zero bytes past the known fields;
+/// `dtype` not fp16 / bf16; `gelu` outside `ftnGelu_t`; negative or 0
+/// `hidden` / `ffn`, `ffn` not a multiple of the size; `mlp` NULL or
+/// misaligned; any of the four host arrays NULL (biases included) or not
+/// 2-byte aligned. Device memory that cannot be had: ftnBackendError. Local
+/// to this rank (no communication); host arrays are trusted for their
+/// sizes.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_create(
     comm: ftnComm_t,
@@ -153,6 +163,9 @@ pub unsafe extern "C" fn ftn_tp_mlp_create(
 }
 
 /// Destroys an MLP block (waits for the device's work first).
+///
+/// Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+/// nothing destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_destroy(mlp: ftnTpMlp_t) -> ftnResult_t {
     export!(|op| {
@@ -166,6 +179,11 @@ pub unsafe extern "C" fn ftn_tp_mlp_destroy(mlp: ftnTpMlp_t) -> ftnResult_t {
 /// weight `[ffn/tp, hidden]` and bias `[ffn/tp]`, fc2 weight `[hidden,
 /// ffn/tp]` and the replicated bias `[hidden]`. `fc1` and `fc2` are both
 /// checked (non-NULL, aligned, `size` set) before either is written.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `fc1` or `fc2` NULL,
+/// misaligned or with a bad `size` (below the first version's, between
+/// versions, or above `FTN_MAX_DESC_SIZE`); `mlp` NULL, stale or of another
+/// kind.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_get_params(
     mlp: ftnTpMlp_t,
@@ -210,6 +228,16 @@ unsafe fn mlp_forward_t<T: TpElement>(
 /// Forward on `stream`: `input` and `output` `[tokens, hidden]`
 /// (`[tokens/tp, hidden]` with sequence parallelism). Saves the
 /// activations for `ftn_tp_mlp_backward`.
+///
+/// Bad input (at the call, nothing enqueued): `mlp`, `comm` or `stream`
+/// NULL, stale or of another kind; negative `tokens`; a `comm` of another
+/// size or rank than the block's; `tokens` not a multiple of the size with
+/// sequence parallelism; `input` / `output` NULL when they describe
+/// elements or not 2-byte aligned: ftnInvalidArgument; a `stream` of
+/// another context: ftnDeviceMismatch; a broken communicator:
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). Peers that time out or are gone: ftnBackendError at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_forward(
     mlp: ftnTpMlp_t,
@@ -279,6 +307,14 @@ unsafe fn mlp_backward_t<T: TpElement>(
 /// `grad_input` and the gradients of fc1 (weight `[ffn/tp, hidden]`, bias
 /// `[ffn/tp]`) and fc2 (weight `[hidden, ffn/tp]`, bias `[hidden]`) from
 /// `grad_output`, all shaped like the forward's tensors.
+///
+/// Bad input (at the call, nothing enqueued): as for the forward, and no
+/// preceding forward, a `tokens` other than the last forward's,
+/// `grad_output` / `grad_input` NULL or misaligned, `fc1` / `fc2` bad as
+/// `ftnLinearGrads_t` (NULL, `size`, `reserved`, `weight_mode`, a NULL or
+/// misaligned `weight`; `bias` may be NULL): ftnInvalidArgument;
+/// ftnDeviceMismatch and ftnBackendError as for the forward. Peers that
+/// time out or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mlp_backward(
     mlp: ftnTpMlp_t,
@@ -313,6 +349,15 @@ pub unsafe extern "C" fn ftn_tp_mlp_backward(
 /// parameters: QKV weight `[3*heads*head_dim, hidden]` (rows ordered
 /// `(head, {q,k,v}, dim)`) and bias `[3*heads*head_dim]`, output
 /// projection weight `[hidden, heads*head_dim]` and bias `[hidden]`.
+///
+/// Bad input (at the call, no handle created, `*attention` untouched;
+/// ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+/// misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+/// a non-zero `reserved`; `dtype` not fp16 / bf16; negative or 0 `hidden` /
+/// `heads` / `head_dim`, `heads` not a multiple of the size, sizes that
+/// overflow; `attention` NULL or misaligned; any of the four host arrays
+/// NULL (biases included) or not 2-byte aligned. Device memory that cannot
+/// be had: ftnBackendError. Local to this rank (no communication).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_create(
     comm: ftnComm_t,
@@ -355,6 +400,9 @@ pub unsafe extern "C" fn ftn_tp_attention_create(
 }
 
 /// Destroys an attention block (waits for the device's work first).
+///
+/// Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+/// nothing destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_destroy(attention: ftnTpAttention_t) -> ftnResult_t {
     export!(|op| {
@@ -368,6 +416,11 @@ pub unsafe extern "C" fn ftn_tp_attention_destroy(attention: ftnTpAttention_t) -
 /// weight `[3*hp*d, hidden]` and bias `[3*hp*d]` (`hp = heads/tp` whole
 /// heads), projection weight `[hidden, hp*d]` and the replicated bias.
 /// `qkv` and `proj` are both checked before either is written.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `qkv` or `proj` NULL,
+/// misaligned or with a bad `size` (below the first version's, between
+/// versions, or above `FTN_MAX_DESC_SIZE`); `attention` NULL, stale or of
+/// another kind.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_get_params(
     attention: ftnTpAttention_t,
@@ -427,6 +480,16 @@ unsafe fn attention_forward_t<T: TpElement>(
 /// Forward on `stream`: `input` and `output` `[seq*batch, hidden]` in
 /// `[seq, batch]` row order (this rank's `[seq*batch/tp, hidden]` rows
 /// with sequence parallelism). Saves the activations for the backward.
+///
+/// Bad input (at the call, nothing enqueued): `attention`, `comm` or
+/// `stream` NULL, stale or of another kind; negative, 0 or overflowing
+/// `seq` / `batch`; a `comm` of another size or rank than the block's;
+/// `seq*batch` not a multiple of the size with sequence parallelism;
+/// `input` / `output` NULL or not 2-byte aligned: ftnInvalidArgument; a
+/// `stream` of another context: ftnDeviceMismatch; a broken communicator:
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). Peers that time out or are gone: ftnBackendError at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_forward(
     attention: ftnTpAttention_t,
@@ -502,6 +565,14 @@ unsafe fn attention_backward_t<T: TpElement>(
 /// `input`): `grad_input` and the gradients of the QKV layer (weight
 /// `[3*hp*d, hidden]`, bias `[3*hp*d]`) and the output projection (weight
 /// `[hidden, hp*d]`, bias `[hidden]`) from `grad_output`.
+///
+/// Bad input (at the call, nothing enqueued): as for the forward, and no
+/// preceding forward, a `seq` / `batch` other than the last forward's,
+/// `grad_output` / `grad_input` NULL or misaligned, `qkv` / `proj` bad as
+/// `ftnLinearGrads_t` (NULL, `size`, `reserved`, `weight_mode`, a NULL or
+/// misaligned `weight`; `bias` may be NULL): ftnInvalidArgument;
+/// ftnDeviceMismatch and ftnBackendError as for the forward. Peers that
+/// time out or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_attention_backward(
     attention: ftnTpAttention_t,

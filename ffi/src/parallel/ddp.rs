@@ -116,7 +116,10 @@ handle!(ftnDistOpt, ftnDistOpt_t, 0x4654_4e44_4f50_000e, "ftnDistOpt_t", {
 
 /// Creates an empty parameter registry (host only: no context). Register
 /// every parameter in forward order, then create a DDP from it on every
-/// data-parallel rank. `reg` NULL or misaligned: ftnInvalidArgument.
+/// data-parallel rank.
+///
+/// Bad input: `reg` NULL or not aligned for a pointer: ftnInvalidArgument,
+/// nothing written.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_param_registry_create(reg: *mut ftnParamRegistry_t) -> ftnResult_t {
     export!(|op| {
@@ -128,8 +131,10 @@ pub unsafe extern "C" fn ftn_param_registry_create(reg: *mut ftnParamRegistry_t)
     })
 }
 
-/// Destroys a registry (DDPs created from it keep their own copy). NULL,
-/// stale or another kind of handle: ftnInvalidArgument.
+/// Destroys a registry (DDPs created from it keep their own copy).
+///
+/// Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+/// nothing destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_param_registry_destroy(reg: ftnParamRegistry_t) -> ftnResult_t {
     export!(|op| {
@@ -233,8 +238,11 @@ pub unsafe extern "C" fn ftn_param_registry_register(
 ///
 /// Bad input (ftnInvalidArgument, nothing created): `comm` or `reg` NULL,
 /// stale or of another kind; an empty registry; `config` NULL, misaligned
-/// or with a wrong `size`; a negative `bucket_size`; an unknown
-/// `averaging`; `reserved` non-zero; `ddp` NULL or misaligned.
+/// or with a wrong `size`; a negative `bucket_size` (0: the default); an
+/// unknown `averaging`; `reserved` non-zero; `ddp` NULL or misaligned.
+/// Device memory that cannot be had: ftnBackendError. Ranks that
+/// registered different parameters are not detected here: their
+/// reductions disagree later (ftnBackendError at synchronize).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_ddp_create(
     comm: ftnComm_t,
@@ -292,9 +300,13 @@ pub unsafe extern "C" fn ftn_ddp_create(
 }
 
 /// Destroys a DDP (waits for its device's work, reductions in flight
-/// included, first); its buffers and the pointers from `ftn_ddp_get_grad`
-/// / `ftn_ddp_get_param` are freed. NULL, stale or another kind of handle:
-/// ftnInvalidArgument.
+/// included, first); its buffers and the pointers from `ftn_ddp_get_grad` /
+/// `ftn_ddp_get_param` are freed.
+///
+/// Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+/// nothing destroyed. A pending failure of the device's work (a reduction
+/// whose peers timed out or are gone: ftnBackendError) is returned, and the
+/// DDP is destroyed either way.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_ddp_destroy(ddp: ftnDdp_t) -> ftnResult_t {
     export!(|op| {
@@ -380,10 +392,12 @@ pub unsafe extern "C" fn ftn_ddp_get_grad(
 
 /// `*param` = the device pointer of parameter `param_id` inside the
 /// parameter buffer (its registered param dtype), valid until the DDP is
-/// destroyed: write the initial values there before
-/// `ftn_dist_opt_create`; the optimizer step writes the updated ones.
-/// Only with the distributed optimizer (otherwise ftnInvalidArgument,
-/// naming `ddp`); other bad input as `ftn_ddp_get_grad`.
+/// destroyed: write the initial values there before `ftn_dist_opt_create`;
+/// the optimizer step writes the updated ones.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `ddp` NULL, stale or of
+/// another kind, or created without the distributed optimizer (naming
+/// `ddp`); `param_id` not registered; `param` NULL or misaligned.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_ddp_get_param(
     ddp: ftnDdp_t,
@@ -425,6 +439,10 @@ unsafe fn ddp_stream<'a>(
 /// Bad input (ftnInvalidArgument): `ddp` or `stream` NULL, stale or of
 /// another kind (a stream of another context: ftnDeviceMismatch);
 /// `param_id` not registered; a parameter marked twice in one backward.
+/// A broken communicator: ftnBackendError at the call when a bucket's
+/// reduction is to be enqueued. Peers that time out or are gone, or ranks
+/// that mark other buckets: ftnBackendError at synchronize (the reduction
+/// runs on the communicator's stream).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_ddp_mark_grad_ready(
     ddp: ftnDdp_t,
@@ -445,6 +463,10 @@ pub unsafe extern "C" fn ftn_ddp_mark_grad_ready(
 /// whose gradients only accumulate locally (no collective). Changing it
 /// halfway through a backward (some parameters marked ready) is
 /// ftnInvalidArgument.
+///
+/// Bad input (ftnInvalidArgument, nothing changed): `ddp` NULL, stale or of
+/// another kind; a change while some parameters of this backward are marked
+/// ready. Any non-zero `is_last` means 1. Host only: nothing is enqueued.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_ddp_set_is_last_microbatch(
     ddp: ftnDdp_t,
@@ -463,6 +485,14 @@ pub unsafe extern "C" fn ftn_ddp_set_is_last_microbatch(
 /// optimizer) hold the mean over the ranks. ftnInvalidArgument in a
 /// `no_sync` micro-batch or when parameters were never marked ready (the
 /// error names them); bad handles as `ftn_ddp_mark_grad_ready`.
+///
+/// Bad input (at the call, nothing enqueued): `ddp` or `stream` NULL, stale
+/// or of another kind, a `no_sync` micro-batch, parameters never marked
+/// ready: ftnInvalidArgument; a `stream` of another context:
+/// ftnDeviceMismatch. Failures of the reductions themselves (peers that
+/// time out or are gone, ranks that disagree) come at synchronize as
+/// ftnBackendError (the reductions run on the communicator's stream:
+/// `ftn_context_synchronize` or `ftn_comm_wait` reports them).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_ddp_finish_grad_sync(
     ddp: ftnDdp_t,
@@ -479,6 +509,11 @@ pub unsafe extern "C" fn ftn_ddp_finish_grad_sync(
 /// Waits for reductions in flight, zeroes every gradient buffer on
 /// `stream` and starts a new step. Bad handles as
 /// `ftn_ddp_mark_grad_ready`.
+///
+/// Bad input (at the call, nothing enqueued): `ddp` or `stream` NULL, stale
+/// or of another kind: ftnInvalidArgument; a `stream` of another context:
+/// ftnDeviceMismatch. Always allowed between steps (also after a failed
+/// one); the readiness of every parameter is reset.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_ddp_zero_grad_buffer(
     ddp: ftnDdp_t,
@@ -554,7 +589,10 @@ pub unsafe extern "C" fn ftn_dist_opt_create(
 }
 
 /// Destroys a distributed optimizer (waits for its device's work first).
-/// NULL, stale or another kind of handle: ftnInvalidArgument.
+///
+/// Bad input: NULL, stale or another kind of handle: ftnInvalidArgument,
+/// nothing destroyed. A pending failure of the device's work is returned,
+/// and the optimizer is destroyed either way.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_dist_opt_destroy(opt: ftnDistOpt_t) -> ftnResult_t {
     export!(|op| {
@@ -576,11 +614,16 @@ pub unsafe extern "C" fn ftn_dist_opt_destroy(opt: ftnDistOpt_t) -> ftnResult_t 
 /// the ranks, skipping the update everywhere on overflow; without a scaler
 /// `found_inf` must be NULL.
 ///
-/// Bad input (ftnInvalidArgument, nothing enqueued): `opt`, `ddp`,
-/// `stream` NULL, stale or of another kind (another context:
-/// ftnDeviceMismatch); a `ddp` other than the optimizer's; gradients not
-/// synchronised by `ftn_ddp_finish_grad_sync`; `lr` / `step` NULL or
-/// misaligned; `found_inf` NULL with a scaler or non-NULL without one.
+/// Bad input (ftnInvalidArgument, nothing enqueued): `opt`, `ddp`, `stream`
+/// NULL, stale or of another kind (another context: ftnDeviceMismatch); a
+/// `ddp` other than the optimizer's; gradients not synchronised by
+/// `ftn_ddp_finish_grad_sync`; `lr` / `step` NULL or misaligned;
+/// `found_inf` NULL with a scaler, non-NULL without one, or misaligned; a
+/// stale or wrong-kind `scaler`. A broken communicator: ftnBackendError at
+/// the call (local work before the first collective may already be
+/// enqueued). The values behind `lr`, `step`, `found_inf` are device data,
+/// never checked; peers that time out or are gone: ftnBackendError at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_dist_opt_step(
     opt: ftnDistOpt_t,

@@ -141,6 +141,17 @@ unsafe fn column_new<T: TpElement>(
 /// layer keeps its shard in device memory (`ftn_column_parallel_linear_get_params`).
 /// `in_features` or `out_features` 0, or `out_features` not a multiple of
 /// the communicator's size: ftnInvalidArgument (never an empty layer).
+///
+/// Bad input (at the call, no handle created, `*layer` untouched;
+/// ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+/// misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+/// a non-zero `reserved`; `dtype` not fp16 / bf16; `activation` outside
+/// `ftnActivation_t`; `layer` NULL or misaligned; negative features;
+/// `sequence_parallel` with `gather_output`, or an activation with
+/// `skip_bias_add`; `full_weight` NULL or not 2-byte aligned; `full_bias`
+/// NULL while `desc->bias` is set, non-NULL while it is not, or misaligned.
+/// Device memory that cannot be had: ftnBackendError. Local to this rank
+/// (no communication); the host arrays are trusted for their sizes.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_create(
     comm: ftnComm_t,
@@ -164,6 +175,9 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_create(
 }
 
 /// Destroys a column-parallel layer (waits for the device's work first).
+///
+/// Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+/// nothing destroyed. Failures of pending work are not reported here.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_destroy(
     layer: ftnColumnParallelLinear_t,
@@ -177,6 +191,10 @@ pub unsafe extern "C" fn ftn_column_parallel_linear_destroy(
 
 /// This rank's weight shard `[out/tp, in]` and bias shard `[out/tp]` in
 /// device memory (owned by the layer).
+///
+/// Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
+/// of another kind; `params` NULL, misaligned or with a bad `size` (below
+/// the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_get_params(
     layer: ftnColumnParallelLinear_t,
@@ -253,6 +271,17 @@ unsafe fn column_forward_t<T: TpElement>(
 /// out/tp]` (`[tokens, out]` with gather_output); `pre` receives the
 /// pre-activation `[tokens, out/tp]`, given iff the layer has an activation.
 /// Every rank calls it; returns when enqueued.
+///
+/// Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+/// NULL, stale or of another kind; negative `tokens`; a `comm` whose size
+/// or rank differs from the one the layer was built for; `tokens` not a
+/// multiple of the size with sequence parallelism; `input` / `output` NULL
+/// when they describe elements or not 2-byte aligned; `pre` NULL with an
+/// activation or non-NULL without: ftnInvalidArgument; a `stream` of
+/// another context: ftnDeviceMismatch; a broken communicator:
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). `tokens` 0 is allowed (collectives still run: every rank
+/// calls). Peers that time out or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_forward(
     layer: ftnColumnParallelLinear_t,
@@ -328,6 +357,19 @@ unsafe fn column_backward_t<T: TpElement>(
 /// backward fused into the next row layer's dgrad). The dgrad all-reduce
 /// (reduce-scatter with sequence parallelism) overlaps the weight gradient
 /// unless `serialize_comm`.
+///
+/// Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+/// NULL, stale or of another kind; negative `tokens`; a `comm` of another
+/// size or rank than the layer's; `tokens` not a multiple of the size with
+/// sequence parallelism; `input`, `grad_output`, `grad_input` NULL when
+/// they describe elements or not 2-byte aligned; a non-NULL `pre` for a
+/// layer without activation; `grads` NULL, misaligned, a bad `size`, a
+/// non-zero `reserved` or a bad `weight_mode`, `grads->weight` NULL or
+/// misaligned for its mode (fp32 for accumulate); `grads->bias` may be NULL
+/// (skipped): ftnInvalidArgument; a `stream` of another context:
+/// ftnDeviceMismatch; a broken communicator: ftnBackendError (at its first
+/// collective: work enqueued before it stays enqueued). Peers that time out
+/// or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_column_parallel_linear_backward(
     layer: ftnColumnParallelLinear_t,
@@ -384,6 +426,16 @@ unsafe fn row_new<T: TpElement>(
 /// `[out_features]`, replicated; NULL iff `desc->bias` is 0).
 /// `in_features` or `out_features` 0, or `in_features` not a multiple of
 /// the communicator's size: ftnInvalidArgument (never an empty layer).
+///
+/// Bad input (at the call, no handle created, `*layer` untouched;
+/// ftnInvalidArgument): `comm` NULL, stale or of another kind; `desc` NULL,
+/// misaligned, a bad `desc->size` or non-zero bytes past the known fields;
+/// `dtype` not fp16 / bf16; `layer` NULL or misaligned; negative features;
+/// `sequence_parallel` without `input_is_parallel`; `full_weight` NULL or
+/// not 2-byte aligned; `full_bias` NULL while `desc->bias` is set, non-NULL
+/// while it is not, or misaligned. Device memory that cannot be had:
+/// ftnBackendError. Local to this rank (no communication); the host arrays
+/// are trusted for their sizes.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_create(
     comm: ftnComm_t,
@@ -407,6 +459,9 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_create(
 }
 
 /// Destroys a row-parallel layer (waits for the device's work first).
+///
+/// Bad input: NULL, a stale handle or another kind: ftnInvalidArgument,
+/// nothing destroyed. Failures of pending work are not reported here.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_destroy(
     layer: ftnRowParallelLinear_t,
@@ -420,6 +475,10 @@ pub unsafe extern "C" fn ftn_row_parallel_linear_destroy(
 
 /// This rank's weight shard `[out, in/tp]` and the replicated bias `[out]`
 /// in device memory (owned by the layer).
+///
+/// Bad input (ftnInvalidArgument, nothing written): `layer` NULL, stale or
+/// of another kind; `params` NULL, misaligned or with a bad `size` (below
+/// the first version's, between versions, or above `FTN_MAX_DESC_SIZE`).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_get_params(
     layer: ftnRowParallelLinear_t,
@@ -481,6 +540,16 @@ unsafe fn row_forward_t<T: TpElement>(
 /// `input`: `[tokens, in/tp]` (`[tokens, in]` unless input_is_parallel);
 /// `output`: `[tokens, out]` (`[tokens/tp, out]` with sequence
 /// parallelism). Every rank calls it; returns when enqueued.
+///
+/// Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+/// NULL, stale or of another kind; negative `tokens`; a `comm` whose size
+/// or rank differs from the one the layer was built for; `tokens` not a
+/// multiple of the size with sequence parallelism; `input` / `output` NULL
+/// when they describe elements or not 2-byte aligned: ftnInvalidArgument; a
+/// `stream` of another context: ftnDeviceMismatch; a broken communicator:
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). `tokens` 0 is allowed (collectives still run: every rank
+/// calls). Peers that time out or are gone: ftnBackendError at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_forward(
     layer: ftnRowParallelLinear_t,
@@ -561,6 +630,18 @@ unsafe fn row_backward_t<T: TpElement>(
 /// column layer into dgrad: `grad_input = (dY W) * gelu'(dgelu_pre)` with
 /// `dgelu_pre` that layer's pre-activation `[tokens, in/tp]` (requires
 /// input_is_parallel); NULL otherwise.
+///
+/// Bad input (at the call, nothing enqueued): `layer`, `comm` or `stream`
+/// NULL, stale or of another kind; negative `tokens`; a `comm` of another
+/// size or rank than the layer's; `dgelu` outside `ftnActivation_t`;
+/// `dgelu_pre` NULL with a `dgelu`, non-NULL without, or given for a layer
+/// without `input_is_parallel`; `input`, `grad_output`, `grad_input` NULL
+/// when they describe elements or not 2-byte aligned; `grads` bad as for
+/// `ftn_column_parallel_linear_backward`: ftnInvalidArgument; a `stream` of
+/// another context: ftnDeviceMismatch; a broken communicator:
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). Peers that time out or are gone: ftnBackendError at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_row_parallel_linear_backward(
     layer: ftnRowParallelLinear_t,

@@ -93,7 +93,9 @@ impl Direction {
 /// Bad input (ftnInvalidArgument, nothing written): a split dimension that
 /// is not a multiple of `tp` (e.g. a scatter of 7 columns over 2 ranks;
 /// never truncated), `tp < 1`, negative dims, `rows * cols` or a gathered
-/// dimension that overflows `int64_t`, `out_rows` or `out_cols` NULL or misaligned.
+/// dimension that overflows `int64_t`, `mapping` outside `ftnMapping_t`,
+/// `out_rows` or `out_cols` NULL or misaligned. A shape with no element
+/// is fine (its output shape is written).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mapping_shape(
     mapping: c_int,
@@ -182,8 +184,12 @@ unsafe fn run_mapping(
 /// shape has no element), misaligned, overlapping each other (`input ==
 /// output` included), a split dimension that is not a multiple of the
 /// communicator's size; NULL, stale or wrong-kind `comm` / `stream`;
-/// `stream` of another device than `comm` is ftnDeviceMismatch. Peers that
-/// never arrive fail at the communicator's timeout (at synchronize).
+/// `mapping` outside `ftnMapping_t`, `datatype` outside `ftnDataType_t`,
+/// negative dims; `stream` of another device than `comm` is
+/// ftnDeviceMismatch; a broken communicator is ftnBackendError. A shape
+/// with no element still takes part in the mapping's collective, if any.
+/// At synchronize, ftnBackendError: peers that never arrive (the
+/// communicator's timeout) or are gone, ranks that disagree on the shape.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_tp_mapping_forward(
     mapping: c_int,

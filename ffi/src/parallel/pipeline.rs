@@ -418,6 +418,16 @@ fn check_array<T>(
 /// `*count`. `*count` is set whenever `desc` and `rank` are valid, also
 /// when `capacity` is too small (an error): call with `ops = NULL,
 /// capacity = 0` to ask for the size. `0 <= rank < desc->pp`.
+///
+/// Bad input (ftnInvalidArgument; host only, synchronous): `desc` NULL,
+/// misaligned, a bad `desc->size`, non-zero bytes past the known fields or
+/// a non-zero `reserved`; `schedule` outside `ftnPipelineSchedule_t`; `pp`
+/// outside `1..=FTN_PIPELINE_MAX_RANKS`; `microbatches` < 1; `vp` / `group`
+/// breaking the schedule's rules (see `ftnPipelineSchedule_t`); more than
+/// `FTN_PIPELINE_MAX_OPS` operations; `count` NULL or misaligned; `rank`
+/// outside `0..pp`: nothing written. After `*count` is written: `ops` NULL
+/// with `capacity > 0`, misaligned, or `capacity` below the count: an error
+/// with only `*count` set.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_pipeline_schedule(
     desc: *const ftnPipelineDesc_t,
@@ -468,6 +478,16 @@ pub unsafe extern "C" fn ftn_pipeline_schedule(
 /// counts) in `*count`. `spans = NULL, capacity = 0` skips the spans (then
 /// `count` may be NULL; if not, it receives the number). A `capacity` too
 /// small is an error that still sets `*count`; on an error nothing else is
+/// written.
+///
+/// Bad input (ftnInvalidArgument; host only, synchronous; nothing written
+/// unless said): `desc` bad as for `ftn_pipeline_schedule`; `costs` NULL,
+/// misaligned, a bad `size` or non-zero bytes past the known fields; a cost
+/// that is negative, NaN or infinite; `makespan` or `bubble_fraction` NULL
+/// or misaligned; a non-NULL `peak_in_flight` not 4-byte aligned (it is
+/// trusted to hold `pp` entries); `count` NULL or misaligned when spans are
+/// asked for (or misaligned when given). `spans` NULL with `capacity > 0`,
+/// misaligned, or `capacity` below the count: an error after `*count` is
 /// written.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_pipeline_simulate(

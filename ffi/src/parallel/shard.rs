@@ -109,6 +109,13 @@ unsafe fn shard(
 /// host matrix `full` into `out` (host, room for `out_count >= rows/tp *
 /// cols` elements): a column-parallel weight or bias shard. `rows` must be
 /// a multiple of `tp`.
+///
+/// Bad input (ftnInvalidArgument, nothing written; host memory, no stream):
+/// `datatype` outside `ftnDataType_t`; negative `rows` / `cols`; `tp` < 1
+/// or `rank` outside `0..tp`; `rows` not a multiple of `tp`; `out_count`
+/// below the shard's size; `full` or `out` NULL when they describe
+/// elements, or not aligned to the element size. An empty shard writes
+/// nothing. `full` is trusted for `rows * cols` elements.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_shard_rows(
@@ -141,6 +148,13 @@ pub unsafe extern "C" fn ftn_shard_rows(
 /// Columns `[rank*cols/tp, (rank+1)*cols/tp)` of the row-major `[rows,
 /// cols]` host matrix `full` into `out` (host, room for `rows * cols/tp`
 /// elements): a row-parallel weight shard. `cols` must be a multiple of `tp`.
+///
+/// Bad input (ftnInvalidArgument, nothing written; host memory, no stream):
+/// `datatype` outside `ftnDataType_t`; negative `rows` / `cols`; `tp` < 1
+/// or `rank` outside `0..tp`; `cols` not a multiple of `tp`; `out_count`
+/// below the shard's size; `full` or `out` NULL when they describe
+/// elements, or not aligned to the element size. An empty shard writes
+/// nothing. `full` is trusted for `rows * cols` elements.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_shard_cols(
@@ -174,6 +188,13 @@ pub unsafe extern "C" fn ftn_shard_cols(
 /// full `[vocab, hidden]` host embedding table `full`, padding rows zero,
 /// into `out` (host, room for the range's `rows * hidden` elements): the
 /// `weight_shard` of `ftn_vocab_parallel_embedding_forward`.
+///
+/// Bad input (ftnInvalidArgument, nothing written; host memory, no stream):
+/// `datatype` outside `ftnDataType_t`; negative `vocab` / `hidden`; `tp` <
+/// 1 or `rank` outside `0..tp`; a padded size that overflows; `out_count`
+/// below the range's `rows * hidden`; `full` or `out` NULL when they
+/// describe elements, or not aligned to the element size. `vocab` need not
+/// be a multiple of `tp` (padding rows are zero).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_shard_rows(

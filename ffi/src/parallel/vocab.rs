@@ -24,6 +24,10 @@ use crate::runtime::ftnStream_t;
 
 /// The vocabulary size padded up to a multiple of `128 * tp` (Megatron's
 /// `make_vocab_size_divisible_by = 128`).
+///
+/// Bad input (ftnInvalidArgument, nothing written): negative `vocab`; `tp`
+/// < 1; a padded size that overflows; `padded` NULL or not 8-byte aligned.
+/// `vocab` 0 gives 0.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_vocab_padded_size(
     vocab: i64,
@@ -41,6 +45,11 @@ pub unsafe extern "C" fn ftn_vocab_padded_size(
 
 /// Rows `[*start, *start + *rows)` of the padded vocabulary owned by `rank`
 /// of `tp`.
+///
+/// Bad input (ftnInvalidArgument, nothing written): negative `vocab`; `tp`
+/// < 1 or `rank` outside `0..tp`; a padded size that overflows; `start` or
+/// `rows` NULL or not 8-byte aligned (both checked before either is
+/// written).
 #[no_mangle]
 pub unsafe extern "C" fn ftn_vocab_range(
     vocab: i64,
@@ -138,6 +147,18 @@ unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
 /// `[rows, hidden]` of the padded table (`ftn_vocab_range`); `ids`
 /// (`[tokens]`) and `out` (`[tokens, hidden]`) are the same on every rank.
 /// `desc.vocab` or `desc.hidden` 0: ftnInvalidArgument (not a no-op).
+///
+/// Bad input (at the call, nothing enqueued): `desc` NULL, misaligned, a
+/// bad `desc->size` or non-zero bytes past the known fields; `comm` or
+/// `stream` NULL, stale or of another kind; negative `tokens`; `dtype` not
+/// a float type or `id_dtype` not int32 / int64; negative `vocab` /
+/// `hidden`; `ids`, `weight_shard`, `out` NULL when they describe elements
+/// or not aligned to their element size: ftnInvalidArgument; a `stream` of
+/// another context: ftnDeviceMismatch; a broken communicator:
+/// ftnBackendError (at its first collective: work enqueued before it stays
+/// enqueued). Id values are device data and never an error. `tokens` 0
+/// still all-reduces (every rank calls). Peers that time out or are gone:
+/// ftnBackendError at synchronize.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
@@ -189,6 +210,13 @@ unsafe fn embed_bwd_t<T: FloatElement + CommElement, I: TokenId>(
 /// sum of `dy[t]` over the tokens with `ids[t] == start + v`, in token order
 /// (bitwise deterministic). `accumulate` non-zero adds to `dweight` (a
 /// main_grad), zero overwrites it. No communication.
+///
+/// Bad input (at the call, nothing enqueued): as for the forward (`desc`,
+/// handles, dtypes, `vocab` / `hidden` 0 or negative, negative `tokens`),
+/// and `ids`, `dy`, `dweight` NULL when they describe elements or not
+/// aligned to their element size (4 bytes for `dweight`):
+/// ftnInvalidArgument. The stream is not checked against `comm`'s context
+/// (no communication). Out-of-range ids are skipped, not an error.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_embedding_backward(
@@ -316,6 +344,20 @@ unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
 /// behaviour): then, as for any label equal to it, loss 0 and a zero
 /// gradient row. A mean over the batch then divides by the rows not
 /// ignored.
+///
+/// Bad input (at the call, nothing enqueued, `*saved` untouched): `desc`
+/// NULL, misaligned, a `size` below 56 other than 40 (version 1), above
+/// `FTN_MAX_DESC_SIZE`, or non-zero bytes past the known fields, a non-zero
+/// `reserved` or `reserved2`; `comm` or `stream` NULL, stale or of another
+/// kind; `saved` NULL or misaligned; `dtype` not a float type or
+/// `label_dtype` not int32 / int64; negative `tokens`, `shard_vocab` 0,
+/// sizes that overflow; `label_smoothing` outside `[0, 1)`; an
+/// `ignore_index` that does not fit int32 labels; `logits`, `labels`,
+/// `loss` NULL when they describe elements or misaligned:
+/// ftnInvalidArgument; a `stream` of another context: ftnDeviceMismatch; a
+/// broken communicator: ftnBackendError (at its first collective: work
+/// enqueued before it stays enqueued). Peers that time out or are gone:
+/// ftnBackendError at synchronize.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_forward(
@@ -378,6 +420,15 @@ unsafe fn ce_bwd_t<T: FloatElement, I: TokenId>(
 /// be the forward's (a different `ignore_index` / `has_ignore_index` or label
 /// smoothing than `saved` was made with: ftnInvalidArgument naming `saved`).
 /// No communication.
+///
+/// Bad input (at the call, nothing enqueued): `desc` bad as for the
+/// forward; `saved`, `comm` or `stream` NULL, stale or of another kind; a
+/// `desc` whose shape, label smoothing or ignore index differ from the
+/// forward's: ftnInvalidArgument naming `saved`; `logits`, `labels`,
+/// `dloss`, `grad` NULL when they describe elements or misaligned:
+/// ftnInvalidArgument. The stream is not checked against `comm`'s context
+/// (no communication). `grad == logits` is in place; other overlaps are not
+/// checked.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(
@@ -409,6 +460,9 @@ pub unsafe extern "C" fn ftn_vocab_parallel_cross_entropy_backward(
 
 /// Frees the statistics of a cross-entropy forward (stream-ordered: after
 /// the work enqueued so far on every stream; the caller does not wait).
+///
+/// Bad input: NULL, a stale handle (freed before) or another kind:
+/// ftnInvalidArgument, nothing freed.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_cross_entropy_saved_destroy(
     saved: ftnCrossEntropySaved_t,

@@ -655,6 +655,8 @@ static void test_comm_wait_and_stream(World *w) {
   CHECK(ftn_all_reduce(a[1], out[1], C, ftnFloat32, ftnSum, w->comm[1], w->st[1]));
   CHECK(ftn_comm_wait(w->comm[0], w->st[0], 10000));
   CHECK(ftn_comm_wait(w->comm[1], w->st[1], 10000));
+  /* a stream of another rank's context carries none of this communicator's work */
+  BAD(ftn_comm_wait(w->comm[0], w->st[1], 10), ftnDeviceMismatch, "stream", NULL);
   double want[C];
   for (int i = 0; i < C; i++) want[i] = (double)a[0][i] + a[1][i];
   close_all("all_reduce after ftn_comm_wait (rank 0)", out[0], want, C, 0);
