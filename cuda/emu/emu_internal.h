@@ -103,6 +103,10 @@ struct Launch {
   uint64_t seed = 0;
   std::mutex mu;
   std::string err;
+  // Global-memory race check (racecheck.cpp): this launch's tag in the
+  // shared write table (0: unchecked) and the table entries it wrote.
+  unsigned race_slot = 0;
+  std::vector<uint32_t> race_touched;
 };
 
 struct Worker {
@@ -132,6 +136,8 @@ struct Worker {
   uint64_t launch_seed = 0;
   uint32_t epoch = 0;  // barrier interval, unique over the process (racecheck)
   uint32_t block_serial = 0;
+  uint64_t block_linear = 0;             // the running block's index in the grid
+  std::vector<uint32_t> race_touched;    // global write-table entries this worker set
   std::vector<unsigned> order, rank, warp_pos;  // warp_pos: where a warp starts in order
   // ASan bookkeeping: the scheduler's own stack.
   const void *sched_stack_bottom = nullptr;
@@ -184,6 +190,10 @@ void race_access(Worker &w, const void *p, size_t n, bool write, const void *pc)
 // Marks [p, p + n) as the destination of a cp.async in flight (or landed):
 // any access to it before then fails the launch.
 void race_mark_pending(Worker &w, const void *p, size_t n, bool pending);
+// Global memory: a launch takes a slot in the process's write table before
+// its blocks run and gives it back (clearing what its workers wrote) after.
+void race_launch_begin(Launch &l);
+void race_launch_end(Launch &l);
 
 // cp_async.cpp
 void cp_async_drop(Thread &t);  // a finished or reset thread's copies

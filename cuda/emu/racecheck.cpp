@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 
@@ -220,12 +221,94 @@ void check(Worker &w, uintptr_t off, size_t n, bool write, const void *pc) {
   }
 }
 
+// ------------------------------------------------------ global memory
+// Two blocks of one launch writing the same bytes without atomics. A table
+// of 2^22 64-bit entries, direct-mapped by 4-byte word (index = low 22 bits
+// of addr / 4, tag = the rest, so a hit is exact), shared by every worker
+// and every concurrent launch: [valid:1 | tag:23 | launch slot:8 |
+// block:28 | byte mask:4]. A write by block b finds its word's entry: same
+// word, same launch, another block, overlapping bytes -> race; otherwise it
+// takes the entry (a collision evicts: a race can be missed, never invented).
+// A launch clears the entries it set when it ends. Blocks are compared mod
+// 2^28; 255 launches can be checked at once (more run unchecked).
+constexpr unsigned kTableBits = 22;
+constexpr uint64_t kTableSize = 1ull << kTableBits;
+std::atomic<uint64_t> *g_table = nullptr;
+std::mutex g_table_mu;
+uint64_t g_slots[4] = {1, 0, 0, 0};  // slot 0 means "unchecked": never handed out
+
+uint64_t pack(uint64_t tag, unsigned slot, uint64_t block, unsigned mask) {
+  return (1ull << 63) | (tag & 0x7FFFFFull) << 40 | uint64_t(slot & 0xFF) << 32 |
+         (block & 0xFFFFFFFull) << 4 | (mask & 0xF);
+}
+
+std::string block_name(const Launch &l, uint64_t b) {
+  const uint32_t *g = l.desc->grid;
+  return strprintf("block (%llu,%llu,%llu)", (unsigned long long)(b % g[0]),
+                   (unsigned long long)(b / g[0] % g[1]),
+                   (unsigned long long)(b / (uint64_t(g[0]) * g[1])));
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void report_global(Worker &w, uintptr_t addr,
+                                                          uint64_t other, const void *pc) {
+  const uint64_t mine = w.block_linear & 0xFFFFFFFull;
+  // The other block's index is known mod 2^28: name it exactly when the grid is smaller.
+  std::string them = w.launch->nblocks <= 0xFFFFFFFull
+                         ? block_name(*w.launch, other)
+                         : strprintf("block #%llu (mod 2^28)", (unsigned long long)other);
+  fail(strprintf("global-memory race (write after write): %s and %s both write the word at "
+                 "%p in one launch without atomics (this write at %s); a GPU gives either "
+                 "value, or a torn mix",
+                 block_name(*w.launch, w.block_linear).c_str(), them.c_str(),
+                 reinterpret_cast<void *>(addr), where(pc).c_str()));
+  (void)mine;
+}
+
+void global_write(Worker &w, uintptr_t a, size_t n, const void *pc) {
+  const unsigned slot = w.launch->race_slot;
+  if (!slot || !g_table || n == 0) return;
+  const uint64_t block = w.block_linear & 0xFFFFFFFull;
+  for (uintptr_t word = a >> 2; word <= (a + n - 1) >> 2; ++word) {
+    const uintptr_t lo = word << 2 > a ? word << 2 : a;
+    const uintptr_t hi = (word << 2) + 4 < a + n ? (word << 2) + 4 : a + n;
+    unsigned mask = 0;
+    for (uintptr_t b = lo; b < hi; ++b) mask |= 1u << (b & 3);
+    const uint32_t idx = uint32_t(word & (kTableSize - 1));
+    const uint64_t tag = uint64_t(word) >> kTableBits;
+    std::atomic<uint64_t> &e = g_table[idx];
+    uint64_t cur = e.load(std::memory_order_relaxed);
+    for (;;) {
+      uint64_t next;
+      const bool same = (cur >> 63) && ((cur >> 40) & 0x7FFFFF) == (tag & 0x7FFFFF) &&
+                        ((cur >> 32) & 0xFF) == slot;
+      if (same && ((cur >> 4) & 0xFFFFFFF) == block) {
+        if ((cur & 0xF & mask) == mask) break;  // nothing new
+        next = cur | mask;
+      } else if (same && (cur & 0xF & mask)) {
+        report_global(w, lo, (cur >> 4) & 0xFFFFFFF, pc);
+      } else {
+        next = pack(tag, slot, block, mask);
+      }
+      if (e.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
+        if (!same) w.race_touched.push_back(idx);
+        break;
+      }
+    }
+  }
+}
+
 inline void hook(const void *p, size_t n, bool write, const void *pc) {
   Worker *w = tl_worker;
   if (!w) return;
   const uintptr_t off = uintptr_t(p) - uintptr_t(w->arena);
-  if (off >= w->arena_size || !w->racecheck || !w->cur) return;
-  check(*w, off, n, write, pc);
+  if (off < w->arena_size) {
+    if (w->racecheck && w->cur) check(*w, off, n, write, pc);
+    return;
+  }
+  if (!write || !w->racecheck || !w->cur) return;
+  const Stack &st = w->cur->stack;  // the thread's locals are not global memory
+  if (uintptr_t(p) - uintptr_t(st.base) < st.size) return;
+  global_write(*w, uintptr_t(p), n, pc);
 }
 
 }  // namespace
@@ -249,6 +332,37 @@ void race_access(Worker &w, const void *p, size_t n, bool write, const void *pc)
   const uintptr_t off = uintptr_t(p) - uintptr_t(w.arena);
   if (off >= w.arena_size || !w.racecheck || !w.cur) return;
   check(w, off, n, write, pc);
+}
+
+void race_launch_begin(Launch &l) {
+  l.race_slot = 0;
+  if (!l.strict || !racecheck_compiled()) return;
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  if (!g_table) {
+    g_table = static_cast<std::atomic<uint64_t> *>(
+        std::calloc(kTableSize, sizeof(std::atomic<uint64_t>)));  // lazily zeroed pages
+    if (!g_table) return;
+  }
+  for (unsigned s = 1; s < 256; ++s)
+    if (!(g_slots[s / 64] >> (s % 64) & 1)) {
+      g_slots[s / 64] |= 1ull << (s % 64);
+      l.race_slot = s;
+      return;
+    }
+}
+
+void race_launch_end(Launch &l) {
+  if (!l.race_slot) return;
+  for (uint32_t idx : l.race_touched) {
+    uint64_t cur = g_table[idx].load(std::memory_order_relaxed);
+    while ((cur >> 63) && ((cur >> 32) & 0xFF) == l.race_slot &&
+           !g_table[idx].compare_exchange_weak(cur, 0, std::memory_order_relaxed)) {
+    }
+  }
+  l.race_touched.clear();
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  g_slots[l.race_slot / 64] &= ~(1ull << (l.race_slot % 64));
+  l.race_slot = 0;
 }
 
 void race_mark_pending(Worker &w, const void *p, size_t n, bool pending) {

@@ -353,6 +353,7 @@ void run_block(Worker &w, uint64_t b) {
   w.blk.bid.x = unsigned(b % d.grid[0]);
   w.blk.bid.y = unsigned((b / d.grid[0]) % d.grid[1]);
   w.blk.bid.z = unsigned(b / (uint64_t(d.grid[0]) * d.grid[1]));
+  w.block_linear = b;
   for (Thread &t : w.threads) {
     t.state = TState::NotStarted;
     cp_async_drop(t);
@@ -427,6 +428,10 @@ void worker_main(Launch &l) {
     record_error(l, strprintf("kernel '%s': emulator error: %s", l.name, e.what()));
   }
   if (w.arena) teardown_launch(w);
+  if (!w.race_touched.empty()) {
+    std::lock_guard<std::mutex> lock(l.mu);
+    l.race_touched.insert(l.race_touched.end(), w.race_touched.begin(), w.race_touched.end());
+  }
   tl_worker = prev;
   ftn_emu_tl_block = prev_blk;
   ftn_emu_tl_thread = prev_thr;
@@ -501,6 +506,7 @@ extern "C" int ftn_emu_launch(const ftn_emu_launch_desc *desc, char *err, size_t
     uint64_t nw = desc->num_workers ? desc->num_workers : default_workers();
     if (nw > l.nblocks) nw = l.nblocks;
     if (nw > 1024) nw = 1024;
+    race_launch_begin(l);  // before any worker writes
     std::vector<std::thread> pool;
     for (uint64_t i = 1; i < nw; ++i) {
       try {
@@ -511,6 +517,7 @@ extern "C" int ftn_emu_launch(const ftn_emu_launch_desc *desc, char *err, size_t
     }
     worker_main(l);  // the caller is worker 0 (keeps 1-worker runs debuggable)
     for (std::thread &t : pool) t.join();
+    race_launch_end(l);
     if (l.failed.load()) {
       if (l.strict) {
         const std::string sched = schedule_name(cfg);

@@ -50,6 +50,7 @@
   X(race_shared_memory)             \
   X(race_warp_synchronous)          \
   X(race_false_positives)           \
+  X(race_global_memory)             \
   X(cp_async_deferred)              \
   X(schedule_perturbation)
 

@@ -56,7 +56,7 @@ FTN_KERNEL(st_race_block, RaceParams, p) {
   if (p.variant == 2) {
     const int v = s[0];  // read by every thread
     if (t == 40) s[0] = 7;  // @planted-war
-    p.out[t] = v;
+    if (blockIdx.x == 0) p.out[t] = v;
     return;
   }
   if (p.variant == 3) {
@@ -65,14 +65,15 @@ FTN_KERNEL(st_race_block, RaceParams, p) {
   }
   s[t] = int(t);
   if (p.variant == 0) __syncthreads();
-  p.out[t] = s[(t + 1) % 64];  // @planted-raw
+  const int v = s[(t + 1) % 64];  // @planted-raw
+  if (blockIdx.x == 0) p.out[t] = v;
 }
 
 void test_race_shared_memory() {
   need_racecheck();
   int out[64];
   RaceParams p{0, out, nullptr};
-  LAUNCH_OK(st_race_block, p, dim3(2), dim3(64));
+  LAUNCH_OK(st_race_block, p, dim3(1), dim3(64));
   for (int i = 0; i < 64; ++i) CHECK(out[i] == (i + 1) % 64, "out[%d] = %d", i, out[i]);
   // Which of the two accesses comes second (read after write, or write after
   // read) depends on the schedule; either way both lines are named.
@@ -145,15 +146,15 @@ FTN_KERNEL(st_race_clean, RaceParams, p) {
     if (lane < off) w[t] += v;
     __syncwarp();
   }
-  p.out[t] = s[0] + counter[0] * 0 + w[t & ~31u];
+  p.out[64 * blockIdx.x + t] = s[0] + counter[0] * 0 + w[t & ~31u];
 }
 
 void test_race_false_positives() {
   need_racecheck();
-  int out[64];
+  int out[3 * 64];
   RaceParams p{0, out, nullptr};
   LAUNCH_OK(st_race_clean, p, dim3(3), dim3(64), 0, 2);
-  for (int t = 0; t < 64; ++t)
+  for (int t = 0; t < 3 * 64; ++t)
     CHECK(out[t] == 64 * 65 / 2 + 31 * 32 / 2, "out[%d] = %d", t, out[t]);
 }
 
@@ -199,7 +200,41 @@ void test_cp_async_deferred() {
         e.c_str());
 }
 
-// An order-dependent bug no race check sees (global memory, no barrier):
+// Blocks writing global memory. variant 0: each block its own word
+// (correct); 1: every block stores to word 0 (the planted race); 2: every
+// block exchanges word 0 atomically (correct); 3: blocks write adjacent
+// bytes of one word (correct: different bytes).
+FTN_KERNEL(st_race_global, RaceParams, p) {
+  if (threadIdx.x != 0) return;
+  const int b = int(blockIdx.x + gridDim.x * blockIdx.y);
+  if (p.variant == 0) p.out[b] = b;
+  if (p.variant == 1) p.out[0] = b;  // @planted-global
+  if (p.variant == 2) atomicExch(&p.out[0], b);
+  if (p.variant == 3) reinterpret_cast<unsigned char *>(p.out)[b % 4] = (unsigned char)b;
+}
+
+void test_race_global_memory() {
+  need_racecheck();
+  int out[64] = {};
+  RaceParams p{0, out, nullptr};
+  LAUNCH_OK(st_race_global, p, dim3(8, 2), dim3(32), 0, 2);
+  for (int b = 0; b < 16; ++b) CHECK(out[b] == b, "out[%d] = %d", b, out[b]);
+  p.variant = 2;
+  LAUNCH_OK(st_race_global, p, dim3(8, 2), dim3(32), 0, 2);
+  p.variant = 3;
+  LAUNCH_OK(st_race_global, p, dim3(4), dim3(32), 0, 2);
+  p.variant = 1;
+  const std::string e = LAUNCH_FAILS(st_race_global, p, dim3(8, 2), dim3(32), 0,
+                                     "global-memory race (write after write)");
+  CHECK(e.find("test_race.cu:" + marker_line("planted-global")) != std::string::npos,
+        "report does not name the planted line: %s", e.c_str());
+  // Two launches writing the same word one after the other are not a race.
+  p.variant = 0;
+  LAUNCH_OK(st_race_global, p, dim3(1), dim3(32), 0, 1);
+  LAUNCH_OK(st_race_global, p, dim3(1), dim3(32), 0, 1);
+}
+
+// An order-dependent bug no race check sees (a read of global memory):
 // thread 0 publishes a value, the other threads of its warp assume it is
 // there. Thread-id order always runs thread 0 first, so it passes there.
 FTN_KERNEL(st_order_dependent, RaceParams, p) {

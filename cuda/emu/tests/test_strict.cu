@@ -124,7 +124,8 @@ void test_strict_cp_async() {
 FTN_KERNEL(st_strict_activemask, StrictParams, p) {
   // Lanes past `offset` exit first; the rest are converged.
   if (threadIdx.x % 32 >= unsigned(p.offset)) return;
-  p.out[threadIdx.x % 32] = __activemask();
+  const unsigned m = __activemask();
+  if (blockIdx.x == 0 && threadIdx.x < 32) p.out[threadIdx.x] = m;  // one writer per word
 }
 
 FTN_KERNEL(st_strict_activemask_diverged, StrictParams, p) {
