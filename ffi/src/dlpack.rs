@@ -119,9 +119,7 @@ pub(crate) fn dl_dtype(d: DType) -> DLDataType {
 }
 
 fn dtype_of(t: DLDataType) -> Option<DType> {
-    DType::ALL
-        .into_iter()
-        .find(|&d| dl_dtype(d) == t)
+    DType::ALL.into_iter().find(|&d| dl_dtype(d) == t)
 }
 
 /// A borrowed DLPack tensor as the ops see it: the first element's
@@ -174,7 +172,9 @@ unsafe fn tensor_of(
             return Err(invalid(
                 op,
                 "managed->version.major",
-                format!("DLPack major version {DLPACK_MAJOR_VERSION} (this library reads DLPack 1.x)"),
+                format!(
+                    "DLPack major version {DLPACK_MAJOR_VERSION} (this library reads DLPack 1.x)"
+                ),
                 m.version.major,
             ));
         }
@@ -707,7 +707,10 @@ mod tests {
             assert_eq!(ftn_free(ctx, p), ftnResult_t::ftnInvalidArgument);
             let mut v: ftnTensorView_t = std::mem::zeroed();
             v.size = size_of::<ftnTensorView_t>();
-            assert_eq!(ftn_dlpack_import(ctx, m, 1, &mut v), ftnResult_t::ftnSuccess);
+            assert_eq!(
+                ftn_dlpack_import(ctx, m, 1, &mut v),
+                ftnResult_t::ftnSuccess
+            );
             assert_eq!((v.data, v.dtype, v.ndim, v.numel), (p, 0, 2, 6));
             assert_eq!(&v.shape[..3], &[2, 3, 0]);
             let mv = m as *mut DLManagedTensorVersioned;
