@@ -473,6 +473,17 @@ struct ExportedLegacy {
     owned: Owned,
 }
 
+/// A deleter may run on any thread (DLPack allows it): what it drops must
+/// be `Send`.
+const _: () = {
+    fn assert_send<T: Send>() {}
+    #[allow(dead_code)]
+    fn owned_is_send() {
+        assert_send::<DeviceBuffer<u8>>();
+        assert_send::<Box<[i64]>>();
+    }
+};
+
 /// Runs a deleter's body: never unwinds into the caller (a panic is
 /// swallowed: a deleter has no way to report one).
 fn deleter_body(f: impl FnOnce()) {
@@ -687,7 +698,8 @@ mod tests {
     }
 
     /// Export, import the exported tensor back, free it through its
-    /// deleter: the allocation leaves the context and is freed once.
+    /// deleter (after the context's destroy, on another thread): the
+    /// allocation leaves the context and is freed once.
     #[test]
     fn export_import_round_trip_and_the_deleter_frees_once() {
         let ctx = emu();
@@ -717,8 +729,14 @@ mod tests {
             assert_eq!((*mv).version.major, 1);
             assert_eq!((*mv).dl_tensor.device.device_type, KDL_CPU);
             assert_eq!(ftn_context_destroy(ctx), ftnResult_t::ftnSuccess);
-            // the deleter works after the context is gone
-            ((*mv).deleter.unwrap())(mv);
+            // the deleter works after the context is gone, on another thread
+            let addr = mv as usize;
+            std::thread::spawn(move || {
+                let mv = addr as *mut DLManagedTensorVersioned;
+                ((*mv).deleter.unwrap())(mv);
+            })
+            .join()
+            .unwrap();
             assert_eq!(LIVE_EXPORTS.load(Ordering::Relaxed), live);
         }
     }
