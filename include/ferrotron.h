@@ -115,6 +115,12 @@ typedef ftnDistOpt *ftnDistOpt_t;
 #define FTN_SPLIT_NOCOLOR -1
 
 /*
+ Most dimensions a DLPack tensor may have to be imported or exported
+ (the ops take at most 4).
+ */
+#define FTN_DLPACK_MAX_DIMS 8
+
+/*
  The most dimensions a parameter of `ftn_param_registry_register` may have.
  */
 #define FTN_MAX_PARAM_DIMS 16
@@ -553,6 +559,48 @@ typedef struct {
    */
   int32_t reserved;
 } ftnJobEnv_t;
+
+/*
+ A borrowed DLPack tensor as the ops see it: the first element's
+ address, the element type and the shape (compact row-major).
+ */
+typedef struct {
+  /*
+   `sizeof(ftnTensorView_t)` as the caller compiled it.
+   */
+  size_t size;
+  /*
+   `dl_tensor.data + dl_tensor.byte_offset`: the first element, the
+   pointer to pass to an op.
+   */
+  void *data;
+  /*
+   `ftnDataType_t` of the elements.
+   */
+  int32_t dtype;
+  /*
+   Dimensions, 0 to `FTN_DLPACK_MAX_DIMS`.
+   */
+  int32_t ndim;
+  /*
+   The first `ndim` entries are the dimensions, the rest 0.
+   */
+  int64_t shape[FTN_DLPACK_MAX_DIMS];
+  /*
+   The number of elements (the product of the dimensions; 1 when
+   `ndim` is 0).
+   */
+  int64_t numel;
+  /*
+   Non-zero when the producer marked the tensor read-only (DLPack 1.x
+   flag): do not pass it as an op's output.
+   */
+  int32_t read_only;
+  /*
+   Written as 0.
+   */
+  int32_t reserved;
+} ftnTensorView_t;
 
 /*
  The fixed hyper-parameters of a fused Adam optimizer (lr lives in device
@@ -1888,6 +1936,79 @@ ftnResult_t ftn_job_env_from_environment(ftnJobEnv_t *env);
  only after `*id` is written, with `*env` untouched.)
  */
 ftnResult_t ftn_rendezvous_share_unique_id(ftnUniqueId_t *id, int64_t timeout_ms, ftnJobEnv_t *env);
+
+/*
+ Borrows a DLPack tensor: checks it against the context and writes a
+ view of it (`view->data` is `data + byte_offset`, the pointer to pass to
+ an op; `view->shape`, `view->numel`, `view->dtype` as an
+ `ftnDataType_t`). `managed` is a `DLManagedTensorVersioned *` (DLPack
+ 1.x) when `versioned` is 1, a `DLManagedTensor *` when it is 0.
+
+ Ownership: the import takes nothing. The caller keeps the managed
+ tensor alive until the work using the view has finished (synchronize
+ the stream), then calls its `deleter` itself, exactly once (never
+ through this library). The view holds no reference.
+
+ Checked: the device (an emulator context takes `kDLCPU` tensors, a CUDA
+ context `kDLCUDA` tensors of its own ordinal), the dtype (float32,
+ float16, bfloat16, uint8, int32, int64; one lane), the strides (NULL,
+ or compact row-major: size-1 dimensions may have any stride), the
+ alignment of `data + byte_offset` to the element size (no op needs
+ more; 16-byte aligned data lets some kernels use 128-bit accesses) and
+ the DLPack major version (1). Not checkable: that the memory really
+ holds `numel` elements; the producer's word is trusted.
+
+ Bad input (at the call, nothing written to `*view`): `ctx` NULL, stale
+ or of another kind; `managed` NULL or not aligned to 8 bytes; `view`
+ NULL, misaligned or a bad `view->size`; `versioned` outside 0..=1; a
+ DLPack major version other than 1; `ndim` outside
+ 0..=FTN_DLPACK_MAX_DIMS; a NULL `shape` with `ndim > 0`; a negative
+ dimension or an element count that overflows; an unsupported dtype or
+ `lanes != 1`; non-contiguous strides (the error names the dimension);
+ `data` NULL with elements; `data + byte_offset` not aligned to the
+ element size: ftnInvalidArgument. A tensor on another device than the
+ context's: ftnDeviceMismatch. The deleter is never called, on success
+ or failure.
+ */
+ftnResult_t ftn_dlpack_import(ftnContext_t ctx,
+                              const void *managed,
+                              int versioned,
+                              ftnTensorView_t *view);
+
+/*
+ Hands memory from `ftn_malloc` to another framework as a DLPack tensor
+ of `ndim` dimensions `shape` (compact row-major, `strides` NULL) and
+ element type `datatype` (`ftnDataType_t`); writes a
+ `DLManagedTensorVersioned *` (DLPack 1.0) to `*out` when `versioned` is
+ 1, a `DLManagedTensor *` when it is 0 (for consumers older than DLPack
+ 1.0). The device is `kDLCPU` on the emulator, `kDLCUDA` with the
+ context's ordinal on a GPU; flags 0 (writable).
+
+ Ownership moves with the tensor: on success the allocation leaves the
+ context (`ftn_free` of `ptr` is then an error, and destroying the
+ context no longer frees it) and the tensor's `deleter`, called by the
+ consumer exactly once, frees it, in the order of the work enqueued on
+ the context's streams before the call (as `ftn_free` does), together
+ with the DLPack bookkeeping. The deleter may be called from any thread,
+ also after the context is destroyed.
+
+ Bad input (at the call, nothing written, the allocation stays with the
+ context): `ctx` NULL, stale or of another kind; `out` NULL or not aligned
+ for a pointer; `datatype` outside `ftnDataType_t`; `ndim` outside
+ 0..=FTN_DLPACK_MAX_DIMS; `shape` NULL with `ndim > 0`; a negative
+ dimension or a size that overflows; `versioned` outside 0..=1; `ptr`
+ NULL or not the start of a live `ftn_malloc` allocation of `ctx` (to
+ export an empty tensor, allocate at least one byte); a shape whose
+ bytes exceed the allocation: ftnInvalidArgument. A host allocation
+ that fails: ftnBackendError.
+ */
+ftnResult_t ftn_dlpack_export(ftnContext_t ctx,
+                              void *ptr,
+                              int datatype,
+                              int ndim,
+                              const int64_t *shape,
+                              int versioned,
+                              void **out);
 
 /*
  Fills `config` (whose `size` the caller has set) with the defaults:

@@ -30,6 +30,9 @@ handle!(ftnContext, ftnContext_t, 0x4654_4e43_5458_0001, "ftnContext_t", {
     dev: Device,
     allocs: Allocs,
     children: Arc<Children>,
+    // The GPU ordinal of a CUDA context (0 on the emulator): DLPack
+    // tensors are checked against it.
+    ordinal: usize,
 });
 handle!(ftnStream, ftnStream_t, 0x4654_4e53_544d_0002, "ftnStream_t", {
     stream: Stream,
@@ -108,7 +111,7 @@ pub unsafe extern "C" fn ftn_context_create(
             ftnBackend_t::ftnBackendCuda => Device::cuda(ordinal)?,
             ftnBackend_t::ftnBackendAuto => Device::cuda(ordinal).unwrap_or_else(|_| Device::emu()),
         };
-        let h = ftnContext::into_raw(dev, Arc::default(), Arc::default());
+        let h = ftnContext::into_raw(dev, Arc::default(), Arc::default(), ordinal);
         // SAFETY: checked non-NULL above; valid by the contract.
         unsafe { ctx.write(h) };
         Ok(())

@@ -380,6 +380,9 @@ const OVERRIDES: &[(&str, &str)] = &[
     ("ftn_vocab_shard_rows.out_count", "4096"),
     ("ftn_free.ptr", "adv_malloc()"),
     ("ftn_free_async.ptr", "adv_malloc()"),
+    // DLPack: a valid CPU tensor to import, an allocation to export
+    ("ftn_dlpack_import.managed", "adv_dlpack()"),
+    ("ftn_dlpack_export.ptr", "adv_malloc()"),
     // fused Adam: a device loss scaler (the fixture) and no inv_scale (not both)
     ("ftn_adam_step.inv_scale", "NULL"),
     ("ftnAdamTensor_t.model_dtype", "ftnFloat32"),

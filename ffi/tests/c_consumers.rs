@@ -181,6 +181,16 @@ fn c_ddp_consumer_passes_on_the_emulator() {
 }
 
 #[test]
+fn c_dlpack_consumer_passes_on_the_emulator() {
+    c_consumer_passes(
+        "consumer_dlpack.c",
+        "consumer_dlpack_c",
+        &[],
+        "C DLPack consumer",
+    );
+}
+
+#[test]
 fn c_pipeline_consumer_passes() {
     c_consumer_passes(
         "consumer_pipeline.c",

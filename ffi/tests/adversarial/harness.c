@@ -63,6 +63,30 @@ void *adv_malloc(void) {
   return p;
 }
 
+/* A valid DLPack 1.x tensor on the CPU: a DLManagedTensorVersioned
+ * (declared here as its bytes: ferrotron.h takes it as void *) of 4
+ * float32 elements, compact, no deleter. */
+void *adv_dlpack(void) {
+  unsigned char *m = (unsigned char *)adv_buf();
+  int64_t four = 4;
+  uint32_t major = 1;
+  int32_t cpu = 1, ndim = 1;
+  uint8_t code = 2, bits = 32;
+  uint16_t lanes = 1;
+  void *data = m + 1024;
+  int64_t *shape = (int64_t *)(m + 512);
+  memcpy(shape, &four, 8);
+  memcpy(m + 0, &major, 4);         /* version.major */
+  memcpy(m + 32, &data, 8);         /* dl_tensor.data */
+  memcpy(m + 40, &cpu, 4);          /* dl_tensor.device.device_type */
+  memcpy(m + 48, &ndim, 4);         /* dl_tensor.ndim */
+  memcpy(m + 52, &code, 1);         /* dl_tensor.dtype */
+  memcpy(m + 53, &bits, 1);
+  memcpy(m + 54, &lanes, 2);
+  memcpy(m + 56, &shape, 8);        /* dl_tensor.shape; strides, byte_offset 0 */
+  return m;
+}
+
 void adv_field(void *base, size_t size, const adv_case *c) {
   unsigned char *b = (unsigned char *)base;
   uint64_t v = c->value;

@@ -60,6 +60,8 @@ void *fx_bad(int kind, uint64_t how);
 void *adv_buf(void);
 /* 64 KiB from ftn_malloc on the fixture context. */
 void *adv_malloc(void);
+/* A valid DLManagedTensorVersioned on the CPU (4 float32). */
+void *adv_dlpack(void);
 /* Marks every parameter of the DDP fixture ready on the stream fixture
  * (a whole backward), then with `finish` synchronises the gradients:
  * the state ftn_ddp_finish_grad_sync / ftn_dist_opt_step expect. */
