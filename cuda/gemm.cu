@@ -138,6 +138,9 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
       ftn_cp_async_commit();
     }
 
+    // Emulator only (no-ops on a GPU): the tensor-core ops of the loop run
+    // warp by warp at each __syncthreads instead of one rendezvous per op.
+    ftn_mma_batch_begin();
     for (int64_t kt = 0; kt < ktiles; ++kt) {
       ftn_cp_async_wait<kGemmStages - 2>();
       __syncthreads();  // slice kt is visible; slice kt-1's stage is free
@@ -159,7 +162,8 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
         }
 #pragma unroll
         for (int j = 0; j < NI / 2; ++j) {
-          uint32_t r[4];
+          // r[0..3] = fragments of n-tiles 2j (b0, b1) and 2j+1 (b0, b1).
+          uint32_t *r = &bf[2 * j][0];
           if constexpr (B_K_MAJOR) {
             ftn_ldmatrix_x4(r, sb + (wn0 + j * 16 + (lane >> 4) * 8 + (lane & 7)) * SLDB + kk +
                                    ((lane >> 3) & 1) * 8);
@@ -167,10 +171,6 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
             ftn_ldmatrix_x4_trans(r, sb + (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * SLDB + wn0 +
                                          j * 16 + (lane >> 4) * 8);
           }
-          bf[2 * j][0] = r[0];
-          bf[2 * j][1] = r[1];
-          bf[2 * j + 1][0] = r[2];
-          bf[2 * j + 1][1] = r[3];
         }
 #pragma unroll
         for (int i = 0; i < MI; ++i)
@@ -178,6 +178,7 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
           for (int j = 0; j < NI; ++j) ftn_mma_m16n8k16<T>(acc[i][j], af[i], bf[j], acc[i][j]);
       }
     }
+    ftn_mma_batch_end();  // acc holds the results from here on
     ftn_cp_async_wait<0>();
 
     // Epilogue straight from the accumulator fragments: element e of tile

@@ -4,10 +4,9 @@
 // Under nvcc these are inline PTX. Under the CPU emulator, mma and ldmatrix
 // are warp collectives (cuda/emu/mma_emu.cpp) that follow the PTX ISA
 // fragment layouts exactly, so a kernel that feeds them wrong fragments gets
-// wrong answers on the CPU too; cp.async is a synchronous 16-byte copy
-// (zero-filled past src_bytes) and the waits are no-ops, which is one legal
-// schedule of the asynchronous copies once the kernel waits and barriers as
-// PTX requires.
+// wrong answers on the CPU too; cp.async copies at once, or in the
+// emulator's strict mode lands at the wait_group that covers it (its
+// destination reads as poison until then).
 //
 //   ftn_mma_m16n8k16<T>(d[4], a[4], b[2], c[4])  T = __half or __nv_bfloat16;
 //       d = a(16x16, row) * b(16x8, col) + c, fp32; d may alias c
@@ -16,6 +15,12 @@
 //   ftn_cp_async_16(smem, gmem, src_bytes)       copies src_bytes in [0, 16]
 //       and zero-fills the rest of the 16 bytes; both addresses 16-aligned
 //   ftn_cp_async_commit(), ftn_cp_async_wait<N>() (at most N groups pending)
+//   ftn_mma_batch_begin(), ftn_mma_batch_end()  no-ops on a GPU; on the
+//       emulator, mma/ldmatrix between them are recorded and run for the
+//       whole warp at the next __syncthreads / full-warp op / batch end
+//       (one rendezvous instead of one per op); their results read as NaN
+//       until then, so a kernel must not read them inside the batch before
+//       such a point (cuda/emu/README.md, "mma batches")
 #ifndef FTN_MMA_CUH
 #define FTN_MMA_CUH
 
@@ -90,6 +95,8 @@ FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes) {
                : "memory");
 }
 FTN_DEVICE void ftn_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+FTN_DEVICE void ftn_mma_batch_begin() {}
+FTN_DEVICE void ftn_mma_batch_end() {}
 template <int N>
 FTN_DEVICE void ftn_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -132,6 +139,12 @@ FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes FTN_
   ::ftn_emu::cp_async(smem, gmem, 16, src_bytes, ftn_loc.file_name(), ftn_loc.line());
 }
 FTN_DEVICE void ftn_cp_async_commit() { ::ftn_emu::cp_async_commit(); }
+FTN_DEVICE void ftn_mma_batch_begin(std::source_location ftn_loc = std::source_location::current()) {
+  ::ftn_emu::mma_batch_begin(ftn_loc.file_name(), ftn_loc.line());
+}
+FTN_DEVICE void ftn_mma_batch_end(std::source_location ftn_loc = std::source_location::current()) {
+  ::ftn_emu::mma_batch_end(ftn_loc.file_name(), ftn_loc.line());
+}
 template <int N>
 FTN_DEVICE void ftn_cp_async_wait(std::source_location ftn_loc = std::source_location::current()) {
   ::ftn_emu::cp_async_wait(N, ftn_loc.file_name(), ftn_loc.line());

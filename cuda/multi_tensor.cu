@@ -109,7 +109,9 @@ FTN_KERNEL_BOUNDED(ftn_multi_tensor_unscale, FtnMultiTensorUnscaleParams, p, FTN
   for (int64_t c = blockIdx.x; c < p.num_chunks; c += gridDim.x) {
     mt_chunk<true>(p.tensors, p.chunks, c, p.chunk_size, op);
   }
-  if (__syncthreads_or(op.bad) && threadIdx.x == 0) *p.found_inf = 1.0f;
+  // Atomic: several blocks may find an inf, and plain stores of one word by
+  // two blocks are a data race (the emulator's strict mode reports them).
+  if (__syncthreads_or(op.bad) && threadIdx.x == 0) atomicExch(p.found_inf, 1.0f);
 }
 
 FTN_KERNEL_BOUNDED(ftn_multi_tensor_l2norm_partial, FtnMultiTensorL2NormParams, p,

@@ -657,6 +657,13 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
 // the block's shared memory.
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
               unsigned line);
+// The emulator's mma batch (cuda/mma.cuh ftn_mma_batch_begin/end; no-ops
+// on a GPU): between begin and end, mma.sync and ldmatrix record their
+// operands and return without a warp rendezvous; their destination
+// registers read as NaN (0xFFFFFFFF) until the warp's next flush point --
+// __syncthreads, any full-warp op, batch end -- runs them in order.
+void mma_batch_begin(const char *file, unsigned line);
+void mma_batch_end(const char *file, unsigned line);
 // cp.async.{ca,cg}.shared.global of `size` bytes (4, 8 or 16): reads
 // src_bytes (0..size) from src and zero-fills the rest of dst. dst:
 // `size`-aligned, in the block's shared memory; src (when src_bytes > 0):

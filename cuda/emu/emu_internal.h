@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -59,8 +60,32 @@ struct Thread {
   // yet landed by a cp.async.wait_group, and this thread's group counter.
   std::vector<PendingCopy> pending;
   uint32_t groups_committed = 0;
+  bool in_mma_batch = false;  // between ftn_mma_batch_begin and _end
 };
 
+
+// A tensor-core op a lane recorded inside an emulator mma batch
+// (mma_emu.cpp, ftn_mma_batch_begin/end): executed for the whole warp at the
+// next flush point. Operands that are not themselves results still in
+// flight are captured at the call (a, b, c); the others (a_ref, b_ref,
+// c_ref) are read at the flush, after the ops before them have run.
+struct LaneOp {
+  uint8_t kind;   // kOpMma or kOpLdmatrix
+  uint8_t param;  // mma: bf16 inputs; ldmatrix: .num
+  uint8_t trans;  // ldmatrix .trans
+  uint32_t a[4], b[2];
+  float c[4];
+  const uint32_t *a_ref, *b_ref;
+  const float *c_ref;
+  void *dst;  // mma: float d[4]; ldmatrix: uint32_t r[num]
+  unsigned char row[16];  // ldmatrix: this lane's row, read at the call
+  const char *file;
+  unsigned line;
+};
+enum : uint8_t { kOpMma = 1, kOpLdmatrix = 2 };
+// Ops a lane records before its warp must flush (the GEMM's loop issues 44
+// per k-tile, between two __syncthreads).
+constexpr unsigned kBatchCap = 64;
 
 struct WarpSlot {  // one pending warp rendezvous
   int op;
@@ -86,6 +111,12 @@ struct Warp {
   // (racecheck.cpp), as (count, mask); sync_count numbers them.
   uint32_t sync_count = 0;
   uint32_t sync_epoch = 0;
+  // Tensor-core ops recorded in an mma batch: lane l's are
+  // batch_ops[l * kBatchCap ..][0 .. batch_n[l]) (allocated on first use);
+  // batch_pending is their total.
+  std::unique_ptr<LaneOp[]> batch_ops;
+  uint16_t batch_n[32] = {};
+  uint32_t batch_pending = 0;
   std::vector<std::pair<uint32_t, unsigned>> sync_events;
   alignas(64) unsigned char scratch[kWarpScratchBytes];
 };
@@ -196,7 +227,14 @@ void race_launch_begin(Launch &l);
 void race_launch_end(Launch &l);
 
 // cp_async.cpp
-void cp_async_drop(Thread &t);  // a finished or reset thread's copies
+void cp_async_drop(Thread &t);
+
+// mma_emu.cpp: runs the warp's recorded tensor-core ops (a no-op when there
+// are none). Called where every lane of the warp is parked or running the
+// call: the completion of a full-warp rendezvous, of __syncthreads.
+void mma_batch_flush(Worker &w, unsigned warp_index);
+// A lane leaving its kernel: fails if it is still inside a batch.
+void mma_batch_exit_check(Worker &w, Thread &t);  // a finished or reset thread's copies
 
 // warp.cpp
 void warp_lane_exited(Worker &w, Thread &t);  // may fail: lane named in a pending op

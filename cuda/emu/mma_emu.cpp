@@ -222,9 +222,87 @@ void ldmatrix_collective(unsigned mask, void *const *data) {
 
 }  // namespace
 
+namespace {
+constexpr uint32_t kPoisonWord = 0xFFFFFFFFu;  // a NaN as fp32, two NaNs as bf16/f16
+
+bool all_poison(const void *p, size_t words) {
+  uint32_t w[4];
+  std::memcpy(w, p, 4 * words);
+  for (size_t i = 0; i < words; ++i)
+    if (w[i] != kPoisonWord) return false;
+  return true;
+}
+
+// The rows of an ldmatrix, M[i][r] = lane (8i + r)'s 16 bytes; each lane's
+// registers per the PTX fragment layout (g = l >> 2, t = l & 3).
+void ldmatrix_fragments(int count, bool trans, const unsigned char *const *rows, unsigned lane,
+                        uint32_t *r) {
+  const int g = int(lane >> 2), t = int(lane & 3);
+  for (int i = 0; i < count; ++i) {
+    uint16_t lo, hi;
+    if (trans) {
+      std::memcpy(&lo, rows[8 * i + 2 * t] + 2 * g, 2);
+      std::memcpy(&hi, rows[8 * i + 2 * t + 1] + 2 * g, 2);
+    } else {
+      std::memcpy(&lo, rows[8 * i + g] + 4 * t, 2);
+      std::memcpy(&hi, rows[8 * i + g] + 4 * t + 2, 2);
+    }
+    r[i] = uint32_t(lo) | (uint32_t(hi) << 16);
+  }
+}
+
+detail::LaneOp &record(detail::Warp &wp, unsigned lane, uint8_t kind, const char *file,
+                       unsigned line) {
+  if (!wp.batch_ops) wp.batch_ops.reset(new detail::LaneOp[32 * detail::kBatchCap]);  // uninitialised
+  detail::LaneOp &o = wp.batch_ops[lane * detail::kBatchCap + wp.batch_n[lane]++];
+  o.kind = kind;
+  o.param = o.trans = 0;
+  o.file = file;
+  o.line = line;
+  ++wp.batch_pending;
+  return o;
+}
+
+void flush_collective(unsigned mask, void *const *) {
+  if (mask != 0xFFFFFFFFu)
+    detail::fail(detail::strprintf("mma batch flush needs the full warp, got mask 0x%08x", mask));
+  // complete() has already flushed the warp (it does before any full-warp op).
+}
+
+// A lane whose batch is full: flush now, with the whole warp.
+void flush_if_full(detail::Warp &wp, unsigned lane, const char *file, unsigned line) {
+  if (wp.batch_n[lane] >= detail::kBatchCap)
+    detail::warp_collective(0xFFFFFFFFu, &flush_collective, nullptr, file, line);
+}
+
+detail::Warp &my_warp(unsigned &lane) {
+  detail::Worker &w = *detail::tl_worker;
+  lane = w.cur->pub.linear & 31u;
+  return w.warps[w.cur->pub.linear >> 5];
+}
+}  // namespace
+
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line) {
   const unsigned lane = ftn_emu_tl_thread->linear & 31u;
+  if (detail::tl_worker->cur->in_mma_batch) {
+    unsigned l;
+    detail::Warp &wp = my_warp(l);
+    detail::LaneOp &o = record(wp, lane, detail::kOpMma, file, line);
+    o.param = bf16;
+    // A poisoned operand is (almost surely) a result still in flight: read
+    // it at the flush, after the op that produces it. Else capture it now.
+    o.a_ref = all_poison(a, 4) ? a : nullptr;
+    if (!o.a_ref) std::memcpy(o.a, a, sizeof o.a);
+    o.b_ref = all_poison(b, 2) ? b : nullptr;
+    if (!o.b_ref) std::memcpy(o.b, b, sizeof o.b);
+    o.c_ref = all_poison(c, 4) ? c : nullptr;
+    if (!o.c_ref) std::memcpy(o.c, c, sizeof o.c);
+    o.dst = d;
+    std::memset(d, 0xFF, 4 * sizeof(float));
+    flush_if_full(wp, lane, file, line);
+    return;
+  }
   MmaTile &x = *reinterpret_cast<MmaTile *>(detail::warp_scratch());
   if (bf16)
     mma_put<true>(x, lane, a, b, c);
@@ -237,7 +315,8 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
               unsigned line) {
   const unsigned lane = ftn_emu_tl_thread->linear & 31u;
-  if (lane < 8u * unsigned(count)) {  // lanes whose row address is used
+  const bool used = lane < 8u * unsigned(count);  // lanes whose row address is used
+  if (used) {
     check_aligned(row, 16, "ldmatrix row address", file, line);
     if (!in_shared(row, 16))
       detail::fail(detail::strprintf(
@@ -246,6 +325,18 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
           file, line, row, lane));
     detail::race_access(*detail::tl_worker, row, 16, false, __builtin_return_address(0));
   }
+  if (detail::tl_worker->cur->in_mma_batch) {
+    unsigned l;
+    detail::Warp &wp = my_warp(l);
+    detail::LaneOp &o = record(wp, lane, detail::kOpLdmatrix, file, line);
+    o.param = uint8_t(count);
+    o.trans = trans;
+    if (used) std::memcpy(o.row, row, 16);  // the data as it is now
+    o.dst = r;
+    std::memset(r, 0xFF, sizeof(uint32_t) * size_t(count));
+    flush_if_full(wp, lane, file, line);
+    return;
+  }
   LdmLane &me = reinterpret_cast<LdmLane *>(detail::warp_scratch() + kLdmOffset)[lane];
   me.count = count;
   me.trans = trans;
@@ -253,5 +344,81 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
   detail::warp_collective(0xFFFFFFFFu, &ldmatrix_collective, &me, file, line);
   std::memcpy(r, me.r, sizeof(uint32_t) * size_t(count));
 }
+
+void mma_batch_begin(const char *file, unsigned line) {
+  detail::Thread &t = *detail::tl_worker->cur;
+  if (t.in_mma_batch)
+    detail::fail(detail::strprintf("ftn_mma_batch_begin at %s:%u inside a batch (batches do "
+                                   "not nest)",
+                                   file, line));
+  t.in_mma_batch = true;
+}
+
+void mma_batch_end(const char *file, unsigned line) {
+  detail::Thread &t = *detail::tl_worker->cur;
+  if (!t.in_mma_batch)
+    detail::fail(detail::strprintf("ftn_mma_batch_end at %s:%u without ftn_mma_batch_begin",
+                                   file, line));
+  t.in_mma_batch = false;
+  unsigned lane;
+  detail::Warp &wp = my_warp(lane);
+  // Lanes record the same ops, so they agree on whether a flush is needed.
+  if (wp.batch_n[lane] != 0)
+    detail::warp_collective(0xFFFFFFFFu, &flush_collective, nullptr, file, line);
+}
+
+namespace detail {
+void mma_batch_flush(Worker &w, unsigned wi) {
+  Warp &wp = w.warps[wi];
+  if (!wp.batch_pending) return;
+  const size_t n = wp.batch_n[0];
+  auto op = [&](unsigned l, size_t i) -> const LaneOp & { return wp.batch_ops[l * kBatchCap + i]; };
+  for (unsigned l = 1; l < 32; ++l)
+    if (wp.batch_n[l] != n)
+      fail(strprintf("mma batch of warp %u: lane 0 recorded %zu tensor-core ops but lane %u "
+                     "%zu before this synchronisation point (the warp diverged around "
+                     "mma.sync/ldmatrix, which need the whole warp)",
+                     wi, n, l, size_t(wp.batch_n[l])));
+  MmaTile &x = *reinterpret_cast<MmaTile *>(wp.scratch);
+  for (size_t i = 0; i < n; ++i) {
+    const LaneOp &o0 = op(0, i);
+    for (unsigned l = 1; l < 32; ++l) {
+      const LaneOp &o = op(l, i);
+      if (o.kind != o0.kind || o.param != o0.param || o.trans != o0.trans)
+        fail(strprintf("mma batch of warp %u: op %zu is %s at %s:%u on lane 0 but %s at %s:%u "
+                       "on lane %u (lanes must issue the same tensor-core ops)",
+                       wi, i, o0.kind == kOpMma ? "mma.sync" : "ldmatrix", o0.file, o0.line,
+                       o.kind == kOpMma ? "mma.sync" : "ldmatrix", o.file, o.line, l));
+    }
+    if (o0.kind == kOpMma) {
+      for (unsigned l = 0; l < 32; ++l) {
+        const LaneOp &o = op(l, i);
+        const uint32_t *a = o.a_ref ? o.a_ref : o.a, *b = o.b_ref ? o.b_ref : o.b;
+        const float *c = o.c_ref ? o.c_ref : o.c;
+        if (o0.param)
+          mma_put<true>(x, l, a, b, c);
+        else
+          mma_put<false>(x, l, a, b, c);
+      }
+      mma_compute(x);
+      for (unsigned l = 0; l < 32; ++l) mma_take(x, l, static_cast<float *>(op(l, i).dst));
+    } else {
+      const unsigned char *rows[32];
+      for (int l = 0; l < 32; ++l) rows[l] = op(l, i).row;
+      for (unsigned l = 0; l < 32; ++l)
+        ldmatrix_fragments(o0.param, o0.trans != 0, rows, l,
+                           static_cast<uint32_t *>(op(l, i).dst));
+    }
+  }
+  std::memset(wp.batch_n, 0, sizeof wp.batch_n);
+  wp.batch_pending = 0;
+}
+
+void mma_batch_exit_check(Worker &w, Thread &t) {
+  if (t.in_mma_batch || w.warps[t.pub.linear >> 5].batch_n[t.pub.linear & 31u] != 0)
+    fail("exited inside an mma batch (ftn_mma_batch_begin without ftn_mma_batch_end): its "
+         "mma.sync/ldmatrix results were never delivered");
+}
+}  // namespace detail
 
 }  // namespace ftn_emu

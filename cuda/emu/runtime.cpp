@@ -129,6 +129,7 @@ int block_barrier(int kind, int pred, const char *file, unsigned line) {
     w.bar_count = 0;
     w.bar_acc = 0;
     if (w.racecheck) race_new_interval(w);  // accesses after this are ordered after those before
+    for (unsigned wi = 0; wi < w.warps.size(); ++wi) mma_batch_flush(w, wi);
     for (Thread &o : w.threads)
       if (o.state == TState::WaitBarrier) o.state = TState::Runnable;
   } else {
@@ -225,6 +226,7 @@ void fiber_main(void *arg) {
   fiber_entered(w, t);
   try {
     w.launch->desc->entry(w.launch->desc->params);
+    mma_batch_exit_check(w, t);
     warp_lane_exited(w, t);
     if (w.bar_count > 0)
       fail(strprintf("exited while %u of %u threads wait at __syncthreads (%s:%u); that "
@@ -328,7 +330,8 @@ void setup_launch(Worker &w, Launch &l) {
     t.pub.tid.y = (i / d.block[0]) % d.block[1];
     t.pub.tid.z = i / (d.block[0] * d.block[1]);
   }
-  w.warps.assign((w.nthreads + 31) / 32, Warp{});
+  w.warps.clear();
+  w.warps.resize((w.nthreads + 31) / 32);
   for (size_t i = 0; i < w.warps.size(); ++i) {
     unsigned lanes = w.nthreads - unsigned(i) * 32;
     w.warps[i].existing = lanes >= 32 ? 0xFFFFFFFFu : ((1u << lanes) - 1u);
@@ -356,6 +359,7 @@ void run_block(Worker &w, uint64_t b) {
   w.block_linear = b;
   for (Thread &t : w.threads) {
     t.state = TState::NotStarted;
+    t.in_mma_batch = false;
     cp_async_drop(t);
   }
   schedule_block(w, b);
@@ -363,6 +367,8 @@ void run_block(Worker &w, uint64_t b) {
   for (Warp &wp : w.warps) {
     wp.exited = 0;
     wp.nslots = 0;
+    std::memset(wp.batch_n, 0, sizeof wp.batch_n);
+    wp.batch_pending = 0;
   }
   w.done_count = w.bar_count = 0;
   w.bar_acc = w.bar_result = 0;

@@ -59,6 +59,10 @@ void complete(Worker &w, unsigned warp_index, const WarpSlot &s) {
       data[l] = (mask >> l & 1u) ? reinterpret_cast<void *>(uintptr_t(lanes[l].wval)) : nullptr;
     reinterpret_cast<WarpCollectiveFn>(s.aux)(mask, data);
   }
+  // Recorded tensor-core ops run before any op of the whole warp (their
+  // results may be what it exchanges); a partial-mask op leaves them pending.
+  if (w.warps[warp_index].batch_pending && mask == w.warps[warp_index].existing)
+    mma_batch_flush(w, warp_index);
   if (s.op == kSyncWarp && w.racecheck) race_syncwarp(w, warp_index, mask);
   switch (s.op) {
     case kBallot:

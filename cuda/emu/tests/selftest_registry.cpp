@@ -42,6 +42,7 @@
   X(ldmatrix)                       \
   X(ldmatrix_misaligned)            \
   X(mma_m16n8k16)                   \
+  X(mma_batch_misuse)               \
   X(cp_async_zero_fill)             \
   X(strict_vector_alignment)        \
   X(strict_ldmatrix_shared)         \

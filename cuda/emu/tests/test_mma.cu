@@ -3,6 +3,7 @@
 // on known matrices with every lane's fragment checked against the PTX ISA
 // layout, written here per register (independently of mma_emu.cpp's
 // per-element formulas); cp.async zero-fill; misaligned ldmatrix fails loudly.
+#include <cmath>
 #include <vector>
 
 #include "../../mma.cuh"
@@ -12,6 +13,7 @@ namespace {
 struct LdmParams {
   int count, trans;
   uint32_t *out;  // [32 lanes][4]
+  int batch;      // inside ftn_mma_batch_begin/end
 };
 struct MmaParams {
   int bf16;
@@ -19,6 +21,7 @@ struct MmaParams {
   const float *b;  // [16][8]  (k, n)
   const float *c;  // [16][8]
   float *out;      // [32 lanes][4]
+  int batch;       // 1: inside a batch; 2: also chain D = A*B + D twice more
 };
 struct CpParams {
   const uint16_t *src;
@@ -39,9 +42,11 @@ FTN_KERNEL(st_ldmatrix, LdmParams, p) {
   __syncwarp();
   const void *row = &tile[((lane >> 3) * 8 + (lane & 7)) * 24];
   uint32_t r[4] = {0, 0, 0, 0};
+  if (p.batch) ftn_mma_batch_begin();
   if (p.count == 4) p.trans ? ftn_ldmatrix_x4_trans(r, row) : ftn_ldmatrix_x4(r, row);
   if (p.count == 2) p.trans ? ftn_ldmatrix_x2_trans(r, row) : ftn_ldmatrix_x2(r, row);
   if (p.count == 1) p.trans ? ftn_ldmatrix_x1_trans(r, row) : ftn_ldmatrix_x1(r, row);
+  if (p.batch) ftn_mma_batch_end();
   for (int i = 0; i < 4; ++i) p.out[lane * 4 + i] = r[i];
 }
 
@@ -82,6 +87,7 @@ FTN_KERNEL(st_mma, MmaParams, p) {
   float c[4];
   for (int i = 0; i < 4; ++i) c[i] = p.c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
   float d[4];
+  if (p.batch) ftn_mma_batch_begin();
   if (p.bf16) {
     ftn_mma_m16n8k16<__nv_bfloat16>(d, a, b, c);
   } else {
@@ -93,6 +99,18 @@ FTN_KERNEL(st_mma, MmaParams, p) {
   } else {
     ftn_mma_m16n8k16<__half>(c, a, b, c);
   }
+  if (p.batch == 2) {  // c = C + AB is still in flight: the chain reads it at the flush
+    for (int rep = 0; rep < 2; ++rep) {
+      if (p.bf16)
+        ftn_mma_m16n8k16<__nv_bfloat16>(c, a, b, c);
+      else
+        ftn_mma_m16n8k16<__half>(c, a, b, c);
+    }
+    ftn_mma_batch_end();
+    for (int i = 0; i < 4; ++i) p.out[lane * 4 + i] = c[i];  // C + 3AB
+    return;
+  }
+  if (p.batch) ftn_mma_batch_end();
   for (int i = 0; i < 4; ++i) p.out[lane * 4 + i] = d[i] == c[i] ? d[i] : NAN;
 }
 
@@ -108,8 +126,9 @@ FTN_KERNEL(st_cp_async, CpParams, p) {
 void test_ldmatrix() {
   for (int count : {1, 2, 4})
     for (int trans : {0, 1}) {
+     for (int batch : {0, 1}) {
       std::vector<uint32_t> out(128, 0xDEADBEEFu);
-      LdmParams p{count, trans, out.data()};
+      LdmParams p{count, trans, out.data(), batch};
       LAUNCH_OK(st_ldmatrix, p, dim3(1), dim3(32), 0, 1);
       for (int lane = 0; lane < 32; ++lane)
         for (int i = 0; i < count; ++i) {
@@ -118,20 +137,23 @@ void test_ldmatrix() {
           const uint16_t lo = trans ? ldm_value(i, 2 * t, g) : ldm_value(i, g, 2 * t);
           const uint16_t hi = trans ? ldm_value(i, 2 * t + 1, g) : ldm_value(i, g, 2 * t + 1);
           const uint32_t want = uint32_t(lo) | uint32_t(hi) << 16;
-          CHECK(out[lane * 4 + i] == want, "x%d trans=%d lane %d reg %d: got 0x%08x want 0x%08x",
-                count, trans, lane, i, out[lane * 4 + i], want);
+          CHECK(out[lane * 4 + i] == want,
+                "x%d trans=%d batch=%d lane %d reg %d: got 0x%08x want 0x%08x", count, trans,
+                batch, lane, i, out[lane * 4 + i], want);
         }
+     }
     }
 }
 
 void test_ldmatrix_misaligned() {
   std::vector<uint32_t> out(128);
-  LdmParams p{1, 0, out.data()};
+  LdmParams p{1, 0, out.data(), 0};
   LAUNCH_FAILS(st_ldmatrix_misaligned, p, dim3(1), dim3(32), 0, "not 16-byte aligned");
 }
 
 void test_mma_m16n8k16() {
-  for (int bf16 : {0, 1}) {
+  for (int bf16 : {0, 1})
+   for (int batch : {0, 1, 2}) {
     // Small integers: exact in f16 and bf16, and every sum exact in f32, so
     // the expected D is exact whatever the order of summation.
     std::vector<float> a(256), b(128), c(128), out(128, -1.0f);
@@ -141,17 +163,55 @@ void test_mma_m16n8k16() {
       for (int n = 0; n < 8; ++n) b[k * 8 + n] = float((k * 7 + n * 2) % 13 - 6);
     for (int m = 0; m < 16; ++m)
       for (int n = 0; n < 8; ++n) c[m * 8 + n] = float(m * 8 - n * 3) * 0.5f;
-    MmaParams p{bf16, a.data(), b.data(), c.data(), out.data()};
+    MmaParams p{bf16, a.data(), b.data(), c.data(), out.data(), batch};
     LAUNCH_OK(st_mma, p, dim3(1), dim3(64), 0, 1);  // two warps
+    const int reps = batch == 2 ? 3 : 1;  // D = C + reps * A*B (exact: small integers)
     for (int lane = 0; lane < 32; ++lane)
       for (int i = 0; i < 4; ++i) {
         const int m = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2;
         double want = c[m * 8 + n];
-        for (int k = 0; k < 16; ++k) want += double(a[m * 16 + k]) * b[k * 8 + n];
-        CHECK(out[lane * 4 + i] == float(want), "bf16=%d lane %d d%d (row %d col %d): got %g want %g",
-              bf16, lane, i, m, n, double(out[lane * 4 + i]), want);
+        for (int r = 0; r < reps; ++r)
+          for (int k = 0; k < 16; ++k) want += double(a[m * 16 + k]) * b[k * 8 + n];
+        CHECK(out[lane * 4 + i] == float(want),
+              "bf16=%d batch=%d lane %d d%d (row %d col %d): got %g want %g", bf16, batch, lane,
+              i, m, n, double(out[lane * 4 + i]), want);
       }
+   }
+}
+
+// Misuse of an mma batch: reading a result before a flush point sees the
+// NaN poison (variant 1); leaving the kernel inside a batch (2) and lanes
+// issuing different tensor-core ops (3) fail the launch.
+FTN_KERNEL(st_mma_batch_misuse, MmaParams, p) {
+  const unsigned lane = threadIdx.x % 32;
+  FTN_SHARED(uint16_t, tile, [8 * 8]);
+  for (unsigned i = lane; i < 64; i += 32) tile[i] = uint16_t(i);
+  __syncwarp();
+  uint32_t r[4] = {0, 0, 0, 0};
+  ftn_mma_batch_begin();
+  ftn_ldmatrix_x1(r, &tile[(lane & 7) * 8]);
+  if (p.batch == 1) {
+    p.out[lane] = __uint_as_float(r[0]);  // read in flight: poison
+    ftn_mma_batch_end();
+    return;
   }
+  if (p.batch == 2) return;  // no ftn_mma_batch_end
+  if (lane < 16) ftn_ldmatrix_x1(r, &tile[(lane & 7) * 8]);  // half the warp
+  __syncthreads();
+  ftn_mma_batch_end();
+}
+
+void test_mma_batch_misuse() {
+  std::vector<float> out(32, 0.0f);
+  MmaParams p{1, nullptr, nullptr, nullptr, out.data(), 1};
+  LAUNCH_OK(st_mma_batch_misuse, p, dim3(1), dim3(32), 0, 1);
+  for (int l = 0; l < 32; ++l)
+    CHECK(std::isnan(out[l]), "lane %d read an in-flight ldmatrix result as %g, not NaN", l,
+          double(out[l]));
+  p.batch = 2;
+  LAUNCH_FAILS(st_mma_batch_misuse, p, dim3(1), dim3(32), 0, "exited inside an mma batch");
+  p.batch = 3;
+  LAUNCH_FAILS(st_mma_batch_misuse, p, dim3(1), dim3(32), 0, "the warp diverged");
 }
 
 void test_cp_async_zero_fill() {

@@ -243,6 +243,12 @@ FTN_KERNEL(st_order_dependent, RaceParams, p) {
 }
 
 void test_schedule_perturbation() {
+  // Schedules apply in strict mode (on by default only where the race check
+  // is compiled in): turn it on for this test.
+  struct StrictOn {
+    int prev = ftn_emu_set_strict(1);
+    ~StrictOn() { ftn_emu_set_strict(prev); }
+  } strict_on;
   int out[64];
   RaceParams p{0, out, nullptr};
   {
