@@ -140,6 +140,9 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
 
     // Emulator only (no-ops on a GPU): the tensor-core ops of the loop run
     // warp by warp at each __syncthreads instead of one rendezvous per op.
+    // The fragments live for the whole loop: a batch writes them at its
+    // flush points, which may come after a kk iteration's scope has ended.
+    uint32_t af[MI][4], bf[NI][2];
     ftn_mma_batch_begin();
     for (int64_t kt = 0; kt < ktiles; ++kt) {
       ftn_cp_async_wait<kGemmStages - 2>();
@@ -150,7 +153,6 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
       const T *sb = sa + Tile::A_ELEMS;
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
-        uint32_t af[MI][4], bf[NI][2];
 #pragma unroll
         for (int i = 0; i < MI; ++i) {
           if constexpr (A_K_MAJOR) {

@@ -20,7 +20,8 @@
 //       whole warp at the next __syncthreads / full-warp op / batch end
 //       (one rendezvous instead of one per op); their results read as NaN
 //       until then, so a kernel must not read them inside the batch before
-//       such a point (cuda/emu/README.md, "mma batches")
+//       such a point, and the variables they write must stay in scope until
+//       it (cuda/emu/README.md, "mma batches")
 #ifndef FTN_MMA_CUH
 #define FTN_MMA_CUH
 
