@@ -58,6 +58,12 @@ fn check_broken_then_drop(c: Communicator, fault_has: &str) {
     assert!(is_broken(&e), "{e}");
     let e = c.split(Some(0), c.rank()).unwrap_err().to_string();
     assert!(is_broken(&e), "{e}");
+    // Even a wait with nothing pending says so (it used to return Ok on an idle stream).
+    let e = c
+        .wait_stream(&s, Duration::from_secs(1))
+        .unwrap_err()
+        .to_string();
+    assert!(is_broken(&e) && e.contains(&fault), "{e}");
     s.synchronize().unwrap();
     let t = Instant::now();
     drop((s, b, c));

@@ -578,7 +578,14 @@ impl Communicator {
     /// time out by themselves (the communicator's timeout).
     pub fn wait(&self, handle: &CommHandle, timeout: Duration) -> Result<()> {
         match &self.imp {
-            CommImpl::InProcess(_) => {
+            CommImpl::InProcess(r) => {
+                // Broken is broken on every call, even with nothing left to wait for.
+                if let Some(f) = r.fault() {
+                    return Err(Error::Backend {
+                        backend: "in-process comm",
+                        message: format!("communicator is broken: {f}"),
+                    });
+                }
                 let deadline = std::time::Instant::now() + timeout;
                 while !handle.event.is_complete()? {
                     if std::time::Instant::now() >= deadline {
