@@ -1668,7 +1668,9 @@ ftnResult_t ftn_comm_split(ftnComm_t comm, int color, int key, ftnComm_t *newcom
  `timeout_ms`: ftnInvalidArgument, nothing waited for. `timeout_ms` 0
  checks once; a `stream` of another context than the communicator's:
  ftnDeviceMismatch. A timeout: ftnBackendError (NCCL: the communicator is
- aborted and broken). In-process, failures of the awaited work are not
+ aborted and broken). A communicator that is already broken:
+ ftnBackendError naming the fault, on both backends, even with nothing
+ to wait for. In-process, failures of the awaited work are not
  reported here (they come from the stream's synchronize); NCCL reports an
  asynchronous NCCL error here as ftnBackendError and aborts.
  */
