@@ -300,12 +300,31 @@ impl Event {
         }
     }
 
-    /// Milliseconds between this event and `later`, both completed.
+    /// Blocks the host until the latest record has been reached or
+    /// `deadline` passes; `Ok(true)` when it was reached. The emulator
+    /// sleeps until the event completes; CUDA polls the event.
+    pub(crate) fn synchronize_until(&self, deadline: std::time::Instant) -> Result<bool> {
+        match &self.imp {
+            EventImpl::Emu(e) => Ok(e.synchronize_until(deadline)),
+            #[cfg(feature = "cuda")]
+            EventImpl::Cuda(e) => {
+                while !e.is_complete()? {
+                    if std::time::Instant::now() >= deadline {
+                        return Ok(false);
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                Ok(true)
+            }
+        }
+    }
+
     /// The device this event belongs to.
     pub fn device(&self) -> &Device {
         &self.device
     }
 
+    /// Milliseconds between this event and `later`, both completed.
     pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
         match (&self.imp, &later.imp) {
             (EventImpl::Emu(a), EventImpl::Emu(b)) => {

@@ -587,16 +587,14 @@ impl Communicator {
                     });
                 }
                 let deadline = std::time::Instant::now() + timeout;
-                while !handle.event.is_complete()? {
-                    if std::time::Instant::now() >= deadline {
-                        return Err(Error::Backend {
-                            backend: "in-process comm",
-                            message: format!("operation did not complete within {timeout:?}"),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
+                if handle.event.synchronize_until(deadline)? {
+                    Ok(())
+                } else {
+                    Err(Error::Backend {
+                        backend: "in-process comm",
+                        message: format!("operation did not complete within {timeout:?}"),
+                    })
                 }
-                Ok(())
             }
             #[cfg(feature = "cuda")]
             CommImpl::Nccl(n) => n.wait(&handle.event, timeout),

@@ -209,6 +209,26 @@ impl EmuEvent {
         s.completed >= s.recorded
     }
 
+    /// Blocks the host until the latest record has been reached or
+    /// `deadline` passes; true when it was reached.
+    pub fn synchronize_until(&self, deadline: Instant) -> bool {
+        let mut s = self.lock();
+        let target = s.recorded;
+        while s.completed < target {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            s = self
+                .state
+                .1
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
     pub fn completed_at(&self) -> Option<Instant> {
         let s = self.lock();
         if s.completed >= s.recorded && s.recorded > 0 {
