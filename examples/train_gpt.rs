@@ -5,6 +5,12 @@
 //!     cargo run --release --example train_gpt
 //!     cargo run --release --example train_gpt -- --tp 2 --pp 2 --dp 2 --steps 300
 //!
+//! On GPUs, one process per GPU over NCCL (build with `--features cuda`):
+//! `--launch N` starts N copies of this program torchrun-style, or run it
+//! under `torchrun --no-python --nproc-per-node N` (any launcher that sets
+//! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); global
+//! rank 0 prints the progress and the MFU.
+//!
 //! Defaults: Shakespeare's sonnets (`data/sonnets.txt`), 4 layers, hidden
 //! 128, 4 heads, seq 64, TP 2 × PP 2 × DP 2 = 8 ranks, 1F1B, bf16,
 //! distributed optimizer.
@@ -14,11 +20,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use ferrotron::comm::rendezvous::JobEnv;
+use ferrotron::models::gpt::mfu::{mfu, peak_flops, PEAK_ENV};
 use ferrotron::models::gpt::plot::{loss_svg, Series};
 use ferrotron::models::gpt::sample::generate;
 use ferrotron::models::gpt::{
-    train_in_process, CharCorpus, GptConfig, JobOptions, ParallelConfig, Precision, Recompute,
-    Schedule, StepReport, TrainConfig,
+    train_in_process, train_this_process, CharCorpus, GptConfig, JobOptions, ParallelConfig,
+    Precision, Recompute, Schedule, StepReport, TrainConfig,
 };
 
 const USAGE: &str =
@@ -28,6 +36,7 @@ const USAGE: &str =
   [--data FILE] [--layers N] [--hidden N] [--heads N] [--seq N] [--lr X]
   [--dropout P] [--attention-dropout P] [--seed N] [--save DIR] [--resume DIR]
   [--out DIR] [--sample CHARS] [--target LOSS] [--memory-report] [--no-dist-opt]
+  [--launch N (one process per GPU, NCCL; needs --features cuda)]
   defaults: --tp 2 --pp 2 --vp 1 --dp 2 --schedule 1f1b --micro-batch 4 --micro-batches 2
             --recompute none --precision bf16 --steps 300 --data data/sonnets.txt
             --layers 4 --hidden 128 --heads 4 --seq 64 --lr 3e-3 --out target/train_gpt
@@ -45,6 +54,7 @@ struct Args {
     sample: usize,
     target: f64,
     memory_report: bool,
+    launch: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -71,6 +81,7 @@ fn parse() -> Result<Args, String> {
         sample: 300,
         target: 2.0,
         memory_report: false,
+        launch: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -137,6 +148,7 @@ fn parse() -> Result<Args, String> {
             "--out" => a.out = PathBuf::from(&v),
             "--sample" => a.sample = n()?,
             "--target" => a.target = f()? as f64,
+            "--launch" => a.launch = Some(n()?),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -177,6 +189,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(n) = a.launch {
+        return launch(n);
+    }
     match run(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -193,6 +208,21 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     a.model.vocab = corpus.vocab();
     let (m, p) = (&a.model, &a.par);
     p.validate(m, p.world())?;
+    let opts = JobOptions {
+        resume: a.resume.clone(),
+        save: a.save.clone(),
+        gather_params: a.sample > 0,
+    };
+    // Under a launcher (ours or torchrun) every process is one rank; only
+    // global rank 0 reports.
+    let job = match std::env::var_os("RANK") {
+        Some(_) => Some(JobEnv::from_env()?),
+        None => None,
+    };
+    if let Some(env) = job.as_ref().filter(|e| e.rank != 0) {
+        train_this_process(env, m, p, &a.train, &corpus, &opts, &mut |_| {})?;
+        return Ok(());
+    }
     let tokens_per_step = p.global_batch * m.seq;
     println!(
         "ferrotron train_gpt: {} layers, hidden {}, {} heads, seq {}, vocab {} ({} chars of {}), {:.2} M parameters",
@@ -206,9 +236,25 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         m.parameters() as f64 / 1e6
     );
     println!(
-        "  ranks: tp {} x pp {} (vp {}) x dp {} = {} in-process emulator ranks; {:?}, {:?}, recompute {:?}, {}",
-        p.tp, p.pp, p.vp, p.dp, p.world(), p.schedule, p.precision, p.recompute,
-        if p.distributed_optimizer { "distributed optimizer (ZeRO-1)" } else { "replicated optimizer (plain DDP)" }
+        "  ranks: tp {} x pp {} (vp {}) x dp {} = {} {}; {:?}, {:?}, recompute {:?}, {}",
+        p.tp,
+        p.pp,
+        p.vp,
+        p.dp,
+        p.world(),
+        if job.is_some() {
+            "processes (one per GPU, NCCL)"
+        } else {
+            "in-process emulator ranks"
+        },
+        p.schedule,
+        p.precision,
+        p.recompute,
+        if p.distributed_optimizer {
+            "distributed optimizer (ZeRO-1)"
+        } else {
+            "replicated optimizer (plain DDP)"
+        }
     );
     println!(
         "  batch: {} sequences = {} tokens per step ({} micro-batches of {} per data-parallel rank); {} steps, lr {} (warm-up {}, cosine to {})",
@@ -224,11 +270,6 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         return memory_report(m, p, &a.train, &corpus);
     }
     let flops_per_step = m.flops_per_token() * tokens_per_step as f64;
-    let opts = JobOptions {
-        resume: a.resume.clone(),
-        save: a.save.clone(),
-        gather_params: a.sample > 0,
-    };
     let started = Instant::now();
     let total = a.train.steps;
     let mut first_below: Option<(u64, f64)> = None;
@@ -260,7 +301,10 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
             let _ = std::io::stdout().flush();
         }
     };
-    let summary = train_in_process(m, p, &a.train, &corpus, &opts, &mut on_step)?;
+    let summary = match &job {
+        Some(env) => train_this_process(env, m, p, &a.train, &corpus, &opts, &mut on_step)?,
+        None => train_in_process(m, p, &a.train, &corpus, &opts, &mut on_step)?,
+    };
     let wall = started.elapsed().as_secs_f64();
     let steps = &summary.steps;
     let Some(last) = steps.last() else {
@@ -271,12 +315,26 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let tail: Vec<f64> = steps.iter().rev().take(10).map(|s| s.loss).collect();
     let tail_mean = tail.iter().sum::<f64>() / tail.len() as f64;
     println!();
+    let model_flops = flops_per_step * steps.len() as f64;
+    let utilisation = match peak_flops(&summary.device_name, |k| std::env::var(k).ok()) {
+        Some(peak) => format!(
+            "MFU {:.1} % of {} x {:.0} TFLOP/s ({})",
+            100.0 * mfu(model_flops, wall, p.world(), peak),
+            p.world(),
+            peak / 1e12,
+            summary.device_name
+        ),
+        None => format!(
+            "no MFU: no peak known for {} (set {PEAK_ENV})",
+            summary.device_name
+        ),
+    };
     println!(
-        "done: {} steps in {:.1} s ({:.0} tokens/s, {:.2} GFLOP/s of model FLOPs on the emulator; MFU is reported on GPUs only)",
+        "done: {} steps in {:.1} s ({:.0} tokens/s, {:.2} GFLOP/s of model FLOPs; {utilisation})",
         steps.len(),
         wall,
         (steps.len() * tokens_per_step) as f64 / wall,
-        flops_per_step * steps.len() as f64 / wall / 1e9
+        model_flops / wall / 1e9
     );
     println!(
         "  loss {:.3} -> {:.3} (mean of the last 10 steps {:.3}); skipped steps {skipped}",
@@ -346,7 +404,9 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(dir) = &a.save {
         println!("  checkpoint: {}", dir.display());
     }
-    if a.sample > 0 {
+    if a.sample > 0 && job.is_some() {
+        println!("  no sample: the ranks' parameters stay in their processes (sampling is for in-process runs)");
+    } else if a.sample > 0 {
         let prompt = "From fairest";
         let prompt = if corpus.encode(prompt).is_ok() {
             prompt
@@ -357,6 +417,86 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("\nsample (temperature 0.8):\n{prompt}{text}");
     }
     Ok(())
+}
+
+/// `--launch n`: this program `n` times, torchrun-style (`RANK`,
+/// `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), with the same
+/// flags; rank 0's output is shown, the others' errors. The first rank to
+/// fail stops the rest.
+fn launch(n: usize) -> ExitCode {
+    match launch_ranks(n) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("train_gpt --launch: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn launch_ranks(n: usize) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if n == 0 {
+        return Err("--launch: expected at least 1 process, got 0".into());
+    }
+    if std::env::var_os("RANK").is_some() {
+        return Err("--launch inside a launched job (RANK is already set)".into());
+    }
+    let exe = std::env::current_exe()?;
+    let mut flags = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(f) = it.next() {
+        if f == "--launch" {
+            it.next();
+        } else {
+            flags.push(f);
+        }
+    }
+    // A free port for rank 0's rendezvous (the window until it binds is tiny).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut children = Vec::with_capacity(n);
+    for rank in 0..n {
+        let child = std::process::Command::new(&exe)
+            .args(&flags)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .stdout(if rank == 0 {
+                std::process::Stdio::inherit()
+            } else {
+                std::process::Stdio::null()
+            })
+            .spawn()
+            .map_err(|e| format!("starting rank {rank}: {e}"))?;
+        children.push(Some(child));
+    }
+    let mut failed = None;
+    while children.iter().any(Option::is_some) {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            if let Some(status) = child.try_wait()? {
+                *slot = None;
+                if !status.success() && failed.is_none() {
+                    failed = Some((rank, status));
+                }
+            }
+        }
+        if let Some((rank, status)) = failed {
+            for child in children.iter_mut().flatten() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            eprintln!(
+                "train_gpt --launch: rank {rank} failed ({status}); the other ranks were stopped"
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// One step per recomputation mode; the bytes layer 0 keeps per

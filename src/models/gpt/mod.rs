@@ -11,7 +11,9 @@
 //!
 //! * [`config`]: the model, the split and its checks.
 //! * [`stage`]: one pipeline rank's layers as a [`PipelineStage`].
-//! * [`trainer`]: one rank's step; [`world`]: a job of in-process ranks.
+//! * [`trainer`]: one rank's step; [`world`]: a job of in-process ranks;
+//!   [`process`]: a job of one process per GPU over NCCL (torchrun-style);
+//!   [`mfu`]: model FLOPs utilisation against the device's peak.
 //! * [`sample`]: text from the trained (unsharded) parameters.
 //!
 //! The guide: `docs/training.md`; the program: `examples/train_gpt.rs`.
@@ -26,7 +28,9 @@ mod grads;
 pub mod init;
 mod layer;
 mod loss;
+pub mod mfu;
 pub mod plot;
+pub mod process;
 pub mod sample;
 pub mod stage;
 pub mod trainer;
@@ -35,5 +39,6 @@ pub mod world;
 pub use config::{GptConfig, ParallelConfig, Precision, Recompute, Schedule};
 pub use corpus::CharCorpus;
 pub use layer::{layer_param_replicated, LAYER_PARAMS};
+pub use process::train_this_process;
 pub use trainer::{GptTrainer, ParamShard, RankComms, StepStats, TrainConfig};
 pub use world::{train_in_process, JobOptions, StepReport, TrainSummary};

@@ -41,6 +41,8 @@ pub struct TrainSummary {
     pub activation_bytes: HashMap<usize, usize>,
     /// Optimizer + gradient-buffer bytes of each rank.
     pub state_bytes: Vec<usize>,
+    /// The device the ranks ran on ("CPU emulator (2 threads)", "NVIDIA H200").
+    pub device_name: String,
 }
 
 /// Options of [`train_in_process`] beyond the model and the split.
@@ -74,7 +76,10 @@ pub fn train_in_process(
     let reporters = par.dp;
     let (tx, rx) = mpsc::channel::<(usize, Result<StepStats>)>();
     let start = Instant::now();
-    let mut summary = TrainSummary::default();
+    let mut summary = TrainSummary {
+        device_name: devices[0].name(),
+        ..TrainSummary::default()
+    };
     let results: Vec<Result<RankEnd>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -113,11 +118,11 @@ pub fn train_in_process(
 }
 
 /// What a rank hands back at the end.
-struct RankEnd {
-    state_bytes: usize,
-    activation_bytes: HashMap<usize, usize>,
+pub(crate) struct RankEnd {
+    pub(crate) state_bytes: usize,
+    pub(crate) activation_bytes: HashMap<usize, usize>,
     /// `(tp rank, pp rank, shards)` of data-parallel rank 0.
-    params: Option<RankShards>,
+    pub(crate) params: Option<RankShards>,
 }
 
 /// One model-parallel rank's parameter shards.
@@ -136,28 +141,50 @@ fn run_rank(
     tx: mpsc::Sender<(usize, Result<StepStats>)>,
 ) -> Result<RankEnd> {
     let rank = world.rank();
-    let r = match par.precision {
-        Precision::Bf16 => run_typed::<bf16>(world, cfg, par, train, corpus, opts, &tx, false),
-        Precision::Fp16 => run_typed::<f16>(world, cfg, par, train, corpus, opts, &tx, true),
+    let mut send = |comms: &RankComms, st: StepStats| {
+        if comms.reports_loss(par) {
+            // The receiver may have stopped listening after an error.
+            let _ = tx.send((rank, Ok(st)));
+        }
+        Ok(())
     };
+    let r = drive_rank(world, cfg, par, train, corpus, opts, &mut send);
     if let Err(e) = &r {
         let _ = tx.send((rank, Err(e.clone())));
     }
     r
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_typed<T: TpElement>(
+/// What every rank does, whatever launched it: split the communicators,
+/// build the trainer (resuming if asked), run the steps — handing each
+/// step's stats to `report`, which may run collectives over the rank's
+/// communicators — save, and export the shards for sampling.
+pub(crate) fn drive_rank(
     world: Communicator,
     cfg: &GptConfig,
     par: &ParallelConfig,
     train: &TrainConfig,
     corpus: &CharCorpus,
     opts: &JobOptions,
-    tx: &mpsc::Sender<(usize, Result<StepStats>)>,
+    report: &mut dyn FnMut(&RankComms, StepStats) -> Result<()>,
+) -> Result<RankEnd> {
+    match par.precision {
+        Precision::Bf16 => drive_typed::<bf16>(world, cfg, par, train, corpus, opts, report, false),
+        Precision::Fp16 => drive_typed::<f16>(world, cfg, par, train, corpus, opts, report, true),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drive_typed<T: TpElement>(
+    world: Communicator,
+    cfg: &GptConfig,
+    par: &ParallelConfig,
+    train: &TrainConfig,
+    corpus: &CharCorpus,
+    opts: &JobOptions,
+    report: &mut dyn FnMut(&RankComms, StepStats) -> Result<()>,
     scaled: bool,
 ) -> Result<RankEnd> {
-    let rank = world.rank();
     let comms = RankComms::split(world, par)?;
     let mut tr = GptTrainer::<T>::new(&comms, cfg, par, train, scaled)?;
     if let Some(dir) = &opts.resume {
@@ -166,13 +193,9 @@ fn run_typed<T: TpElement>(
         #[cfg(not(feature = "checkpoint"))]
         return Err(no_checkpoints(dir));
     }
-    let reports = comms.reports_loss(par);
     while tr.next_step() < train.steps {
         let st = tr.step(corpus)?;
-        if reports {
-            // The receiver may have stopped listening after an error.
-            let _ = tx.send((rank, Ok(st)));
-        }
+        report(&comms, st)?;
     }
     if let Some(dir) = &opts.save {
         #[cfg(feature = "checkpoint")]
