@@ -343,10 +343,10 @@ detail::Warp &my_warp(unsigned &lane) {
 
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line) {
-  const unsigned lane = ftn_emu_tl_thread->linear & 31u;
-  if (detail::tl_worker->cur->in_mma_batch) {
-    unsigned l;
-    detail::Warp &wp = my_warp(l);
+  detail::Worker &w = *detail::tl_worker;
+  const unsigned lane = w.cur->pub.linear & 31u;
+  if (w.cur->in_mma_batch) {
+    detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
     detail::LaneOp &o = record(wp, lane, detail::kOpMma, bf16, 0, file, line);
     o.a = capture<4>(wp, lane, a);
     o.b = capture<2>(wp, lane, b);
@@ -376,11 +376,12 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
           "ldmatrix at %s:%u: row address %p (lane %u) is not in the block's shared memory "
           "(ldmatrix reads .shared)",
           file, line, row, lane));
-    detail::race_access(*detail::tl_worker, row, 16, false, __builtin_return_address(0));
+    if (detail::tl_worker->racecheck)
+      detail::race_access(*detail::tl_worker, row, 16, false, __builtin_return_address(0));
   }
-  if (detail::tl_worker->cur->in_mma_batch) {
-    unsigned l;
-    detail::Warp &wp = my_warp(l);
+  detail::Worker &w = *detail::tl_worker;
+  if (w.cur->in_mma_batch) {
+    detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
     detail::LaneOp &o =
         record(wp, lane, detail::kOpLdmatrix, uint8_t(count), trans, file, line);
     o.a = nullptr;
