@@ -8,10 +8,16 @@
 //!   (cuda/gemm.cu: mma.sync + ldmatrix + cp.async), throughput in FLOP
 //!   (criterion's "elem/s" reads as FLOP/s). Target (issue 15): >= 4 GFLOP/s
 //!   per worker thread;
-//! * the training ops' forward kernels at 1024 x 1024 bf16 through the public
-//!   API: softmax, LayerNorm, bias + GeLU (throughput in elements).
+//! * the training ops' kernels at 1024 x 1024 bf16 through the public API,
+//!   forward and backward: softmax, LayerNorm, bias + GeLU (throughput in
+//!   elements).
+//!
+//! `FTN_BENCH_CLOCK=cpu` times with the process's CPU clock instead of the
+//! wall clock: on a shared machine that is the comparable figure (for a
+//! one-worker case it is that worker's time; for several workers their sum).
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{Criterion, Throughput};
 use ferrotron::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask};
 use ferrotron::ops::{BiasGelu, LayerNorm};
 use ferrotron::Device;
@@ -31,7 +37,7 @@ fn all_workers() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
 
-fn bench_kernels(c: &mut Criterion) {
+fn bench_kernels<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("emulator");
     g.sample_size(10);
     for workers in [1u32, all_workers()] {
@@ -67,7 +73,7 @@ fn emu_device(workers: u32) -> Device {
     dev
 }
 
-fn bench_ops(c: &mut Criterion) {
+fn bench_ops<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("emulator_ops");
     g.sample_size(10);
     g.throughput(Throughput::Elements((ROWS * COLS) as u64));
@@ -78,6 +84,10 @@ fn bench_ops(c: &mut Criterion) {
         let x = dev.upload(&vec![bf16::from_f32(0.5); n]).unwrap();
         let row = dev.upload(&vec![bf16::from_f32(0.1); COLS]).unwrap();
         let mut y = dev.alloc_zeros::<bf16>(n).unwrap();
+        let dy = dev.upload(&vec![bf16::from_f32(0.25); n]).unwrap();
+        let mut dx = dev.alloc_zeros::<bf16>(n).unwrap();
+        let mut drow = dev.alloc_zeros::<bf16>(COLS).unwrap();
+        let mut drow2 = dev.alloc_zeros::<bf16>(COLS).unwrap();
         let mut mean = dev.alloc_zeros::<f32>(ROWS).unwrap();
         let mut rstd = dev.alloc_zeros::<f32>(ROWS).unwrap();
 
@@ -89,6 +99,18 @@ fn bench_ops(c: &mut Criterion) {
                     softmax
                         .forward(&stream, &x, SoftmaxMask::None, &mut y)
                         .unwrap();
+                    stream.synchronize().unwrap();
+                })
+            },
+        );
+        softmax
+            .forward(&stream, &x, SoftmaxMask::None, &mut y)
+            .unwrap();
+        g.bench_function(
+            format!("softmax_bwd_1024x1024_bf16_{workers}_workers"),
+            |b| {
+                b.iter(|| {
+                    softmax.backward(&stream, &y, &dy, &mut dx).unwrap();
                     stream.synchronize().unwrap();
                 })
             },
@@ -112,6 +134,26 @@ fn bench_ops(c: &mut Criterion) {
                 })
             },
         );
+        g.bench_function(
+            format!("layernorm_bwd_1024x1024_bf16_{workers}_workers"),
+            |b| {
+                b.iter(|| {
+                    ln.backward(
+                        &stream,
+                        &dy,
+                        &x,
+                        &mean,
+                        &rstd,
+                        Some(&row),
+                        &mut dx,
+                        Some(&mut drow),
+                        Some(&mut drow2),
+                    )
+                    .unwrap();
+                    stream.synchronize().unwrap();
+                })
+            },
+        );
         let bias_gelu = BiasGelu::new(ROWS, COLS);
         g.bench_function(
             format!("bias_gelu_fwd_1024x1024_bf16_{workers}_workers"),
@@ -122,9 +164,86 @@ fn bench_ops(c: &mut Criterion) {
                 })
             },
         );
+        g.bench_function(
+            format!("bias_gelu_bwd_1024x1024_bf16_{workers}_workers"),
+            |b| {
+                b.iter(|| {
+                    bias_gelu
+                        .backward(&stream, &dy, &x, Some(&row), &mut dx, Some(&mut drow))
+                        .unwrap();
+                    stream.synchronize().unwrap();
+                })
+            },
+        );
     }
     g.finish();
 }
 
-criterion_group!(benches, bench_kernels, bench_ops);
-criterion_main!(benches);
+/// The process's CPU time (all threads), for `FTN_BENCH_CLOCK=cpu`.
+struct CpuTime;
+
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+}
+
+/// Linux's `CLOCK_PROCESS_CPUTIME_ID`.
+const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+
+fn cpu_now() -> std::time::Duration {
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on the
+    // 64-bit Linux targets this bench runs on).
+    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID) failed");
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+impl Measurement for CpuTime {
+    type Intermediate = std::time::Duration;
+    type Value = std::time::Duration;
+    fn start(&self) -> Self::Intermediate {
+        cpu_now()
+    }
+    fn end(&self, start: Self::Intermediate) -> Self::Value {
+        cpu_now() - start
+    }
+    fn add(&self, a: &Self::Value, b: &Self::Value) -> Self::Value {
+        *a + *b
+    }
+    fn zero(&self) -> Self::Value {
+        std::time::Duration::ZERO
+    }
+    fn to_f64(&self, v: &Self::Value) -> f64 {
+        v.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        static WALL: WallTime = WallTime;
+        WALL.formatter() // nanoseconds, like the wall clock
+    }
+}
+
+fn main() {
+    let cpu = std::env::var("FTN_BENCH_CLOCK").is_ok_and(|v| v == "cpu");
+    if cpu {
+        let mut c = Criterion::default()
+            .with_measurement(CpuTime)
+            .configure_from_args();
+        bench_kernels(&mut c);
+        bench_ops(&mut c);
+        c.final_summary();
+    } else {
+        let mut c = Criterion::default().configure_from_args();
+        bench_kernels(&mut c);
+        bench_ops(&mut c);
+        c.final_summary();
+    }
+}

@@ -6,6 +6,7 @@
 #define FTN_EMU_INTERNAL_H
 
 #include <atomic>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -66,26 +67,33 @@ struct Thread {
 
 // A tensor-core op a lane recorded inside an emulator mma batch
 // (mma_emu.cpp, ftn_mma_batch_begin/end): executed for the whole warp at the
-// next flush point. Operands that are not themselves results still in
-// flight are captured at the call (a, b, c); the others (a_ref, b_ref,
-// c_ref) are read at the flush, after the ops before them have run.
+// next flush point. a, b, c point at the operands: at the lane's own
+// registers for a result still in flight (read at the flush, after the op
+// that produces it), else at a copy taken at the call in the lane's
+// capture area (Warp::batch_cap); an ldmatrix's row, read at the call, is a
+// copy there too (a). What the op is (BatchOp) is kept once per warp. 32
+// bytes: the recorded ops of a block between two __syncthreads stay in the
+// cache for the flush.
 struct LaneOp {
+  const void *a, *b, *c;
+  void *dst;  // mma: float d[4]; ldmatrix: uint32_t r[num]
+};
+static_assert(sizeof(LaneOp) == 32);
+// The i-th op of a warp's batch, as the first lane to record it gave it;
+// the other lanes compare theirs with it.
+struct BatchOp {
   uint8_t kind;   // kOpMma or kOpLdmatrix
   uint8_t param;  // mma: bf16 inputs; ldmatrix: .num
   uint8_t trans;  // ldmatrix .trans
-  uint32_t a[4], b[2];
-  float c[4];
-  const uint32_t *a_ref, *b_ref;
-  const float *c_ref;
-  void *dst;  // mma: float d[4]; ldmatrix: uint32_t r[num]
-  unsigned char row[16];  // ldmatrix: this lane's row, read at the call
-  const char *file;
+  uint8_t lane;   // who recorded it first
   unsigned line;
+  const char *file;
 };
 enum : uint8_t { kOpMma = 1, kOpLdmatrix = 2 };
-// Ops a lane records before its warp must flush (the GEMM's loop issues 44
-// per k-tile, between two __syncthreads).
 constexpr unsigned kBatchCap = 64;
+// 32-bit words of captured operands a lane may hold per recorded op (an mma
+// capturing A, B and C: 4 + 2 + 4).
+constexpr unsigned kBatchCapWords = 10;
 
 struct WarpSlot {  // one pending warp rendezvous
   int op;
@@ -112,14 +120,32 @@ struct Warp {
   uint32_t sync_count = 0;
   uint32_t sync_epoch = 0;
   // Tensor-core ops recorded in an mma batch: lane l's are
-  // batch_ops[l * kBatchCap ..][0 .. batch_n[l]) (allocated on first use);
-  // batch_pending is their total.
+  // batch_ops[l * kBatchCap ..][0 .. batch_n[l]), their captured operands
+  // batch_cap[l * kBatchCap * kBatchCapWords ..][0 .. batch_w[l]) (both
+  // allocated on first use); batch_pending is their total.
+  // batch_desc[0 .. batch_nd) says what each op is; batch_bad holds the
+  // first lane whose op disagreed with it (reported at the flush).
   std::unique_ptr<LaneOp[]> batch_ops;
+  std::unique_ptr<uint32_t[]> batch_cap;
+  std::unique_ptr<BatchOp[]> batch_desc;
   uint16_t batch_n[32] = {};
+  uint16_t batch_w[32] = {};
   uint32_t batch_pending = 0;
+  uint32_t batch_nd = 0;
+  bool batch_bad = false;
+  uint32_t bad_index = 0;
+  BatchOp bad_op{};
   std::vector<std::pair<uint32_t, unsigned>> sync_events;
   alignas(64) unsigned char scratch[kWarpScratchBytes];
 };
+
+// Forgets a warp's recorded tensor-core ops (after a flush; a new block).
+inline void batch_reset(Warp &wp) {
+  std::memset(wp.batch_n, 0, sizeof wp.batch_n);
+  std::memset(wp.batch_w, 0, sizeof wp.batch_w);
+  wp.batch_pending = wp.batch_nd = 0;
+  wp.batch_bad = false;
+}
 
 struct Launch {
   const ftn_emu_launch_desc *desc;

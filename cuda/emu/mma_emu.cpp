@@ -38,14 +38,17 @@
 namespace ftn_emu {
 namespace {
 
+using TileA = double[16][16];  // A[m][k]
+using TileF = float[16][8];    // B[k][n], C and D [m][n]
+
 // The warp's mma operands in the warp scratch (exact for f16/bf16 inputs):
 // each lane writes its fragment elements to their places. A is stored as
 // fp64, ready to broadcast.
 struct MmaTile {
-  alignas(32) double a[16][16];  // A[m][k]
-  alignas(32) float b[16][8];   // B[k][n]
-  alignas(32) float c[16][8];   // C[m][n]
-  alignas(32) float d[16][8];   // D[m][n], written by the completing lane
+  alignas(32) TileA a;
+  alignas(32) TileF b;
+  alignas(32) TileF c;
+  alignas(32) TileF d;  // written by the completing lane
   unsigned char bf16[32];       // per lane: its input type (all must agree)
 };
 // The warp scratch holds the MmaTile at 0 and the ldmatrix lanes after it.
@@ -67,30 +70,43 @@ float hi_f32(uint32_t reg) {
 // (a0, a1) and 2t+8, 2t+9 (a2, a3); B rows (k) 2t, 2t+1 (b0) and 2t+8, 2t+9
 // (b1) of col g; C/D rows g (c0, c1) and g+8 (c2, c3) of cols 2t, 2t+1.
 template <bool BF16>
-void mma_put(MmaTile &x, unsigned lane, const uint32_t *a, const uint32_t *b, const float *c) {
+void mma_put_a(TileA &x, unsigned lane, const uint32_t *a) {
   const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
   for (unsigned r = 0; r < 4; ++r) {
-    double *row = &x.a[g + ((r & 1) ? 8 : 0)][c0 + ((r & 2) ? 8 : 0)];
+    double *row = &x[g + ((r & 1) ? 8 : 0)][c0 + ((r & 2) ? 8 : 0)];
     row[0] = lo_f32<BF16>(a[r]);
     row[1] = hi_f32<BF16>(a[r]);
   }
+}
+template <bool BF16>
+void mma_put_b(TileF &x, unsigned lane, const uint32_t *b) {
+  const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
   for (unsigned r = 0; r < 2; ++r) {
-    x.b[c0 + 8 * r][g] = lo_f32<BF16>(b[r]);
-    x.b[c0 + 8 * r + 1][g] = hi_f32<BF16>(b[r]);
+    x[c0 + 8 * r][g] = lo_f32<BF16>(b[r]);
+    x[c0 + 8 * r + 1][g] = hi_f32<BF16>(b[r]);
   }
-  x.c[g][c0] = c[0];
-  x.c[g][c0 + 1] = c[1];
-  x.c[g + 8][c0] = c[2];
-  x.c[g + 8][c0 + 1] = c[3];
+}
+void mma_put_c(TileF &x, unsigned lane, const float *c) {
+  const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
+  x[g][c0] = c[0];
+  x[g][c0 + 1] = c[1];
+  x[g + 8][c0] = c[2];
+  x[g + 8][c0 + 1] = c[3];
+}
+template <bool BF16>
+void mma_put(MmaTile &x, unsigned lane, const uint32_t *a, const uint32_t *b, const float *c) {
+  mma_put_a<BF16>(x.a, lane, a);
+  mma_put_b<BF16>(x.b, lane, b);
+  mma_put_c(x.c, lane, c);
   x.bf16[lane] = BF16;
 }
 
-void mma_take(const MmaTile &x, unsigned lane, float *d) {
+void mma_take(const TileF &x, unsigned lane, float *d) {
   const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
-  d[0] = x.d[g][c0];
-  d[1] = x.d[g][c0 + 1];
-  d[2] = x.d[g + 8][c0];
-  d[3] = x.d[g + 8][c0 + 1];
+  d[0] = x[g][c0];
+  d[1] = x[g][c0 + 1];
+  d[2] = x[g + 8][c0];
+  d[3] = x[g + 8][c0 + 1];
 }
 
 // D = C + A * B: each D[m][n] is C[m][n] + p_0 + ... + p_15 (p_k = A[m][k] *
@@ -98,80 +114,83 @@ void mma_take(const MmaTile &x, unsigned lane, float *d) {
 // fp32. Every variant below does exactly this sequence per element (vector
 // lanes are elements), so they give bit-identical results; a fused
 // multiply-add could not change them either, as the products are exact.
-[[maybe_unused]] void mma_compute_portable(MmaTile &x) {
+[[maybe_unused]] void mma_compute_portable(const TileA &a, const TileF &b, const TileF &c,
+                                           TileF &d) {
   for (int m = 0; m < 16; ++m)
     for (int n = 0; n < 8; ++n) {
-      double s = x.c[m][n];
-      for (int k = 0; k < 16; ++k) s += x.a[m][k] * double(x.b[k][n]);
-      x.d[m][n] = float(s);
+      double s = c[m][n];
+      for (int k = 0; k < 16; ++k) s += a[m][k] * double(b[k][n]);
+      d[m][n] = float(s);
     }
 }
 
 #if defined(__x86_64__)
 // Two 4-wide fp64 vectors per row of D, four rows at a time (eight
 // independent chains hide the latency); fused multiply-adds, exact here.
-__attribute__((target("avx2,fma"))) void mma_compute_avx2(MmaTile &x) {
+__attribute__((target("avx2,fma"))) void mma_compute_avx2(const TileA &a, const TileF &bt,
+                                                          const TileF &c, TileF &d) {
   __m256d b[16][2];
   for (int k = 0; k < 16; ++k) {
-    b[k][0] = _mm256_cvtps_pd(_mm_load_ps(&x.b[k][0]));
-    b[k][1] = _mm256_cvtps_pd(_mm_load_ps(&x.b[k][4]));
+    b[k][0] = _mm256_cvtps_pd(_mm_load_ps(&bt[k][0]));
+    b[k][1] = _mm256_cvtps_pd(_mm_load_ps(&bt[k][4]));
   }
   for (int m0 = 0; m0 < 16; m0 += 4) {
     __m256d acc[4][2];
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      acc[r][0] = _mm256_cvtps_pd(_mm_load_ps(&x.c[m0 + r][0]));
-      acc[r][1] = _mm256_cvtps_pd(_mm_load_ps(&x.c[m0 + r][4]));
+      acc[r][0] = _mm256_cvtps_pd(_mm_load_ps(&c[m0 + r][0]));
+      acc[r][1] = _mm256_cvtps_pd(_mm_load_ps(&c[m0 + r][4]));
     }
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k)
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        const __m256d a = _mm256_broadcast_sd(&x.a[m0 + r][k]);
-        acc[r][0] = _mm256_fmadd_pd(a, b[k][0], acc[r][0]);
-        acc[r][1] = _mm256_fmadd_pd(a, b[k][1], acc[r][1]);
+        const __m256d av = _mm256_broadcast_sd(&a[m0 + r][k]);
+        acc[r][0] = _mm256_fmadd_pd(av, b[k][0], acc[r][0]);
+        acc[r][1] = _mm256_fmadd_pd(av, b[k][1], acc[r][1]);
       }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      _mm_store_ps(&x.d[m0 + r][0], _mm256_cvtpd_ps(acc[r][0]));
-      _mm_store_ps(&x.d[m0 + r][4], _mm256_cvtpd_ps(acc[r][1]));
+      _mm_store_ps(&d[m0 + r][0], _mm256_cvtpd_ps(acc[r][0]));
+      _mm_store_ps(&d[m0 + r][4], _mm256_cvtpd_ps(acc[r][1]));
     }
   }
 }
 
 // Baseline x86-64 (SSE2): 2-wide fp64 vectors, one row at a time.
-void mma_compute_sse2(MmaTile &x) {
+void mma_compute_sse2(const TileA &a, const TileF &b, const TileF &c, TileF &d) {
   for (int m = 0; m < 16; ++m) {
     __m128d acc[4];
     for (int q = 0; q < 4; ++q) acc[q] = _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(
-                                    reinterpret_cast<const __m128i *>(&x.c[m][2 * q]))));
+                                    reinterpret_cast<const __m128i *>(&c[m][2 * q]))));
     for (int k = 0; k < 16; ++k) {
-      const __m128d a = _mm_set1_pd(x.a[m][k]);
+      const __m128d av = _mm_set1_pd(a[m][k]);
       for (int q = 0; q < 4; ++q) {
         const __m128d bk = _mm_cvtps_pd(_mm_castsi128_ps(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i *>(&x.b[k][2 * q]))));
-        acc[q] = _mm_add_pd(acc[q], _mm_mul_pd(a, bk));
+            _mm_loadl_epi64(reinterpret_cast<const __m128i *>(&b[k][2 * q]))));
+        acc[q] = _mm_add_pd(acc[q], _mm_mul_pd(av, bk));
       }
     }
     for (int q = 0; q < 4; ++q) {
       const __m128 f = _mm_cvtpd_ps(acc[q]);
-      _mm_storel_pi(reinterpret_cast<__m64 *>(&x.d[m][2 * q]), f);
+      _mm_storel_pi(reinterpret_cast<__m64 *>(&d[m][2 * q]), f);
     }
   }
 }
 #endif
 
-void mma_compute(MmaTile &x) {
+void mma_compute(const TileA &a, const TileF &b, const TileF &c, TileF &d) {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2)
-    mma_compute_avx2(x);
+    mma_compute_avx2(a, b, c, d);
   else
-    mma_compute_sse2(x);
+    mma_compute_sse2(a, b, c, d);
 #else
-  mma_compute_portable(x);
+  mma_compute_portable(a, b, c, d);
 #endif
 }
+void mma_compute(MmaTile &x) { mma_compute(x.a, x.b, x.c, x.d); }
 
 void mma_collective(unsigned mask, void *const *data) {
   if (mask != 0xFFFFFFFFu)
@@ -225,12 +244,13 @@ void ldmatrix_collective(unsigned mask, void *const *data) {
 namespace {
 constexpr uint32_t kPoisonWord = 0xFFFFFFFFu;  // a NaN as fp32, two NaNs as bf16/f16
 
-bool all_poison(const void *p, size_t words) {
-  uint32_t w[4];
-  std::memcpy(w, p, 4 * words);
-  for (size_t i = 0; i < words; ++i)
-    if (w[i] != kPoisonWord) return false;
-  return true;
+// All bits set in `words` (2 or 4) 32-bit words at p?
+template <unsigned words>
+[[gnu::always_inline]] inline bool all_poison(const void *p) {
+  static_assert(words == 2 || words == 4);
+  uint64_t x[words / 2];
+  std::memcpy(x, p, sizeof x);
+  return words == 2 ? x[0] == ~0ull : (x[0] & x[words / 2 - 1]) == ~0ull;
 }
 
 // The rows of an ldmatrix, M[i][r] = lane (8i + r)'s 16 bytes; each lane's
@@ -251,16 +271,55 @@ void ldmatrix_fragments(int count, bool trans, const unsigned char *const *rows,
   }
 }
 
-detail::LaneOp &record(detail::Warp &wp, unsigned lane, uint8_t kind, const char *file,
-                       unsigned line) {
-  if (!wp.batch_ops) wp.batch_ops.reset(new detail::LaneOp[32 * detail::kBatchCap]);  // uninitialised
-  detail::LaneOp &o = wp.batch_ops[lane * detail::kBatchCap + wp.batch_n[lane]++];
-  o.kind = kind;
-  o.param = o.trans = 0;
-  o.file = file;
-  o.line = line;
+// Lane `lane`'s next op slot in its warp's batch; the op's kind and
+// parameters go to the warp's list, or are checked against it.
+[[gnu::noinline, gnu::cold]] void batch_alloc(detail::Warp &wp) {  // uninitialised
+  using detail::kBatchCap;
+  wp.batch_ops.reset(new detail::LaneOp[32 * kBatchCap]);
+  wp.batch_cap.reset(new uint32_t[32 * kBatchCap * detail::kBatchCapWords]);
+  wp.batch_desc.reset(new detail::BatchOp[kBatchCap]);
+}
+
+// (Inlined: mma.sync and ldmatrix inside a batch are little more than this.)
+[[gnu::always_inline]] inline detail::LaneOp &record(detail::Warp &wp, unsigned lane,
+                                                     uint8_t kind, uint8_t param, uint8_t trans,
+                                                     const char *file, unsigned line) {
+  using detail::kBatchCap;
+  if (__builtin_expect(!wp.batch_ops, 0)) batch_alloc(wp);
+  const unsigned i = wp.batch_n[lane]++;
+  if (i == wp.batch_nd) {
+    wp.batch_desc[i] = detail::BatchOp{kind, param, trans, uint8_t(lane), line, file};
+    ++wp.batch_nd;
+  } else {
+    const detail::BatchOp &d = wp.batch_desc[i];
+    if (__builtin_expect(d.kind != kind || d.param != param || d.trans != trans, 0) &&
+        !wp.batch_bad) {
+      wp.batch_bad = true;
+      wp.bad_index = i;
+      wp.bad_op = detail::BatchOp{kind, param, trans, uint8_t(lane), line, file};
+    }
+  }
   ++wp.batch_pending;
-  return o;
+  return wp.batch_ops[lane * kBatchCap + i];
+}
+
+[[gnu::always_inline]] inline uint32_t *cap_slot(detail::Warp &wp, unsigned lane,
+                                                 unsigned words) {
+  uint32_t *cap = wp.batch_cap.get() + size_t(lane) * detail::kBatchCap * detail::kBatchCapWords +
+                  wp.batch_w[lane];
+  wp.batch_w[lane] = uint16_t(wp.batch_w[lane] + words);
+  return cap;
+}
+
+// Where a recorded op reads `words` 32-bit operand words at the flush: p
+// itself while it holds a result still in flight (all bits set, almost
+// surely), else a copy of it taken now in the lane's capture area.
+template <unsigned words>
+[[gnu::always_inline]] inline const void *capture(detail::Warp &wp, unsigned lane, const void *p) {
+  if (all_poison<words>(p)) return p;
+  uint32_t *cap = cap_slot(wp, lane, words);
+  std::memcpy(cap, p, 4 * words);
+  return cap;
 }
 
 void flush_collective(unsigned mask, void *const *) {
@@ -284,20 +343,14 @@ detail::Warp &my_warp(unsigned &lane) {
 
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line) {
-  const unsigned lane = ftn_emu_tl_thread->linear & 31u;
-  if (detail::tl_worker->cur->in_mma_batch) {
-    unsigned l;
-    detail::Warp &wp = my_warp(l);
-    detail::LaneOp &o = record(wp, lane, detail::kOpMma, file, line);
-    o.param = bf16;
-    // A poisoned operand is (almost surely) a result still in flight: read
-    // it at the flush, after the op that produces it. Else capture it now.
-    o.a_ref = all_poison(a, 4) ? a : nullptr;
-    if (!o.a_ref) std::memcpy(o.a, a, sizeof o.a);
-    o.b_ref = all_poison(b, 2) ? b : nullptr;
-    if (!o.b_ref) std::memcpy(o.b, b, sizeof o.b);
-    o.c_ref = all_poison(c, 4) ? c : nullptr;
-    if (!o.c_ref) std::memcpy(o.c, c, sizeof o.c);
+  detail::Worker &w = *detail::tl_worker;
+  const unsigned lane = w.cur->pub.linear & 31u;
+  if (w.cur->in_mma_batch) {
+    detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
+    detail::LaneOp &o = record(wp, lane, detail::kOpMma, bf16, 0, file, line);
+    o.a = capture<4>(wp, lane, a);
+    o.b = capture<2>(wp, lane, b);
+    o.c = capture<4>(wp, lane, c);
     o.dst = d;
     std::memset(d, 0xFF, 4 * sizeof(float));
     flush_if_full(wp, lane, file, line);
@@ -309,7 +362,7 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
   else
     mma_put<false>(x, lane, a, b, c);
   detail::warp_collective(0xFFFFFFFFu, &mma_collective, &x, file, line);
-  mma_take(x, lane, d);  // d may alias c: read only now
+  mma_take(x.d, lane, d);  // d may alias c: read only now
 }
 
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
@@ -323,15 +376,20 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
           "ldmatrix at %s:%u: row address %p (lane %u) is not in the block's shared memory "
           "(ldmatrix reads .shared)",
           file, line, row, lane));
-    detail::race_access(*detail::tl_worker, row, 16, false, __builtin_return_address(0));
+    if (detail::tl_worker->racecheck)
+      detail::race_access(*detail::tl_worker, row, 16, false, __builtin_return_address(0));
   }
-  if (detail::tl_worker->cur->in_mma_batch) {
-    unsigned l;
-    detail::Warp &wp = my_warp(l);
-    detail::LaneOp &o = record(wp, lane, detail::kOpLdmatrix, file, line);
-    o.param = uint8_t(count);
-    o.trans = trans;
-    if (used) std::memcpy(o.row, row, 16);  // the data as it is now
+  detail::Worker &w = *detail::tl_worker;
+  if (w.cur->in_mma_batch) {
+    detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
+    detail::LaneOp &o =
+        record(wp, lane, detail::kOpLdmatrix, uint8_t(count), trans, file, line);
+    o.a = nullptr;
+    if (used) {  // the data as it is now
+      uint32_t *cap = cap_slot(wp, lane, 4);
+      std::memcpy(cap, row, 16);
+      o.a = cap;
+    }
     o.dst = r;
     std::memset(r, 0xFF, sizeof(uint32_t) * size_t(count));
     flush_if_full(wp, lane, file, line);
@@ -367,6 +425,55 @@ void mma_batch_end(const char *file, unsigned line) {
     detail::warp_collective(0xFFFFFFFFu, &flush_collective, nullptr, file, line);
 }
 
+namespace {
+// The converted operand tiles of a flush, reused by value: a GEMM's warp
+// multiplies each A fragment by several B fragments and each B by several
+// A (4 x 4 in cuda/gemm.cu), so most mma ops of a batch find their A and B
+// already converted. A tile is reused only when all 32 lanes' raw register
+// words are equal to those it was built from, so the result is the same as
+// converting afresh, bit for bit.
+struct MmaOperandCache {
+  static constexpr int kB = 8;  // B tiles kept (round robin)
+  bool a_valid = false, a_bf16 = false;
+  uint32_t a_raw[32][4];
+  int nb = 0, b_next = 0;
+  bool b_bf16[kB];
+  uint32_t b_raw[kB][32][2];
+  alignas(32) float b_tile[kB][16][8];
+
+  template <bool BF16>
+  void run(MmaTile &x, const detail::LaneOp *const *ops) {
+    uint32_t ra[32][4], rb[32][2];
+    for (unsigned l = 0; l < 32; ++l) {
+      std::memcpy(ra[l], ops[l]->a, sizeof ra[l]);
+      std::memcpy(rb[l], ops[l]->b, sizeof rb[l]);
+    }
+    if (!a_valid || a_bf16 != BF16 || std::memcmp(ra, a_raw, sizeof ra) != 0) {
+      for (unsigned l = 0; l < 32; ++l) mma_put_a<BF16>(x.a, l, ra[l]);
+      std::memcpy(a_raw, ra, sizeof ra);
+      a_valid = true;
+      a_bf16 = BF16;
+    }
+    int j = 0;
+    while (j < nb && (b_bf16[j] != BF16 || std::memcmp(rb, b_raw[j], sizeof rb) != 0)) ++j;
+    if (j == nb) {
+      if (nb < kB) {
+        ++nb;
+      } else {
+        j = b_next;
+        b_next = (b_next + 1) % kB;
+      }
+      for (unsigned l = 0; l < 32; ++l) mma_put_b<BF16>(b_tile[j], l, rb[l]);
+      std::memcpy(b_raw[j], rb, sizeof rb);
+      b_bf16[j] = BF16;
+    }
+    for (unsigned l = 0; l < 32; ++l) mma_put_c(x.c, l, static_cast<const float *>(ops[l]->c));
+    mma_compute(x.a, b_tile[j], x.c, x.d);
+    for (unsigned l = 0; l < 32; ++l) mma_take(x.d, l, static_cast<float *>(ops[l]->dst));
+  }
+};
+}  // namespace
+
 namespace detail {
 void mma_batch_flush(Worker &w, unsigned wi) {
   Warp &wp = w.warps[wi];
@@ -380,38 +487,33 @@ void mma_batch_flush(Worker &w, unsigned wi) {
                      "mma.sync/ldmatrix, which need the whole warp)",
                      wi, n, l, size_t(wp.batch_n[l])));
   MmaTile &x = *reinterpret_cast<MmaTile *>(wp.scratch);
+  MmaOperandCache cache;
+  if (wp.batch_bad) {
+    const BatchOp &d = wp.batch_desc[wp.bad_index], &o = wp.bad_op;
+    fail(strprintf("mma batch of warp %u: op %u is %s at %s:%u on lane %u but %s at %s:%u on "
+                   "lane %u (lanes must issue the same tensor-core ops)",
+                   wi, unsigned(wp.bad_index), d.kind == kOpMma ? "mma.sync" : "ldmatrix",
+                   d.file, d.line, unsigned(d.lane), o.kind == kOpMma ? "mma.sync" : "ldmatrix",
+                   o.file, o.line, unsigned(o.lane)));
+  }
   for (size_t i = 0; i < n; ++i) {
-    const LaneOp &o0 = op(0, i);
-    for (unsigned l = 1; l < 32; ++l) {
-      const LaneOp &o = op(l, i);
-      if (o.kind != o0.kind || o.param != o0.param || o.trans != o0.trans)
-        fail(strprintf("mma batch of warp %u: op %zu is %s at %s:%u on lane 0 but %s at %s:%u "
-                       "on lane %u (lanes must issue the same tensor-core ops)",
-                       wi, i, o0.kind == kOpMma ? "mma.sync" : "ldmatrix", o0.file, o0.line,
-                       o.kind == kOpMma ? "mma.sync" : "ldmatrix", o.file, o.line, l));
-    }
+    const BatchOp &o0 = wp.batch_desc[i];
     if (o0.kind == kOpMma) {
-      for (unsigned l = 0; l < 32; ++l) {
-        const LaneOp &o = op(l, i);
-        const uint32_t *a = o.a_ref ? o.a_ref : o.a, *b = o.b_ref ? o.b_ref : o.b;
-        const float *c = o.c_ref ? o.c_ref : o.c;
-        if (o0.param)
-          mma_put<true>(x, l, a, b, c);
-        else
-          mma_put<false>(x, l, a, b, c);
-      }
-      mma_compute(x);
-      for (unsigned l = 0; l < 32; ++l) mma_take(x, l, static_cast<float *>(op(l, i).dst));
+      const LaneOp *lane_ops[32];
+      for (unsigned l = 0; l < 32; ++l) lane_ops[l] = &op(l, i);
+      if (o0.param)
+        cache.run<true>(x, lane_ops);
+      else
+        cache.run<false>(x, lane_ops);
     } else {
       const unsigned char *rows[32];
-      for (int l = 0; l < 32; ++l) rows[l] = op(l, i).row;
+      for (int l = 0; l < 32; ++l) rows[l] = static_cast<const unsigned char *>(op(l, i).a);
       for (unsigned l = 0; l < 32; ++l)
         ldmatrix_fragments(o0.param, o0.trans != 0, rows, l,
                            static_cast<uint32_t *>(op(l, i).dst));
     }
   }
-  std::memset(wp.batch_n, 0, sizeof wp.batch_n);
-  wp.batch_pending = 0;
+  batch_reset(wp);
 }
 
 void mma_batch_exit_check(Worker &w, Thread &t) {

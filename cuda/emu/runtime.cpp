@@ -220,34 +220,72 @@ namespace ftn_emu::detail {
 namespace {
 
 // ------------------------------------------------------------- fibers
-void fiber_main(void *arg) {
-  Thread &t = *static_cast<Thread *>(arg);
-  Worker &w = *tl_worker;
-  fiber_entered(w, t);
-  try {
-    w.launch->desc->entry(w.launch->desc->params);
-    mma_batch_exit_check(w, t);
-    warp_lane_exited(w, t);
-    if (w.bar_count > 0)
-      fail(strprintf("exited while %u of %u threads wait at __syncthreads (%s:%u); that "
-                     "barrier can never complete",
-                     w.bar_count, w.nthreads, w.bar_file, w.bar_line));
-  } catch (const Unwind &) {
-  } catch (const KernelError &e) {
-    record_error(*w.launch, e.msg);
-    w.aborting = true;
-  } catch (const std::exception &e) {
-    record_error(*w.launch, strprintf("kernel '%s': uncaught C++ exception: %s [%s]",
-                                      w.launch->name, e.what(), thread_name(w, t).c_str()));
-    w.aborting = true;
-  } catch (...) {
-    record_error(*w.launch, strprintf("kernel '%s': uncaught C++ exception [%s]",
-                                      w.launch->name, thread_name(w, t).c_str()));
-    w.aborting = true;
+// The thread to run next on a finished thread's stack, without going back
+// to the scheduler: the one the scheduler's pass would start next (the first
+// after t in the schedule's order that is not done or waiting), if it has
+// not started yet. Null if that one is runnable (the scheduler resumes it),
+// if there is none, when aborting, and under ASan (its stack bookkeeping
+// wants every fiber built by fiber_prepare).
+Thread *next_to_chain(Worker &w, const Thread &t) {
+#ifdef FTN_EMU_ASAN
+  (void)w;
+  (void)t;
+  return nullptr;
+#else
+  if (w.aborting || w.launch->failed.load(std::memory_order_relaxed)) return nullptr;
+  for (unsigned k = w.rank[t.pub.linear] + 1; k < w.nthreads; ++k) {
+    Thread &o = w.threads[w.order[k]];
+    if (o.state == TState::NotStarted) return &o;
+    if (o.state == TState::Runnable) return nullptr;
   }
-  t.state = TState::Done;
-  ++w.done_count;
-  switch_to_scheduler(w, t, true);
+  return nullptr;
+#endif
+}
+
+// The body of a fiber: runs its thread's kernel, then -- while the next
+// thread the scheduler would start has not started yet -- that thread's on
+// the same stack (what the scheduler would do, as a finished thread's stack
+// is reused at once, minus two context switches and a fresh frame per
+// thread: a kernel without synchronisation runs its block in one fiber).
+void fiber_main(void *arg) {
+  Thread *tp = static_cast<Thread *>(arg);
+  Worker &w = *tl_worker;
+  fiber_entered(w, *tp);
+  for (;;) {
+    Thread &t = *tp;
+    try {
+      w.launch->desc->entry(w.launch->desc->params);
+      mma_batch_exit_check(w, t);
+      warp_lane_exited(w, t);
+      if (w.bar_count > 0)
+        fail(strprintf("exited while %u of %u threads wait at __syncthreads (%s:%u); that "
+                       "barrier can never complete",
+                       w.bar_count, w.nthreads, w.bar_file, w.bar_line));
+    } catch (const Unwind &) {
+    } catch (const KernelError &e) {
+      record_error(*w.launch, e.msg);
+      w.aborting = true;
+    } catch (const std::exception &e) {
+      record_error(*w.launch, strprintf("kernel '%s': uncaught C++ exception: %s [%s]",
+                                        w.launch->name, e.what(), thread_name(w, t).c_str()));
+      w.aborting = true;
+    } catch (...) {
+      record_error(*w.launch, strprintf("kernel '%s': uncaught C++ exception [%s]",
+                                        w.launch->name, thread_name(w, t).c_str()));
+      w.aborting = true;
+    }
+    t.state = TState::Done;
+    ++w.done_count;
+    Thread *next = next_to_chain(w, t);
+    if (!next) break;
+    next->stack = t.stack;  // the scheduler (run_fiber) frees the last one's
+    t.stack = Stack{};
+    next->state = TState::Runnable;
+    w.cur = next;
+    ftn_emu_tl_thread = &next->pub;
+    tp = next;
+  }
+  switch_to_scheduler(w, *tp, true);
   __builtin_unreachable();
 }
 
@@ -367,8 +405,7 @@ void run_block(Worker &w, uint64_t b) {
   for (Warp &wp : w.warps) {
     wp.exited = 0;
     wp.nslots = 0;
-    std::memset(wp.batch_n, 0, sizeof wp.batch_n);
-    wp.batch_pending = 0;
+    batch_reset(wp);
   }
   w.done_count = w.bar_count = 0;
   w.bar_acc = w.bar_result = 0;
