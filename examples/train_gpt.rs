@@ -324,6 +324,9 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
             peak / 1e12,
             summary.device_name
         ),
+        None if summary.device_name.contains("emulator") => {
+            "MFU is reported on GPUs only".to_string()
+        }
         None => format!(
             "no MFU: no peak known for {} (set {PEAK_ENV})",
             summary.device_name
