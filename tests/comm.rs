@@ -311,6 +311,51 @@ fn wait_stream_fails_while_a_peer_is_late_and_succeeds_once_it_joins() {
     }
 }
 
+/// A grid that differs between ranks (same world: every rank joins) is
+/// a named error on every rank, never a silently lopsided split; the
+/// communicator stays usable afterwards.
+#[test]
+fn split_for_grid_with_different_grids_fails_on_every_rank() {
+    let got = run_ranks(4, T, |c| {
+        // ranks 0 and 1 think tp = 2, ranks 2 and 3 think tp = 4; then the
+        // same grid with different axes on rank 3; then a consistent call
+        let tp = if c.rank() < 2 { 2 } else { 4 };
+        let grid = RankGrid::new(4, tp, 1, 1, RankOrder::TpCpEpDpPp).unwrap();
+        let grids = c.split_for_grid(&grid, &[Axis::Tp]).map(|_| ());
+        let same = RankGrid::new(4, 2, 1, 1, RankOrder::TpCpEpDpPp).unwrap();
+        let axes: &[Axis] = if c.rank() == 3 {
+            &[Axis::Dp]
+        } else {
+            &[Axis::Tp]
+        };
+        let axes = c.split_for_grid(&same, axes).map(|_| ());
+        let ok = c.split_for_grid(&same, &[Axis::Tp]).map(|s| s.size());
+        (grids, axes, ok, c.fault())
+    });
+    for (r, (grids, axes, ok, fault)) in got.into_iter().enumerate() {
+        // each rank names the first rank whose grid differs from its own
+        let other = if r < 2 {
+            "rank 2 with world 4 tp 4 cp 1 dp 1"
+        } else {
+            "rank 0 with world 4 tp 2 cp 1 dp 2"
+        };
+        let e = grids.unwrap_err().to_string();
+        assert!(
+            e.contains("split_for_grid") && e.contains("`grid`") && e.contains(other),
+            "rank {r}: {e}"
+        );
+        let other = if r < 3 {
+            "rank 3 with world 4 tp 2 cp 1 dp 2 pp 1 order tp-cp-ep-dp-pp axes dp"
+        } else {
+            "rank 0 with world 4 tp 2 cp 1 dp 2 pp 1 order tp-cp-ep-dp-pp axes tp"
+        };
+        let e = axes.unwrap_err().to_string();
+        assert!(e.contains(other), "rank {r}: {e}");
+        assert_eq!(ok.unwrap(), 2, "rank {r}");
+        assert!(fault.is_none(), "rank {r}: {fault:?}");
+    }
+}
+
 #[test]
 fn sub_communicators_from_the_rank_grid() {
     // 8 ranks, tp=2, pp=2, dp=2: all-reduce over each TP group and DP group.
