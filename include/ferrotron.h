@@ -738,7 +738,9 @@ typedef struct {
  and batch strides (`stride_*`, 0 = packed: rows * ld), in elements. An
  operand spans `(batch - 1) * stride + (rows - 1) * ld + cols` elements
  (`rows x cols` its stored shape: A is `[k, m]` with `trans_a`, B `[n, k]`
- with `trans_b`); each pointer must hold that many.
+ with `trans_b`); each pointer must hold that many. Batch entries of the
+ inputs (A, B, C) may overlap (a stride below `rows * ld`: shared rows);
+ those of the outputs (D, aux) may not: ftnInvalidArgument.
  */
 typedef struct {
   /*
