@@ -405,6 +405,11 @@ const OVERRIDES: &[(&str, &str)] = &[
 /// C statements run at the start of a call (before any mutation), for the
 /// exports whose baseline needs fixtures in a state of their own.
 const PREPARE: &[(&str, &str)] = &[
+    // both arguments are the event fixture: recorded and complete
+    (
+        "ftn_event_elapsed_ms",
+        "(void)ftn_event_record((ftnEvent_t)fx(FX_ftnEvent_t), (ftnStream_t)fx(FX_ftnStream_t));\n  (void)ftn_event_synchronize((ftnEvent_t)fx(FX_ftnEvent_t));",
+    ),
     // a whole backward marked ready
     ("ftn_ddp_finish_grad_sync", "adv_ddp_grads_ready(0);"),
     // the optimizer, then synchronised gradients
@@ -1722,7 +1727,14 @@ fn adversarial_c_abi() {
             && matches!(c.kind, M_NULL | M_FIELD | M_SCALAR | M_HANDLE)
         {
             let p = &h.funcs[c.func].params[c.param].name;
-            if !msg.contains(p.as_str()) {
+            // a struct field may be named alone (`lda` of `desc`), as the
+            // Rust layer under the C ABI names it
+            let field = c
+                .field
+                .as_ref()
+                .filter(|(st, fl)| st != "#raw" && fl != "size")
+                .is_some_and(|(_, fl)| msg.contains(&format!("`{fl}`")));
+            if !msg.contains(p.as_str()) && !field {
                 unnamed_arg.push(format!("{}: {msg}", c.label));
             }
         }
@@ -1824,5 +1836,13 @@ fn adversarial_c_abi() {
         "{} unexpected crash / hang / silent success cases:\n{}",
         failures.len(),
         failures.join("\n")
+    );
+    // An error must blame the argument the case changed (its name, or a
+    // struct field by its own name), not a related one.
+    assert!(
+        unnamed_arg.is_empty(),
+        "{} named errors blame another argument than the one changed:\n{}",
+        unnamed_arg.len(),
+        unnamed_arg.join("\n")
     );
 }

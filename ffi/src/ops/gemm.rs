@@ -115,12 +115,20 @@ fn span(
     stride: Option<usize>,
 ) -> Result<usize> {
     let ld = ld.unwrap_or(cols.max(1));
+    // The operand is too large for its layout, and the layout comes from
+    // `desc`: say so, with the numbers that overflowed.
     let over = || {
         invalid(
             op,
             arg,
-            "a span that fits in int64_t",
-            "an overflowing layout",
+            format!(
+                "a span ((batch - 1) * stride + (rows - 1) * ld + cols elements, from the \
+                 dimensions, leading dimension and batch stride in `desc`) that fits in int64_t"
+            ),
+            format!(
+                "batch {batch}, rows {rows}, cols {cols}, ld {ld}, stride {}: an overflow",
+                stride.map_or_else(|| "packed".to_string(), |s| s.to_string())
+            ),
         )
     };
     if rows == 0 || cols == 0 || batch == 0 {
