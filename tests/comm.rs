@@ -240,10 +240,19 @@ fn mismatched_collectives_fail_on_every_rank() {
         } else {
             c.all_reduce(&s, &a, &mut b, ReduceOp::Max).unwrap();
         }
-        s.synchronize().unwrap_err().to_string()
+        let e = s.synchronize().unwrap_err().to_string();
+        // as documented: a mismatch does not break the communicator, and
+        // the next matching collective on the same stream works
+        let fault = c.fault();
+        let mut x = dev.upload(&[c.rank() as f32 + 1.0; 3]).unwrap();
+        c.all_reduce_in_place(&s, &mut x, ReduceOp::Sum).unwrap();
+        s.synchronize().unwrap();
+        (e, fault, x.to_host().unwrap())
     });
-    for e in errs {
+    for (e, fault, x) in errs {
         assert!(e.contains("does not match across ranks"), "{e}");
+        assert!(fault.is_none(), "{fault:?}");
+        assert_eq!(x, vec![3.0; 3]);
     }
 }
 
