@@ -2331,9 +2331,9 @@ ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState
  `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
  sizes that overflow; `eps` not finite and > 0; `x`, `y`, `mean`, `rstd`
  NULL with `rows > 0`, or any data pointer not aligned to its element
- size (4 bytes for `mean` / `rstd`). `rows` 0 is a no-op. The overlap of
- `y` and `x` is not checked (undefined results); faults on the device
- come at synchronize.
+ size (4 bytes for `mean` / `rstd`); `y` sharing a byte with `x` (in
+ place included). `rows` 0 is a no-op. Faults on the device come at
+ synchronize.
  */
 ftnResult_t ftn_layer_norm_forward(ftnStream_t stream,
                                    const ftnNormDesc_t *desc,
@@ -2377,8 +2377,8 @@ ftnResult_t ftn_layer_norm_backward(ftnStream_t stream,
  `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
  sizes that overflow; `eps` not finite and > 0; `x`, `y`, `rstd` NULL
  with `rows > 0`, or any data pointer not aligned to its element size.
- `gamma` may be NULL. `rows` 0 is a no-op. The overlap of `y` and `x` is
- not checked; faults on the device come at synchronize.
+ `y` sharing a byte with `x` (in place included). `gamma` may be NULL.
+ `rows` 0 is a no-op. Faults on the device come at synchronize.
  */
 ftnResult_t ftn_rms_norm_forward(ftnStream_t stream,
                                  const ftnNormDesc_t *desc,

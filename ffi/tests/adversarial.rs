@@ -816,6 +816,24 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
                             *invalid,
                         );
                     }
+                } else if fl.name.contains("reserved") {
+                    // documented "must be 0" / "always 0": anything else is refused
+                    for (val, lbl) in [
+                        ("1", "1"),
+                        ("(uint64_t)-1", "-1"),
+                        ("INT32_MAX", "INT32_MAX"),
+                    ] {
+                        push(
+                            M_FIELD,
+                            i,
+                            fld(),
+                            0,
+                            val,
+                            "reserved field",
+                            format!("{name}={lbl}"),
+                            true,
+                        );
+                    }
                 } else if fl.ty == "int32_t" || fl.ty == "uint32_t" || fl.ty == "size_t" {
                     let max = if fl.ty == "size_t" {
                         "SIZE_MAX"

@@ -14,6 +14,9 @@
 //! through [`rendezvous`] (torchrun's environment variables).
 
 mod element;
+// Used by the NCCL backend; its tests run on every build.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod fault;
 mod in_process;
 #[cfg(feature = "cuda")]
 mod nccl;

@@ -47,7 +47,7 @@ fn extent<T: Element>(
                     T::DTYPE.name()
                 ),
                 format!(
-                    "rows {rows}, cols {cols}, offset {}, pitch {}",
+                    "an overflow: rows {rows}, cols {cols}, offset {}, pitch {}",
                     b.offset, b.pitch
                 ),
             )

@@ -887,6 +887,20 @@ static void test_hardening(ftnContext_t ctx, ftnStream_t s) {
                "overlap", NULL);
   ftnBlock2d_t left = {0, 8}, right = {4, 8}; /* interleaved, disjoint column blocks */
   CHECK(ftn_copy_2d(s, ftnFloat32, buf, left, buf, right, 2, 4));
+  /* norms: y sharing bytes with x (in place, or shifted) is refused */
+  ftnNormDesc_t nrm;
+  memset(&nrm, 0, sizeof nrm);
+  nrm.size = sizeof nrm;
+  nrm.dtype = ftnFloat32;
+  nrm.rows = 2;
+  nrm.hidden = 4;
+  nrm.eps = 1e-5f;
+  float stats[4];
+  expect_error(ftn_layer_norm_forward(s, &nrm, buf, NULL, NULL, buf, stats, stats + 2), ftnInvalidArgument,
+               "layer norm in place", "`y`", "overlap `x`");
+  expect_error(ftn_rms_norm_forward(s, &nrm, buf, NULL, buf + 4, stats), ftnInvalidArgument, "rms norm overlap",
+               "`y`", "overlap `x`");
+  CHECK(ftn_rms_norm_forward(s, &nrm, buf, NULL, buf + 8, stats)); /* adjacent: disjoint */
   expect_error(ftn_tp_mapping_forward(ftnCopyToTp, buf, buf, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
                "mapping in place", "`output`", "overlap");
   expect_error(ftn_tp_mapping_backward(ftnCopyToTp, buf, buf + 4, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
