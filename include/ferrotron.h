@@ -1787,6 +1787,8 @@ ftnResult_t ftn_barrier(ftnComm_t comm, ftnStream_t stream);
 
 /*
  Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
+ A rank never sends to itself, on either backend (NCCL alone would take
+ it as a local copy; nothing here needs one: use `ftn_memcpy_dtod`).
 
  Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
  or of another kind, `datatype` outside `ftnDataType_t`, `peer` negative,

@@ -121,10 +121,8 @@ fn span(
         invalid(
             op,
             arg,
-            format!(
-                "a span ((batch - 1) * stride + (rows - 1) * ld + cols elements, from the \
-                 dimensions, leading dimension and batch stride in `desc`) that fits in int64_t"
-            ),
+            "a span ((batch - 1) * stride + (rows - 1) * ld + cols elements, from the \
+             dimensions, leading dimension and batch stride in `desc`) that fits in int64_t",
             format!(
                 "batch {batch}, rows {rows}, cols {cols}, ld {ld}, stride {}: an overflow",
                 stride.map_or_else(|| "packed".to_string(), |s| s.to_string())
