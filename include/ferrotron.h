@@ -738,7 +738,9 @@ typedef struct {
  and batch strides (`stride_*`, 0 = packed: rows * ld), in elements. An
  operand spans `(batch - 1) * stride + (rows - 1) * ld + cols` elements
  (`rows x cols` its stored shape: A is `[k, m]` with `trans_a`, B `[n, k]`
- with `trans_b`); each pointer must hold that many.
+ with `trans_b`); each pointer must hold that many. Batch entries of the
+ inputs (A, B, C) may overlap (a stride below `rows * ld`: shared rows);
+ those of the outputs (D, aux) may not: ftnInvalidArgument.
  */
 typedef struct {
   /*
@@ -1785,6 +1787,8 @@ ftnResult_t ftn_barrier(ftnComm_t comm, ftnStream_t stream);
 
 /*
  Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
+ A rank never sends to itself, on either backend (NCCL alone would take
+ it as a local copy; nothing here needs one: use `ftn_memcpy_dtod`).
 
  Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
  or of another kind, `datatype` outside `ftnDataType_t`, `peer` negative,
@@ -1897,9 +1901,12 @@ ftnResult_t ftn_rank_grid_group(const ftnRankGridDesc_t *desc,
  another kind; a bad grid as for `ftn_rank_grid_dp`; `newcomm` NULL or
  misaligned; `axes` 0, negative or with bits outside `ftnAxis_t`; a grid
  whose `world` is not `comm`'s size: ftnInvalidArgument (checked before
- joining: peers are left waiting). A broken communicator, or peers that
- do not all call within the timeout or are gone: ftnBackendError, and the
- communicator is then broken.
+ joining: peers are left waiting). Ranks that pass different grids or
+ axes (the ranks all-gather them first): ftnInvalidArgument on every
+ rank, naming the first rank that differs; nothing is split and `comm`
+ stays usable. A broken communicator, or peers that do not all call
+ within the timeout or are gone: ftnBackendError, and the communicator
+ is then broken.
  */
 ftnResult_t ftn_comm_split_for_grid(ftnComm_t comm,
                                     const ftnRankGridDesc_t *desc,
@@ -2326,9 +2333,9 @@ ftnResult_t ftn_grad_scaler_get_state(ftnGradScaler_t scaler, ftnGradScalerState
  `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
  sizes that overflow; `eps` not finite and > 0; `x`, `y`, `mean`, `rstd`
  NULL with `rows > 0`, or any data pointer not aligned to its element
- size (4 bytes for `mean` / `rstd`). `rows` 0 is a no-op. The overlap of
- `y` and `x` is not checked (undefined results); faults on the device
- come at synchronize.
+ size (4 bytes for `mean` / `rstd`); `y` sharing a byte with `x` (in
+ place included). `rows` 0 is a no-op. Faults on the device come at
+ synchronize.
  */
 ftnResult_t ftn_layer_norm_forward(ftnStream_t stream,
                                    const ftnNormDesc_t *desc,
@@ -2372,8 +2379,8 @@ ftnResult_t ftn_layer_norm_backward(ftnStream_t stream,
  `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
  sizes that overflow; `eps` not finite and > 0; `x`, `y`, `rstd` NULL
  with `rows > 0`, or any data pointer not aligned to its element size.
- `gamma` may be NULL. `rows` 0 is a no-op. The overlap of `y` and `x` is
- not checked; faults on the device come at synchronize.
+ `y` sharing a byte with `x` (in place included). `gamma` may be NULL.
+ `rows` 0 is a no-op. Faults on the device come at synchronize.
  */
 ftnResult_t ftn_rms_norm_forward(ftnStream_t stream,
                                  const ftnNormDesc_t *desc,

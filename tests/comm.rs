@@ -240,10 +240,19 @@ fn mismatched_collectives_fail_on_every_rank() {
         } else {
             c.all_reduce(&s, &a, &mut b, ReduceOp::Max).unwrap();
         }
-        s.synchronize().unwrap_err().to_string()
+        let e = s.synchronize().unwrap_err().to_string();
+        // as documented: a mismatch does not break the communicator, and
+        // the next matching collective on the same stream works
+        let fault = c.fault();
+        let mut x = dev.upload(&[c.rank() as f32 + 1.0; 3]).unwrap();
+        c.all_reduce_in_place(&s, &mut x, ReduceOp::Sum).unwrap();
+        s.synchronize().unwrap();
+        (e, fault, x.to_host().unwrap())
     });
-    for e in errs {
+    for (e, fault, x) in errs {
         assert!(e.contains("does not match across ranks"), "{e}");
+        assert!(fault.is_none(), "{fault:?}");
+        assert_eq!(x, vec![3.0; 3]);
     }
 }
 
@@ -308,6 +317,51 @@ fn wait_stream_fails_while_a_peer_is_late_and_succeeds_once_it_joins() {
     assert!(early.contains("did not complete within"), "{early}");
     for (_, v) in &got {
         assert_eq!(v, &vec![3.0; 4]);
+    }
+}
+
+/// A grid that differs between ranks (same world: every rank joins) is
+/// a named error on every rank, never a silently lopsided split; the
+/// communicator stays usable afterwards.
+#[test]
+fn split_for_grid_with_different_grids_fails_on_every_rank() {
+    let got = run_ranks(4, T, |c| {
+        // ranks 0 and 1 think tp = 2, ranks 2 and 3 think tp = 4; then the
+        // same grid with different axes on rank 3; then a consistent call
+        let tp = if c.rank() < 2 { 2 } else { 4 };
+        let grid = RankGrid::new(4, tp, 1, 1, RankOrder::TpCpEpDpPp).unwrap();
+        let grids = c.split_for_grid(&grid, &[Axis::Tp]).map(|_| ());
+        let same = RankGrid::new(4, 2, 1, 1, RankOrder::TpCpEpDpPp).unwrap();
+        let axes: &[Axis] = if c.rank() == 3 {
+            &[Axis::Dp]
+        } else {
+            &[Axis::Tp]
+        };
+        let axes = c.split_for_grid(&same, axes).map(|_| ());
+        let ok = c.split_for_grid(&same, &[Axis::Tp]).map(|s| s.size());
+        (grids, axes, ok, c.fault())
+    });
+    for (r, (grids, axes, ok, fault)) in got.into_iter().enumerate() {
+        // each rank names the first rank whose grid differs from its own
+        let other = if r < 2 {
+            "rank 2 with world 4 tp 4 cp 1 dp 1"
+        } else {
+            "rank 0 with world 4 tp 2 cp 1 dp 2"
+        };
+        let e = grids.unwrap_err().to_string();
+        assert!(
+            e.contains("split_for_grid") && e.contains("`grid`") && e.contains(other),
+            "rank {r}: {e}"
+        );
+        let other = if r < 3 {
+            "rank 3 with world 4 tp 2 cp 1 dp 2 pp 1 order tp-cp-ep-dp-pp axes dp"
+        } else {
+            "rank 0 with world 4 tp 2 cp 1 dp 2 pp 1 order tp-cp-ep-dp-pp axes tp"
+        };
+        let e = axes.unwrap_err().to_string();
+        assert!(e.contains(other), "rank {r}: {e}");
+        assert_eq!(ok.unwrap(), 2, "rank {r}");
+        assert!(fault.is_none(), "rank {r}: {fault:?}");
     }
 }
 

@@ -93,7 +93,10 @@ fn bad_blocks_are_errors() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("`src`") && e.contains("pitch >= cols"), "{e}");
+    assert!(
+        e.contains("`src_block.pitch`") && e.contains("pitch >= cols"),
+        "{e}"
+    );
     let e = copy_2d(
         &s,
         &src,

@@ -719,6 +719,35 @@ fn bad_input_is_a_named_error() {
             "names the missing parameter: {e}"
         );
 
+        // Configs checked at construction, before the DDP (as the C ABI does).
+        for (cfg, arg) in [
+            (
+                DistOptConfig {
+                    weight_decay: f32::NAN,
+                    ..DistOptConfig::default()
+                },
+                "weight_decay",
+            ),
+            (
+                DistOptConfig {
+                    weight_decay: -0.1,
+                    ..DistOptConfig::default()
+                },
+                "weight_decay",
+            ),
+            (
+                DistOptConfig {
+                    max_grad_norm: Some(-1.0),
+                    ..DistOptConfig::default()
+                },
+                "max_grad_norm",
+            ),
+        ] {
+            assert_eq!(
+                arg_of(DistributedOptimizer::new(&ddp, cfg).unwrap_err()),
+                arg
+            );
+        }
         // ZeRO-1 on a plain-DDP model.
         assert_eq!(
             arg_of(DistributedOptimizer::new(&ddp, DistOptConfig::default()).unwrap_err()),

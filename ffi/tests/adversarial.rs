@@ -405,6 +405,11 @@ const OVERRIDES: &[(&str, &str)] = &[
 /// C statements run at the start of a call (before any mutation), for the
 /// exports whose baseline needs fixtures in a state of their own.
 const PREPARE: &[(&str, &str)] = &[
+    // both arguments are the event fixture: recorded and complete
+    (
+        "ftn_event_elapsed_ms",
+        "(void)ftn_event_record((ftnEvent_t)fx(FX_ftnEvent_t), (ftnStream_t)fx(FX_ftnStream_t));\n  (void)ftn_event_synchronize((ftnEvent_t)fx(FX_ftnEvent_t));",
+    ),
     // a whole backward marked ready
     ("ftn_ddp_finish_grad_sync", "adv_ddp_grads_ready(0);"),
     // the optimizer, then synchronised gradients
@@ -590,7 +595,8 @@ struct Case {
     func: usize,
     kind: u8,
     param: usize,
-    /// (struct, field) of an M_FIELD case.
+    /// (struct, field) of an M_FIELD case; `("#raw", "offset:width")` for
+    /// a field of a struct the header does not declare (DLPack's).
     field: Option<(String, String)>,
     tail: usize,
     value: String,
@@ -776,6 +782,19 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
                     }
                 } else if fl.ty == "int64_t" {
                     let key = format!("{s}.{}", fl.name);
+                    let shared = SHARED_INPUT_STRIDES.contains(&key.as_str());
+                    for (val, lbl) in too_small(&fl.name) {
+                        push(
+                            M_FIELD,
+                            i,
+                            fld(),
+                            0,
+                            val,
+                            "stride too small",
+                            format!("{name}={lbl}"),
+                            !shared,
+                        );
+                    }
                     let alone = NOT_MULTIPLIED.contains(&key.as_str());
                     let value = VALUE_FIELDS.contains(&key.as_str());
                     for (val, lbl, cat, invalid) in I64_BAD {
@@ -795,6 +814,24 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
                             cat,
                             format!("{name}={lbl}"),
                             *invalid,
+                        );
+                    }
+                } else if fl.name.contains("reserved") {
+                    // documented "must be 0" / "always 0": anything else is refused
+                    for (val, lbl) in [
+                        ("1", "1"),
+                        ("(uint64_t)-1", "-1"),
+                        ("INT32_MAX", "INT32_MAX"),
+                    ] {
+                        push(
+                            M_FIELD,
+                            i,
+                            fld(),
+                            0,
+                            val,
+                            "reserved field",
+                            format!("{name}={lbl}"),
+                            true,
                         );
                     }
                 } else if fl.ty == "int32_t" || fl.ty == "uint32_t" || fl.ty == "size_t" {
@@ -817,6 +854,18 @@ fn cases_for(g: &Gen, fi: usize, f: &Func, optional: &BTreeSet<String>) -> Vec<C
                     }
                 }
             }
+        }
+        for rf in raw_fields(&f.name, &p.name).unwrap_or(&[]) {
+            push(
+                M_FIELD,
+                i,
+                Some(("#raw".into(), format!("{}:{}", rf.off, rf.width))),
+                0,
+                rf.value,
+                rf.category,
+                format!("{}->{}={}", p.name, rf.field, rf.label),
+                rf.invalid,
+            );
         }
         match k {
             PKind::Int(Some(e)) => {
@@ -931,6 +980,247 @@ fn int_limits(f: &Func, p: &Param) -> (bool, bool) {
     (neg, range || matches!(n, "rank" | "root" | "peer"))
 }
 
+/// Leading dimensions, pitches and batch strides below what the baseline
+/// needs (its dimensions are 4, its batch 4: a row of 4, a matrix of 16
+/// elements): 1, and one less than needed. 0 means "packed" (valid).
+fn too_small(field: &str) -> &'static [(&'static str, &'static str)] {
+    if field.starts_with("stride") {
+        &[("1", "1(too-small)"), ("15", "15(needed-1)")]
+    } else if field.starts_with("ld") || field == "pitch" {
+        &[("1", "1(too-small)"), ("3", "3(needed-1)")]
+    } else {
+        &[]
+    }
+}
+
+/// Batch strides of read-only inputs: entries that overlap (share rows, as
+/// a broadcast does) are valid, so a small stride is tried but is not
+/// invalid by construction (the output strides are: D and aux entries must
+/// not overlap).
+const SHARED_INPUT_STRIDES: &[&str] = &[
+    "ftnGemmDesc_t.stride_a",
+    "ftnGemmDesc_t.stride_b",
+    "ftnGemmDesc_t.stride_c",
+];
+
+/// A field of a struct the header passes as `void *` (DLPack's), set to a
+/// value by byte offset.
+struct RawField {
+    field: &'static str,
+    off: usize,
+    width: u8,
+    value: &'static str,
+    label: &'static str,
+    category: &'static str,
+    invalid: bool,
+}
+
+/// The fields of the `DLManagedTensorVersioned` that `adv_dlpack()` builds
+/// (DLPack 1.x, 64-bit: version at 0, flags at 24, `dl_tensor` at 32:
+/// data 32, device 40/44, ndim 48, dtype 52/53/54, shape 56, strides 64,
+/// byte_offset 72) and of its shape `{2, 2}` (at 512) and strides `{2, 1}`
+/// (at 528), each set alone. Valid variations (`ok`) are counted, never
+/// required to fail: a read-only flag, a CPU device id (ignored), ndim 0
+/// (a scalar), NULL strides (compact), a zero dimension, an aligned
+/// offset, any offset (the producer's word on its memory is trusted).
+const DLPACK_FIELDS: &[RawField] = {
+    const fn f(
+        field: &'static str,
+        off: usize,
+        width: u8,
+        value: &'static str,
+        label: &'static str,
+        category: &'static str,
+        invalid: bool,
+    ) -> RawField {
+        RawField {
+            field,
+            off,
+            width,
+            value,
+            label,
+            category,
+            invalid,
+        }
+    }
+    const E: &str = "DLPack enum field";
+    const I: &str = "DLPack integer field";
+    const P: &str = "DLPack pointer field";
+    const N: &str = "negative dimension";
+    const O: &str = "overflowing dimension";
+    const Z: &str = "zero dimension";
+    const S: &str = "stride too small";
+    &[
+        f("version.major", 0, 4, "0", "0", I, true),
+        f("version.major", 0, 4, "2", "2", I, true),
+        f("version.major", 0, 4, "UINT32_MAX", "UINT32_MAX", I, true),
+        f("flags", 24, 8, "1", "read-only", I, false),
+        f("flags", 24, 8, "UINT64_MAX", "all-bits", I, false),
+        f("dl_tensor.data", 32, 8, "0", "NULL", P, true),
+        f("dl_tensor.data", 32, 8, "1", "misaligned", P, true),
+        f(
+            "dl_tensor.device.device_type",
+            40,
+            4,
+            "(uint64_t)-1",
+            "-1",
+            E,
+            true,
+        ),
+        f("dl_tensor.device.device_type", 40, 4, "0", "0", E, true),
+        f(
+            "dl_tensor.device.device_type",
+            40,
+            4,
+            "2",
+            "kDLCUDA",
+            E,
+            true,
+        ),
+        f(
+            "dl_tensor.device.device_type",
+            40,
+            4,
+            "INT32_MAX",
+            "INT32_MAX",
+            E,
+            true,
+        ),
+        f(
+            "dl_tensor.device.device_id",
+            44,
+            4,
+            "(uint64_t)-1",
+            "-1",
+            I,
+            false,
+        ),
+        f(
+            "dl_tensor.device.device_id",
+            44,
+            4,
+            "INT32_MAX",
+            "INT32_MAX",
+            I,
+            false,
+        ),
+        f("dl_tensor.ndim", 48, 4, "(uint64_t)-1", "-1", I, true),
+        f("dl_tensor.ndim", 48, 4, "0", "0", I, false),
+        f(
+            "dl_tensor.ndim",
+            48,
+            4,
+            "FTN_DLPACK_MAX_DIMS + 1",
+            "MAX_DIMS+1",
+            I,
+            true,
+        ),
+        f("dl_tensor.ndim", 48, 4, "INT32_MAX", "INT32_MAX", I, true),
+        f("dl_tensor.dtype.code", 52, 1, "3", "3", E, true),
+        f("dl_tensor.dtype.code", 52, 1, "255", "255", E, true),
+        f("dl_tensor.dtype.bits", 53, 1, "0", "0", E, true),
+        f("dl_tensor.dtype.bits", 53, 1, "64", "64", E, true),
+        f("dl_tensor.dtype.bits", 53, 1, "255", "255", E, true),
+        f("dl_tensor.dtype.lanes", 54, 2, "0", "0", E, true),
+        f("dl_tensor.dtype.lanes", 54, 2, "4", "4", E, true),
+        f("dl_tensor.dtype.lanes", 54, 2, "65535", "65535", E, true),
+        f("dl_tensor.shape", 56, 8, "0", "NULL", P, true),
+        f("dl_tensor.strides", 64, 8, "0", "NULL", P, false),
+        f(
+            "dl_tensor.byte_offset",
+            72,
+            8,
+            "2",
+            "2(misaligned)",
+            I,
+            true,
+        ),
+        f("dl_tensor.byte_offset", 72, 8, "4", "4", I, false),
+        f(
+            "dl_tensor.byte_offset",
+            72,
+            8,
+            "(uint64_t)1 << 62",
+            "2^62",
+            I,
+            false,
+        ),
+        f(
+            "dl_tensor.byte_offset",
+            72,
+            8,
+            "UINT64_MAX",
+            "UINT64_MAX",
+            I,
+            true,
+        ),
+        f("dl_tensor.shape[0]", 512, 8, "(uint64_t)-1", "-1", N, true),
+        f(
+            "dl_tensor.shape[0]",
+            512,
+            8,
+            "(uint64_t)INT64_MIN",
+            "INT64_MIN",
+            N,
+            true,
+        ),
+        f("dl_tensor.shape[0]", 512, 8, "0", "0", Z, false),
+        f(
+            "dl_tensor.shape[0]",
+            512,
+            8,
+            "(uint64_t)1 << 62",
+            "2^62",
+            O,
+            true,
+        ),
+        f(
+            "dl_tensor.shape[1]",
+            520,
+            8,
+            "INT64_MAX",
+            "INT64_MAX",
+            O,
+            true,
+        ),
+        f("dl_tensor.strides[0]", 528, 8, "1", "1(needed-1)", S, true),
+        f("dl_tensor.strides[0]", 528, 8, "0", "0", S, true),
+        f(
+            "dl_tensor.strides[0]",
+            528,
+            8,
+            "(uint64_t)-1",
+            "-1",
+            S,
+            true,
+        ),
+        f(
+            "dl_tensor.strides[0]",
+            528,
+            8,
+            "INT64_MAX",
+            "INT64_MAX",
+            S,
+            true,
+        ),
+        f("dl_tensor.strides[1]", 536, 8, "0", "0", S, true),
+        f(
+            "dl_tensor.strides[1]",
+            536,
+            8,
+            "(uint64_t)-1",
+            "-1",
+            S,
+            true,
+        ),
+    ]
+};
+
+/// The raw-field table of `function.param`, if it has one.
+fn raw_fields(func: &str, param: &str) -> Option<&'static [RawField]> {
+    (func == "ftn_dlpack_import" && param == "managed").then_some(DLPACK_FIELDS)
+}
+
 /// Dimensions: (value, label, category, invalid by construction).
 const I64_BAD: &[(&str, &str, &str, bool)] = &[
     ("(uint64_t)-1", "-1", "negative dimension", true),
@@ -1028,6 +1318,12 @@ fn gen_call(g: &Gen, fi: usize, f: &Func) -> String {
                 let t = t.trim_start_matches("const ");
                 let v = override_for(&format!("{}.{}", f.name, p.name)).unwrap_or("adv_buf()");
                 let _ = writeln!(s, "  {t} {a} = ({t}){v};");
+                if raw_fields(&f.name, &p.name).is_some() {
+                    let _ = writeln!(
+                        field_arms,
+                        "    case {i}: adv_field((void *){a}, 0, c); break;"
+                    );
+                }
             }
             PKind::PtrPtr => {
                 let _ = writeln!(s, "  void *o{i} = NULL;\n  void **{a} = &o{i};");
@@ -1129,6 +1425,10 @@ fn gen_c(g: &Gen, funcs: &[(usize, &Func)], cases: &[Case]) -> String {
     s.push_str("  default: return ftnInternalError;\n  }\n}\n\nconst adv_case ADV_CASES[] = {\n");
     for (i, c) in cases.iter().enumerate() {
         let (width, off) = match &c.field {
+            Some((st, fl)) if st == "#raw" => {
+                let (o, w) = fl.split_once(':').expect("offset:width");
+                (w.to_string(), o.to_string())
+            }
             Some((st, fl)) => (
                 format!("(int)sizeof((({st} *)0)->{fl})"),
                 format!("offsetof({st}, {fl})"),
@@ -1445,7 +1745,14 @@ fn adversarial_c_abi() {
             && matches!(c.kind, M_NULL | M_FIELD | M_SCALAR | M_HANDLE)
         {
             let p = &h.funcs[c.func].params[c.param].name;
-            if !msg.contains(p.as_str()) {
+            // a struct field may be named alone (`lda` of `desc`), as the
+            // Rust layer under the C ABI names it
+            let field = c
+                .field
+                .as_ref()
+                .filter(|(st, fl)| st != "#raw" && fl != "size")
+                .is_some_and(|(_, fl)| msg.contains(&format!("`{fl}`")));
+            if !msg.contains(p.as_str()) && !field {
                 unnamed_arg.push(format!("{}: {msg}", c.label));
             }
         }
@@ -1547,5 +1854,13 @@ fn adversarial_c_abi() {
         "{} unexpected crash / hang / silent success cases:\n{}",
         failures.len(),
         failures.join("\n")
+    );
+    // An error must blame the argument the case changed (its name, or a
+    // struct field by its own name), not a related one.
+    assert!(
+        unnamed_arg.is_empty(),
+        "{} named errors blame another argument than the one changed:\n{}",
+        unnamed_arg.len(),
+        unnamed_arg.join("\n")
     );
 }

@@ -14,6 +14,9 @@
 //! through [`rendezvous`] (torchrun's environment variables).
 
 mod element;
+// Used by the NCCL backend; its tests run on every build.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod fault;
 mod in_process;
 #[cfg(feature = "cuda")]
 mod nccl;
@@ -624,7 +627,12 @@ impl Communicator {
     }
 
     /// This rank's communicator for its group along `axes` of `grid` (e.g.
-    /// its tensor-parallel group). Every rank must call it with the same axes.
+    /// its tensor-parallel group). Every rank must call it with the same grid
+    /// and axes: the ranks first all-gather them, and a rank whose grid or
+    /// axes differ from this rank's makes the call fail on every rank with
+    /// the same named error (nothing is split; the communicator stays
+    /// usable). A grid whose world is not this communicator's size fails at
+    /// once, before joining (its peers then time out).
     pub fn split_for_grid(
         &self,
         grid: &crate::core::rank_grid::RankGrid,
@@ -639,9 +647,76 @@ impl Communicator {
             ));
         }
         let (color, key) = grid.color_and_key(self.rank, axes)?;
+        self.check_same_grid(grid, axes)?;
         self.split(Some(color), key)?.ok_or_else(|| Error::Backend {
             backend: "comm",
             message: "split returned no communicator for a colored rank".into(),
         })
+    }
+
+    /// Fails on every rank when the ranks' `(grid, axes)` differ: each rank
+    /// all-gathers its own on the communicator's stream and compares.
+    fn check_same_grid(
+        &self,
+        grid: &crate::core::rank_grid::RankGrid,
+        axes: &[crate::core::rank_grid::Axis],
+    ) -> Result<()> {
+        use crate::core::rank_grid::{Axis, RankOrder};
+        let order = match grid.order {
+            RankOrder::TpCpEpDpPp => 0,
+            RankOrder::TpCpEpPpDp => 1,
+        };
+        let bits = axes.iter().fold(0i64, |m, a| {
+            m | match a {
+                Axis::Tp => 1,
+                Axis::Cp => 2,
+                Axis::Dp => 4,
+                Axis::Pp => 8,
+            }
+        });
+        let mine = [grid.world, grid.tp, grid.cp, grid.dp, grid.pp]
+            .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+            .into_iter()
+            .chain([order, bits])
+            .collect::<Vec<i64>>();
+        let n = mine.len();
+        let send = self.device.upload(&mine)?;
+        let mut all = DeviceBuffer::<i64>::zeros(&self.device, n * self.size)?;
+        self.all_gather(&self.stream, &send, &mut all)?;
+        self.stream.synchronize()?;
+        let mut host = vec![0i64; all.len()];
+        self.stream.copy_to_host(&all, &mut host)?;
+        let all = host;
+        let show = |v: &[i64]| {
+            let axes: Vec<&str> = ["tp", "cp", "dp", "pp"]
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| v[6] & (1 << i) != 0)
+                .map(|(_, a)| *a)
+                .collect();
+            format!(
+                "world {} tp {} cp {} dp {} pp {} order {} axes {}",
+                v[0],
+                v[1],
+                v[2],
+                v[3],
+                v[4],
+                ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"][(v[5] as usize).min(1)],
+                axes.join("+")
+            )
+        };
+        match all.chunks_exact(n).enumerate().find(|(_, v)| *v != mine) {
+            None => Ok(()),
+            Some((r, theirs)) => Err(Error::invalid(
+                "split_for_grid",
+                "grid",
+                format!(
+                    "the same grid and axes on every rank (rank {} has {})",
+                    self.rank,
+                    show(&mine)
+                ),
+                format!("rank {r} with {}", show(theirs)),
+            )),
+        }
     }
 }

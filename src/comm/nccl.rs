@@ -8,12 +8,15 @@
 //! `ncclCommAbort` frees the communicator, so an aborted rank remembers why
 //! (its fault): every later operation, split or wait fails at the call with
 //! "communicator is broken: <fault>" instead of touching the freed handle,
-//! and dropping it does not call `ncclCommDestroy` again.
+//! and dropping it does not call `ncclCommDestroy` again. The wait and
+//! the fault bookkeeping are pure logic in `super::fault`, tested without
+//! a GPU.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::nccl::sys;
 
+use super::fault::{wait_polling, FirstFault};
 use super::in_process::P2pPlan;
 use super::nccl_lib::{check, nccl};
 use super::{OpDesc, OpKind, ReduceOp};
@@ -52,7 +55,7 @@ pub(crate) struct NcclRank {
     comm: sys::ncclComm_t,
     device: Device,
     /// Why this rank's communicator was aborted (then `comm` is freed).
-    aborted: std::sync::Mutex<Option<String>>,
+    aborted: FirstFault,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread, one call at a time; the
@@ -91,27 +94,18 @@ impl NcclRank {
         Ok(NcclRank {
             comm,
             device: device.clone(),
-            aborted: std::sync::Mutex::new(None),
+            aborted: FirstFault::default(),
         })
     }
 
     /// Why this rank's communicator was aborted, if it was.
     pub fn fault(&self) -> Option<String> {
-        self.aborted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.aborted.get()
     }
 
     /// Fails once the communicator was aborted (its handle is freed then).
     fn check_usable(&self) -> Result<()> {
-        match self.fault() {
-            Some(f) => Err(Error::Backend {
-                backend: "nccl",
-                message: format!("communicator is broken: {f}"),
-            }),
-            None => Ok(()),
-        }
+        self.aborted.check("nccl")
     }
 
     fn raw_stream(&self, stream: &Stream) -> Result<sys::cudaStream_t> {
@@ -234,7 +228,7 @@ impl NcclRank {
         let sub = NcclRank {
             comm: new,
             device: self.device.clone(),
-            aborted: std::sync::Mutex::new(None),
+            aborted: FirstFault::default(),
         };
         let mut rank = 0;
         // SAFETY: a live communicator and a valid out-pointer.
@@ -250,48 +244,42 @@ impl NcclRank {
     pub fn wait(&self, event: &crate::backend::Event, timeout: Duration) -> Result<()> {
         self.check_usable()?;
         let lib = nccl()?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if event.is_complete()? {
-                return Ok(());
-            }
-            let mut state = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: a live communicator and a valid out-pointer.
-            let _ = unsafe { (lib.comm_get_async_error)(self.comm, &mut state) };
-            let failed = state != sys::ncclResult_t::ncclSuccess
-                && state != sys::ncclResult_t::ncclInProgress;
-            if failed || Instant::now() >= deadline {
-                let message = if failed {
-                    format!("asynchronous NCCL error {state:?}; communicator aborted")
-                } else {
-                    format!("operation did not complete within {timeout:?}; communicator aborted (a peer may be dead)")
+        wait_polling(
+            "nccl",
+            &self.aborted,
+            timeout,
+            || event.is_complete(),
+            || {
+                // Under the fault's lock: a wait on another thread cannot
+                // abort (free) the communicator during the query.
+                let query = || {
+                    let mut state = sys::ncclResult_t::ncclSuccess;
+                    // SAFETY: a live communicator (no fault recorded, and
+                    // none can be while the lock is held) and a valid
+                    // out-pointer.
+                    let _ = unsafe { (lib.comm_get_async_error)(self.comm, &mut state) };
+                    (state != sys::ncclResult_t::ncclSuccess
+                        && state != sys::ncclResult_t::ncclInProgress)
+                        .then(|| format!("{state:?}"))
                 };
-                let mut aborted = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
-                if aborted.is_none() {
-                    // SAFETY: aborting a live communicator once (recorded
-                    // under the lock); it is never used again after this.
-                    let _ = unsafe { (lib.comm_abort)(self.comm) };
-                    *aborted = Some(message.clone());
-                }
-                return Err(Error::Backend {
-                    backend: "nccl",
-                    message,
-                });
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
+                self.aborted
+                    .while_healthy(query)
+                    .unwrap_or_else(|| Some("(aborted by a wait on another thread)".into()))
+            },
+            || {
+                // SAFETY: aborting a live communicator once (FirstFault runs
+                // this for the first fault only, under its lock); it is
+                // never used again after this.
+                let _ = unsafe { (lib.comm_abort)(self.comm) };
+            },
+        )
     }
 }
 
 impl Drop for NcclRank {
     fn drop(&mut self) {
         // An aborted communicator was already freed by ncclCommAbort.
-        let aborted = self
-            .aborted
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
-        if aborted {
+        if self.aborted.is_set() {
             return;
         }
         if let Ok(lib) = nccl() {

@@ -37,6 +37,7 @@ const OP: &str = "copy_2d";
 
 fn check<T: Element>(
     arg: &'static str,
+    pitch_arg: &'static str,
     buf: &DeviceBuffer<T>,
     b: Block2d,
     rows: usize,
@@ -48,7 +49,7 @@ fn check<T: Element>(
     if b.pitch < cols {
         return Err(Error::invalid(
             OP,
-            arg,
+            pitch_arg,
             format!("a pitch >= cols = {cols}"),
             b.pitch,
         ));
@@ -104,54 +105,54 @@ fn check_disjoint(
     Ok(())
 }
 
-/// Copies the `[rows, cols]` block at `src_at` in `src` to `dst_at` in `dst`
+/// Copies the `[rows, cols]` block at `src_block` in `src` to `dst_block` in `dst`
 /// (the blocks must not overlap: an error otherwise).
 pub fn copy_2d<T: Element>(
     stream: &Stream,
     src: &DeviceBuffer<T>,
-    src_at: Block2d,
+    src_block: Block2d,
     dst: &mut DeviceBuffer<T>,
-    dst_at: Block2d,
+    dst_block: Block2d,
     rows: usize,
     cols: usize,
 ) -> Result<()> {
     stream.device().check_same(OP, "src", src.device())?;
     stream.device().check_same(OP, "dst", dst.device())?;
-    check("src", src, src_at, rows, cols)?;
-    check("dst", dst, dst_at, rows, cols)?;
+    check("src", "src_block.pitch", src, src_block, rows, cols)?;
+    check("dst", "dst_block.pitch", dst, dst_block, rows, cols)?;
     if rows == 0 || cols == 0 {
         return Ok(());
     }
     // A single row never steps by its pitch, which may then be anything
     // >= cols (even near usize::MAX): use cols so the byte pitches below stay
     // within the buffers (for rows > 1 the checks bound (rows-1) * pitch).
-    let (src_at, dst_at) = if rows == 1 {
+    let (src_block, dst_block) = if rows == 1 {
         let tight = |b: Block2d| Block2d { pitch: cols, ..b };
-        (tight(src_at), tight(dst_at))
+        (tight(src_block), tight(dst_block))
     } else {
-        (src_at, dst_at)
+        (src_block, dst_block)
     };
     let es = T::DTYPE.size() as u64;
     check_disjoint(
         (
-            src.addr() + src_at.offset as u64 * es,
-            src_at.pitch as u64 * es,
+            src.addr() + src_block.offset as u64 * es,
+            src_block.pitch as u64 * es,
         ),
         (
-            dst.addr() + dst_at.offset as u64 * es,
-            dst_at.pitch as u64 * es,
+            dst.addr() + dst_block.offset as u64 * es,
+            dst_block.pitch as u64 * es,
         ),
         rows as u64,
         cols as u64 * es,
     )?;
     let (s, d) = (
-        src.addr() + src_at.offset as u64 * es,
-        dst.addr() + dst_at.offset as u64 * es,
+        src.addr() + src_block.offset as u64 * es,
+        dst.addr() + dst_block.offset as u64 * es,
     );
     let (row_bytes, sp, dp) = (
         cols as u64 * es,
-        src_at.pitch as u64 * es,
-        dst_at.pitch as u64 * es,
+        src_block.pitch as u64 * es,
+        dst_block.pitch as u64 * es,
     );
     let (vec, cfg) = plan::plan(
         rows as u64,

@@ -166,6 +166,8 @@ impl Norm {
             check_buffer(op, "mean", stream, m, self.rows)?;
         }
         check_buffer(op, "rstd", stream, rstd, self.rows)?;
+        let bytes = n * T::DTYPE.size();
+        crate::core::validate::disjoint(op, "y", (y.addr(), bytes), "x", (x.addr(), bytes))?;
         if n == 0 {
             return Ok(());
         }

@@ -256,6 +256,8 @@ unsafe fn recv_t<T: CommElement>(
 }
 
 /// Sends `count` elements to `peer`, which must post a matching `ftn_recv`.
+/// A rank never sends to itself, on either backend (NCCL alone would take
+/// it as a local copy; nothing here needs one: use `ftn_memcpy_dtod`).
 ///
 /// Bad input at the call (nothing enqueued): `comm` or `stream` NULL, stale
 /// or of another kind, `datatype` outside `ftnDataType_t`, `peer` negative,

@@ -298,9 +298,12 @@ pub unsafe extern "C" fn ftn_rank_grid_group(
 /// another kind; a bad grid as for `ftn_rank_grid_dp`; `newcomm` NULL or
 /// misaligned; `axes` 0, negative or with bits outside `ftnAxis_t`; a grid
 /// whose `world` is not `comm`'s size: ftnInvalidArgument (checked before
-/// joining: peers are left waiting). A broken communicator, or peers that
-/// do not all call within the timeout or are gone: ftnBackendError, and the
-/// communicator is then broken.
+/// joining: peers are left waiting). Ranks that pass different grids or
+/// axes (the ranks all-gather them first): ftnInvalidArgument on every
+/// rank, naming the first rank that differs; nothing is split and `comm`
+/// stays usable. A broken communicator, or peers that do not all call
+/// within the timeout or are gone: ftnBackendError, and the communicator
+/// is then broken.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_comm_split_for_grid(
     comm: ftnComm_t,

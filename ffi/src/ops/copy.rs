@@ -23,22 +23,35 @@ pub struct ftnBlock2d_t {
     pub pitch: i64,
 }
 
-/// Elements from the buffer's start to the block's end.
-fn extent(
+/// Elements from the buffer's start to the block's end, checked to fit in
+/// `isize` bytes of `T`: an overflow names the block, `rows` and `cols`
+/// (what it comes from), not the pointer.
+fn extent<T: Element>(
     op: &'static str,
     arg: &'static str,
     b: Block2d,
     rows: usize,
     cols: usize,
 ) -> Result<usize> {
-    b.extent(rows, cols).ok_or_else(|| {
-        invalid(
-            op,
-            arg,
-            "a block whose extent fits in size_t",
-            "an overflow",
-        )
-    })
+    b.extent(rows, cols)
+        .filter(|n| {
+            n.checked_mul(T::DTYPE.size())
+                .is_some_and(|bytes| bytes <= isize::MAX as usize)
+        })
+        .ok_or_else(|| {
+            invalid(
+                op,
+                arg,
+                format!(
+                    "a block whose extent ((rows - 1) * pitch + offset + cols elements of {}) fits in isize bytes",
+                    T::DTYPE.name()
+                ),
+                format!(
+                    "an overflow: rows {rows}, cols {cols}, offset {}, pitch {}",
+                    b.offset, b.pitch
+                ),
+            )
+        })
 }
 
 unsafe fn copy_t<T: Element>(
@@ -50,8 +63,8 @@ unsafe fn copy_t<T: Element>(
     cols: usize,
 ) -> Result<()> {
     let dev = s.stream.device().clone();
-    let ns = extent(op, "src_block", src_at, rows, cols)?;
-    let nd = extent(op, "dst_block", dst_at, rows, cols)?;
+    let ns = extent::<T>(op, "src_block", src_at, rows, cols)?;
+    let nd = extent::<T>(op, "dst_block", dst_at, rows, cols)?;
     // SAFETY: pointer contracts: each buffer holds its block.
     let (x, mut y) = unsafe {
         (

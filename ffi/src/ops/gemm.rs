@@ -47,7 +47,9 @@ c_enum!(
 /// and batch strides (`stride_*`, 0 = packed: rows * ld), in elements. An
 /// operand spans `(batch - 1) * stride + (rows - 1) * ld + cols` elements
 /// (`rows x cols` its stored shape: A is `[k, m]` with `trans_a`, B `[n, k]`
-/// with `trans_b`); each pointer must hold that many.
+/// with `trans_b`); each pointer must hold that many. Batch entries of the
+/// inputs (A, B, C) may overlap (a stride below `rows * ld`: shared rows);
+/// those of the outputs (D, aux) may not: ftnInvalidArgument.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -113,12 +115,18 @@ fn span(
     stride: Option<usize>,
 ) -> Result<usize> {
     let ld = ld.unwrap_or(cols.max(1));
+    // The operand is too large for its layout, and the layout comes from
+    // `desc`: say so, with the numbers that overflowed.
     let over = || {
         invalid(
             op,
             arg,
-            "a span that fits in int64_t",
-            "an overflowing layout",
+            "a span ((batch - 1) * stride + (rows - 1) * ld + cols elements, from the \
+             dimensions, leading dimension and batch stride in `desc`) that fits in int64_t",
+            format!(
+                "batch {batch}, rows {rows}, cols {cols}, ld {ld}, stride {}: an overflow",
+                stride.map_or_else(|| "packed".to_string(), |s| s.to_string())
+            ),
         )
     };
     if rows == 0 || cols == 0 || batch == 0 {

@@ -55,9 +55,9 @@ fn norm_shape(op: &'static str, d: &ftnNormDesc_t) -> Result<Shape> {
 /// `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
 /// sizes that overflow; `eps` not finite and > 0; `x`, `y`, `mean`, `rstd`
 /// NULL with `rows > 0`, or any data pointer not aligned to its element
-/// size (4 bytes for `mean` / `rstd`). `rows` 0 is a no-op. The overlap of
-/// `y` and `x` is not checked (undefined results); faults on the device
-/// come at synchronize.
+/// size (4 bytes for `mean` / `rstd`); `y` sharing a byte with `x` (in
+/// place included). `rows` 0 is a no-op. Faults on the device come at
+/// synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_layer_norm_forward(
     stream: ftnStream_t,
@@ -153,8 +153,8 @@ pub unsafe extern "C" fn ftn_layer_norm_backward(
 /// `reserved`; `desc.dtype` not a float type; negative `rows`, `hidden` 0,
 /// sizes that overflow; `eps` not finite and > 0; `x`, `y`, `rstd` NULL
 /// with `rows > 0`, or any data pointer not aligned to its element size.
-/// `gamma` may be NULL. `rows` 0 is a no-op. The overlap of `y` and `x` is
-/// not checked; faults on the device come at synchronize.
+/// `y` sharing a byte with `x` (in place included). `gamma` may be NULL.
+/// `rows` 0 is a no-op. Faults on the device come at synchronize.
 #[no_mangle]
 pub unsafe extern "C" fn ftn_rms_norm_forward(
     stream: ftnStream_t,

@@ -64,18 +64,23 @@ void *adv_malloc(void) {
 }
 
 /* A valid DLPack 1.x tensor on the CPU: a DLManagedTensorVersioned
- * (declared here as its bytes: ferrotron.h takes it as void *) of 4
- * float32 elements, compact, no deleter. */
+ * (declared here as its bytes: ferrotron.h takes it as void *) of 2 x 2
+ * float32 elements with explicit compact strides {2, 1}, no deleter. The
+ * generator's DLPACK_FIELDS (ffi/tests/adversarial.rs) use these offsets:
+ * keep the two in step. */
 void *adv_dlpack(void) {
   unsigned char *m = (unsigned char *)adv_buf();
-  int64_t four = 4;
+  const int64_t shape_v[2] = {2, 2}, strides_v[2] = {2, 1};
   uint32_t major = 1;
-  int32_t cpu = 1, ndim = 1;
+  int32_t cpu = 1, ndim = 2;
   uint8_t code = 2, bits = 32;
   uint16_t lanes = 1;
   void *data = m + 1024;
   int64_t *shape = (int64_t *)(m + 512);
-  memcpy(shape, &four, 8);
+  int64_t *strides = (int64_t *)(m + 528);
+  memcpy(shape, shape_v, sizeof shape_v);
+  memcpy(strides, strides_v, sizeof strides_v);
+  memcpy(m + 64, &strides, 8);      /* dl_tensor.strides */
   memcpy(m + 0, &major, 4);         /* version.major */
   memcpy(m + 32, &data, 8);         /* dl_tensor.data */
   memcpy(m + 40, &cpu, 4);          /* dl_tensor.device.device_type */
@@ -83,7 +88,7 @@ void *adv_dlpack(void) {
   memcpy(m + 52, &code, 1);         /* dl_tensor.dtype */
   memcpy(m + 53, &bits, 1);
   memcpy(m + 54, &lanes, 2);
-  memcpy(m + 56, &shape, 8);        /* dl_tensor.shape; strides, byte_offset 0 */
+  memcpy(m + 56, &shape, 8);        /* dl_tensor.shape; byte_offset 0 */
   return m;
 }
 

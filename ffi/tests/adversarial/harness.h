@@ -60,7 +60,7 @@ void *fx_bad(int kind, uint64_t how);
 void *adv_buf(void);
 /* 64 KiB from ftn_malloc on the fixture context. */
 void *adv_malloc(void);
-/* A valid DLManagedTensorVersioned on the CPU (4 float32). */
+/* A valid DLManagedTensorVersioned on the CPU (2 x 2 float32, strides {2, 1}). */
 void *adv_dlpack(void);
 /* Marks every parameter of the DDP fixture ready on the stream fixture
  * (a whole backward), then with `finish` synchronises the gradients:

@@ -240,11 +240,85 @@ static void test_gemm(ftnStream_t s) {
   expect_error(ftn_gemm(s, &g, a, b, bias, NULL, aux, d), ftnInvalidArgument, "gemm lda", "lda", NULL);
   g.lda = 0;
   g.batch = INT64_MAX / 2;
-  expect_error(ftn_gemm(s, &g, a, b, bias, NULL, aux, d), ftnInvalidArgument, "gemm overflow", "overflowing", NULL);
+  expect_error(ftn_gemm(s, &g, a, b, bias, NULL, aux, d), ftnInvalidArgument, "gemm overflow", "`desc`", "overflow");
   g.batch = BATCH;
   g.epilogue = ftnGemmEpilogueDGelu;
   expect_error(ftn_gemm(s, &g, a, b, NULL, NULL, NULL, d), ftnInvalidArgument, "dgelu without aux", "aux", NULL);
   free(a); free(b); free(bias); free(d); free(aux); free(d2); free(wd); free(wx); free(wd2); free(dy); free(db);
+}
+
+/* The header's NULL rules of ftn_gemm, every combination: `bias` required
+ * by Bias, optional for BiasGelu, NULL otherwise; `c` NULL when beta == 0
+ * (with beta != 0 NULL means C is D); `aux` required by DGelu, optional for
+ * BiasGelu, NULL otherwise. A call succeeds exactly when all three hold;
+ * a refused one names the pointer at fault. Then zero sizes (no-ops),
+ * misaligned data pointers and a non-finite beta. */
+static void test_gemm_null_rules(ftnStream_t s) {
+  enum { D = 8 };
+  uint16_t *a = rand_bf16(D * D), *b = rand_bf16(D * D), *bias = rand_bf16(D), *c = rand_bf16(D * D);
+  uint16_t *aux = rand_bf16(D * D), *d = rand_bf16(D * D);
+  const int epis[4] = {ftnGemmEpilogueNone, ftnGemmEpilogueBias, ftnGemmEpilogueBiasGelu, ftnGemmEpilogueDGelu};
+  int tried = 0;
+  for (int e = 0; e < 4; e++)
+    for (int beta = 0; beta < 2; beta++)
+      for (int mask = 0; mask < 8; mask++) {
+        int has_bias = mask & 1, has_c = (mask >> 1) & 1, has_aux = (mask >> 2) & 1;
+        ftnGemmDesc_t g;
+        memset(&g, 0, sizeof g);
+        g.size = sizeof g;
+        g.dtype = ftnBfloat16;
+        g.out_dtype = ftnBfloat16;
+        g.epilogue = epis[e];
+        g.gelu = ftnGeluTanh;
+        g.m = g.n = g.k = D;
+        g.batch = 1;
+        g.alpha = 1.0f;
+        g.beta = (float)beta;
+        int bias_ok = epis[e] == ftnGemmEpilogueBias ? has_bias : epis[e] == ftnGemmEpilogueBiasGelu ? 1 : !has_bias;
+        int c_ok = beta ? 1 : !has_c;
+        int aux_ok = epis[e] == ftnGemmEpilogueDGelu ? has_aux : epis[e] == ftnGemmEpilogueBiasGelu ? 1 : !has_aux;
+        ftnResult_t r = ftn_gemm(s, &g, a, b, has_bias ? bias : NULL, has_c ? c : NULL, has_aux ? aux : NULL, d);
+        const char *msg = ftn_get_last_error();
+        tried++;
+        if (bias_ok && c_ok && aux_ok) {
+          EXPECT(r == ftnSuccess, "gemm epilogue %d beta %d bias %d c %d aux %d: refused: %s", epis[e], beta, has_bias,
+                 has_c, has_aux, msg);
+        } else {
+          /* several may be wrong at once: the error names one of them */
+          int named = (!bias_ok && strstr(msg, "`bias`")) || (!c_ok && strstr(msg, "`c`")) ||
+                      (!aux_ok && strstr(msg, "`aux`"));
+          EXPECT(r == ftnInvalidArgument && named,
+                 "gemm epilogue %d beta %d bias %d c %d aux %d: status %d, want ftnInvalidArgument naming a pointer "
+                 "at fault: %s",
+                 epis[e], beta, has_bias, has_c, has_aux, (int)r, msg);
+        }
+      }
+  EXPECT(tried == 64, "gemm NULL rules: %d combinations", tried);
+  CHECK(ftn_stream_synchronize(s));
+  ftnGemmDesc_t g;
+  memset(&g, 0, sizeof g);
+  g.size = sizeof g;
+  g.dtype = ftnBfloat16;
+  g.out_dtype = ftnBfloat16;
+  g.m = g.n = g.k = D;
+  g.batch = 1;
+  g.alpha = 1.0f;
+  /* zero sizes: no-ops after the checks, NULL operands that span nothing */
+  g.m = 0;
+  CHECK(ftn_gemm(s, &g, NULL, b, NULL, NULL, NULL, NULL));
+  g.m = D;
+  g.batch = 0;
+  CHECK(ftn_gemm(s, &g, NULL, NULL, NULL, NULL, NULL, NULL));
+  g.batch = 1;
+  /* misaligned data pointers are refused on every backend */
+  expect_error(ftn_gemm(s, &g, (const char *)a + 1, b, NULL, NULL, NULL, d), ftnInvalidArgument, "gemm misaligned a",
+               "`a`", "aligned");
+  expect_error(ftn_gemm(s, &g, a, b, NULL, NULL, NULL, (char *)d + 1), ftnInvalidArgument, "gemm misaligned d",
+               "`d`", "aligned");
+  g.beta = NAN;
+  expect_error(ftn_gemm(s, &g, a, b, NULL, c, NULL, d), ftnInvalidArgument, "gemm NaN beta", "beta", NULL);
+  CHECK(ftn_stream_synchronize(s));
+  free(a); free(b); free(bias); free(c); free(aux); free(d);
 }
 
 static void test_multi_tensor(ftnStream_t s) {
@@ -813,6 +887,20 @@ static void test_hardening(ftnContext_t ctx, ftnStream_t s) {
                "overlap", NULL);
   ftnBlock2d_t left = {0, 8}, right = {4, 8}; /* interleaved, disjoint column blocks */
   CHECK(ftn_copy_2d(s, ftnFloat32, buf, left, buf, right, 2, 4));
+  /* norms: y sharing bytes with x (in place, or shifted) is refused */
+  ftnNormDesc_t nrm;
+  memset(&nrm, 0, sizeof nrm);
+  nrm.size = sizeof nrm;
+  nrm.dtype = ftnFloat32;
+  nrm.rows = 2;
+  nrm.hidden = 4;
+  nrm.eps = 1e-5f;
+  float stats[4];
+  expect_error(ftn_layer_norm_forward(s, &nrm, buf, NULL, NULL, buf, stats, stats + 2), ftnInvalidArgument,
+               "layer norm in place", "`y`", "overlap `x`");
+  expect_error(ftn_rms_norm_forward(s, &nrm, buf, NULL, buf + 4, stats), ftnInvalidArgument, "rms norm overlap",
+               "`y`", "overlap `x`");
+  CHECK(ftn_rms_norm_forward(s, &nrm, buf, NULL, buf + 8, stats)); /* adjacent: disjoint */
   expect_error(ftn_tp_mapping_forward(ftnCopyToTp, buf, buf, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
                "mapping in place", "`output`", "overlap");
   expect_error(ftn_tp_mapping_backward(ftnCopyToTp, buf, buf + 4, 2, 4, ftnFloat32, comm, s), ftnInvalidArgument,
@@ -928,6 +1016,7 @@ int main(int argc, char **argv) {
   test_softmax(s, 1);
   test_softmax(s, 2);
   test_gemm(s);
+  test_gemm_null_rules(s);
   test_multi_tensor(s);
   test_scaler(ctx, s);
   test_collectives();

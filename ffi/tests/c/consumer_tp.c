@@ -605,6 +605,22 @@ static void split_rank(int r, void *p) {
   CHECK(ftn_stream_synchronize(w->st[r]));
 }
 
+/* Ranks 0-1 pass tp = 2, ranks 2-3 tp = 4 (same world, so every rank joins):
+ * a named error on every rank, nothing split, the communicator still usable. */
+static void split_mismatch_rank(int r, void *p) {
+  World *w = (World *)p;
+  ftnRankGridDesc_t g = grid_desc(4, r < 2 ? 2 : 4, 1, 1, ftnOrderTpCpEpDpPp);
+  ftnComm_t sub = NULL;
+  BAD(ftn_comm_split_for_grid(w->comm[r], &g, ftnAxisTp, &sub), ftnInvalidArgument, "the same grid and axes on every rank",
+      r < 2 ? "rank 2 with world 4 tp 4" : "rank 0 with world 4 tp 2");
+  EXPECT(sub == NULL, "rank %d: *newcomm written on a failed split", r);
+  ftnRankGridDesc_t same = grid_desc(4, 2, 1, 1, ftnOrderTpCpEpDpPp);
+  BAD(ftn_comm_split_for_grid(w->comm[r], &same, r == 3 ? ftnAxisDp : ftnAxisTp, &sub), ftnInvalidArgument,
+      "`grid`", r < 3 ? "rank 3 with" : "rank 0 with");
+  CHECK(ftn_comm_split_for_grid(w->comm[r], &same, ftnAxisTp, &sub));
+  CHECK(ftn_comm_destroy(sub));
+}
+
 static void test_split_for_grid(World *w) {
   SplitCase s;
   memset(&s, 0, sizeof s);
@@ -626,6 +642,7 @@ static void test_split_for_grid(World *w) {
     close_all(nm("all_reduce over the TP group of rank %d", r), s.tp_out[r], wt, 6, 0);
     close_all(nm("all_reduce over the DP group of rank %d", r), s.dp_out[r], wd, 6, 0);
   }
+  run_ranks(4, split_mismatch_rank, w);
   /* bad input (nothing blocks: validation fails first) */
   ftnRankGridDesc_t g = grid_desc(8, 2, 1, 1, ftnOrderTpCpEpDpPp);
   ftnComm_t sub = NULL;

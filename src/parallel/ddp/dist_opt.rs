@@ -163,6 +163,15 @@ impl DistributedOptimizer {
                 ));
             }
         }
+        // At construction, as the C ABI checks it (not first at the step).
+        if !(config.weight_decay.is_finite() && config.weight_decay >= 0.0) {
+            return Err(Error::invalid(
+                OP,
+                "weight_decay",
+                "a finite value >= 0",
+                format!("{:?}", config.weight_decay),
+            ));
+        }
         let adam = FusedAdam::new(config.adam)?;
         let sharded = ddp.config().distributed_optimizer;
         let comm = ddp.comm();
