@@ -15,7 +15,7 @@
 //! suite".
 //!
 //! Env: `FTN_ADV_SANITIZE=0` compiles without sanitizers, `FTN_ADV_JOBS`
-//! (default 2) children at once, `FTN_ADV_TIMEOUT` seconds per case (5),
+//! (default 2) children at once, `FTN_ADV_TIMEOUT` seconds per case (20),
 //! `FTN_ADV_FILTER` runs only the exports whose name contains it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1629,7 +1629,7 @@ fn adversarial_c_abi() {
         )
         .env(
             "ADV_TIMEOUT",
-            std::env::var("FTN_ADV_TIMEOUT").unwrap_or_else(|_| "5".into()),
+            std::env::var("FTN_ADV_TIMEOUT").unwrap_or_else(|_| "20".into()),
         )
         .env("ADV_LOGDIR", &dir)
         .env("ASAN_OPTIONS", ASAN_OPTIONS)

@@ -8,7 +8,7 @@
  * Output, one line per case on stdout:
  *   R <index> <outcome> <status> <last error>      (tab-separated)
  * outcome: done | crash:<signal> | exit:<code> | hang | setup.
- * Env: ADV_JOBS (2), ADV_TIMEOUT (5), ADV_ONLY (one case index, run in
+ * Env: ADV_JOBS (2), ADV_TIMEOUT (20), ADV_ONLY (one case index, run in
  * process: for a debugger), ADV_LIMIT (run only the first N cases),
  * ADV_LOGDIR (children's stderr, one file per slot), ADV_PLANT_* (below). */
 #define _GNU_SOURCE
@@ -370,7 +370,7 @@ static void dump_log(const char *path) {
 int main(void) {
   const char *only = getenv("ADV_ONLY");
   int jobs = getenv("ADV_JOBS") ? atoi(getenv("ADV_JOBS")) : 2;
-  unsigned timeout = getenv("ADV_TIMEOUT") ? (unsigned)atoi(getenv("ADV_TIMEOUT")) : 5;
+  unsigned timeout = getenv("ADV_TIMEOUT") ? (unsigned)atoi(getenv("ADV_TIMEOUT")) : 20;
   const char *logdir = getenv("ADV_LOGDIR");
   if (jobs < 1) jobs = 1;
   if (jobs > 64) jobs = 64;
