@@ -105,12 +105,7 @@ fn bias_gelu(rows: u64, cols: u64, vector: bool, measured: [Option<f64>; 2]) -> 
     let f = plan::bias_gelu::forward(rows, cols, BF16, vector);
     let fwd = phase(
         "ftn_bias_gelu_fwd_bf16",
-        anchor(
-            "gelu.cuh",
-            "ftn_gelu<FTN_GELU_TANH>(float x)",
-            "return x",
-            w,
-        ),
+        anchor("gelu.cuh", "ftn_gelu<FTN_GELU_TANH>(float x)", "return", w),
         Elems::PerLoadedBytes(2.0 * e),
         f.cfg,
         n,

@@ -18,6 +18,8 @@
 //!                      measurements (least squares on log ratios)
 //!   --markdown         print the table as Markdown (docs/perf.md)
 //!   --explain KERNEL   print KERNEL's loops, their source lines and hot paths
+//!   --root DIR         the checkout whose `cuda/` sources the SASS was built
+//!                      from (default: this one)
 //!   --keep-sass DIR    keep the disassembly in DIR and reuse it while it is
 //!                      newer than the fatbins (nvdisasm takes most of the time)
 
@@ -450,6 +452,25 @@ fn score_all(m: &Machine, prepared: &[Prepared]) -> Vec<Row> {
     prepared.iter().map(|p| score(m, p)).collect()
 }
 
+/// The target for a target case: ` (>= 0.90 met)` or ` (>= 0.85 not met)`.
+fn target_mark(r: &Row) -> String {
+    if !r.case.target {
+        return String::new();
+    }
+    let t = target(&r.case);
+    let met = if r.predicted >= t { "met" } else { "not met" };
+    format!(" (>= {t:.2} {met})")
+}
+
+/// >= 0.90 of copy for forward kernels, >= 0.85 for backward ones.
+fn target(c: &Case) -> f64 {
+    if c.backward {
+        0.85
+    } else {
+        0.90
+    }
+}
+
 fn fmt_table(rows: &[Row], markdown: bool) -> String {
     let mut s = String::new();
     let head = [
@@ -464,6 +485,7 @@ fn fmt_table(rows: &[Row], markdown: bool) -> String {
         "SASS/elem",
         "moved/floor",
         "predicted",
+        "predicted (measured bytes)",
         "measured",
         "error",
     ];
@@ -509,9 +531,13 @@ fn fmt_table(rows: &[Row], markdown: bool) -> String {
                     String::new()
                 },
                 if first {
-                    format!("{:.2}", r.predicted)
+                    format!("{:.2}{}", r.predicted, target_mark(r))
                 } else {
                     String::new()
+                },
+                match (first, r.case.measured) {
+                    (true, Some(_)) => format!("{:.2}", r.predicted_bench),
+                    _ => String::new(),
                 },
                 match (first, r.case.measured) {
                     (true, Some(m)) => format!("{m:.2}"),
@@ -550,8 +576,9 @@ fn arg_value(args: &[String], name: &str) -> Option<PathBuf> {
 }
 
 fn run_inner(args: &[String]) -> Result<ExitCode, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let root = std::fs::canonicalize(&root).map_err(|e| e.to_string())?;
+    let root = arg_value(args, "--root")
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    let root = std::fs::canonicalize(&root).map_err(|e| format!("{}: {e}", root.display()))?;
     let build = match arg_value(args, "--build") {
         Some(b) => b,
         None => default_build_dir(&root).ok_or(
@@ -611,7 +638,7 @@ fn run_inner(args: &[String]) -> Result<ExitCode, String> {
     let unmet: Vec<String> = rows
         .iter()
         .filter(|r| r.case.target)
-        .filter(|r| r.predicted < if r.case.backward { 0.85 } else { 0.90 })
+        .filter(|r| r.predicted < target(&r.case))
         .map(key)
         .collect();
     println!(
@@ -636,7 +663,11 @@ fn run_inner(args: &[String]) -> Result<ExitCode, String> {
             best.1, best.0
         );
     }
-    let tpath = arg_value(args, "--thresholds").unwrap_or_else(|| root.join(THRESHOLDS));
+    let tpath = arg_value(args, "--thresholds").unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(THRESHOLDS)
+    });
     if args.iter().any(|a| a == "--write-thresholds") {
         let mut text = String::from(
             "# Minimum predicted fraction of copy bandwidth per case (`cargo run -p xtask -- perf-model`\n# fails below it). Written by --write-thresholds: the prediction less 0.03.\n",
