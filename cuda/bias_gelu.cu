@@ -26,7 +26,7 @@ FTN_DEVICE void bias_gelu_fwd_scalar(const FtnBiasGeluFwdParams &p, int64_t begi
   for (int64_t i = begin + tid; i < n; i += stride) {
     float v = ftn_to_float(x[i]);
     if (bias != nullptr) v += ftn_to_float(bias[i % p.cols]);
-    out[i] = ftn_from_float<T>(ftn_gelu<KIND>(v));
+    out[i] = ftn_from_float<T>(ftn_gelu_bw<KIND>(v));
   }
 }
 
@@ -77,8 +77,8 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
     bias_gelu_add_bias<T>(p, i + stride, v1);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      v0[k] = ftn_gelu<KIND>(v0[k]);
-      v1[k] = ftn_gelu<KIND>(v1[k]);
+      v0[k] = ftn_gelu_bw<KIND>(v0[k]);
+      v1[k] = ftn_gelu_bw<KIND>(v1[k]);
     }
     ftn_store_vec<T>(out + i * V, v0);
     ftn_store_vec<T>(out + (i + stride) * V, v1);
@@ -88,7 +88,7 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
     ftn_load_vec<T>(x + i * V, v);
     bias_gelu_add_bias<T>(p, i, v);
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = ftn_gelu<KIND>(v[k]);
+    for (int k = 0; k < V; ++k) v[k] = ftn_gelu_bw<KIND>(v[k]);
     ftn_store_vec<T>(out + i * V, v);
   }
   bias_gelu_fwd_scalar<T, KIND>(p, nvec * V, n, tid, stride);
@@ -134,8 +134,8 @@ FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0,
     ftn_load<T, VEC>(x + off1, v1);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      g0[k] *= ftn_gelu_grad<KIND>(v0[k] + b[k]);
-      g1[k] *= ftn_gelu_grad<KIND>(v1[k] + b[k]);
+      g0[k] *= ftn_gelu_grad_bw<KIND>(v0[k] + b[k]);
+      g1[k] *= ftn_gelu_grad_bw<KIND>(v1[k] + b[k]);
       acc[k] += g0[k];
       acc[k] += g1[k];
     }
@@ -150,7 +150,7 @@ FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0,
     ftn_load<T, VEC>(x + off, v);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      g[k] *= ftn_gelu_grad<KIND>(v[k] + b[k]);
+      g[k] *= ftn_gelu_grad_bw<KIND>(v[k] + b[k]);
       acc[k] += g[k];
     }
     ftn_store<T, VEC>(dx + off, g);

@@ -105,7 +105,12 @@ fn bias_gelu(rows: u64, cols: u64, vector: bool, measured: [Option<f64>; 2]) -> 
     let f = plan::bias_gelu::forward(rows, cols, BF16, vector);
     let fwd = phase(
         "ftn_bias_gelu_fwd_bf16",
-        anchor("gelu.cuh", "ftn_gelu<FTN_GELU_TANH>(float x)", "return", w),
+        anchor(
+            "gelu.cuh",
+            "ftn_gelu_tanh_fast(float x)",
+            "const float u",
+            w,
+        ),
         Elems::PerLoadedBytes(2.0 * e),
         f.cfg,
         n,
@@ -117,8 +122,8 @@ fn bias_gelu(rows: u64, cols: u64, vector: bool, measured: [Option<f64>; 2]) -> 
         "ftn_bias_gelu_bwd_bf16",
         anchor(
             "gelu.cuh",
-            "ftn_gelu_grad<FTN_GELU_TANH>(float x)",
-            "return",
+            "ftn_gelu_tanh_grad_fast(float x)",
+            "const float u",
             w,
         ),
         Elems::PerLoadedBytes(2.0 * e),
