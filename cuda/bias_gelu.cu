@@ -4,11 +4,13 @@
 //   [rows, cols] matrix; with 16-byte-aligned pointers each thread moves one
 //   128-bit vector (4 fp32 or 8 fp16/bf16) per step and a scalar loop handles
 //   the n % vec tail. Columns are tracked incrementally, so any cols works.
-//   Floor: reads n*sizeof(T) + writes n*sizeof(T) bytes (bias: cols, cached);
-//   ~20 FLOP/element, far below the matrix rate -> HBM-bound.
+//   Two vectors per thread and step (both loads in flight before either is
+//   used). Floor: reads n*sizeof(T) + writes n*sizeof(T) bytes (bias: cols,
+//   cached); ~20 FLOP/element, far below the matrix rate -> HBM-bound.
 // Backward dx = dy * gelu'(x + bias), plus optional fp32 partial bias sums:
 //   the grid tiles (column groups of blockDim.x*vec) x (row chunks); each
-//   thread owns vec adjacent columns, walks its chunk's rows in order, writes
+//   thread owns vec adjacent columns, walks its chunk's rows in order (two
+//   rows per step, loads first), writes
 //   dx and one partial sum per column. ftn_column_sum_partials_* then sums the
 //   chunks in order: dbias is deterministic, no float atomics.
 //   Floor: reads 2n*sizeof(T), writes n*sizeof(T) + chunks*cols*4 bytes.
@@ -24,7 +26,28 @@ FTN_DEVICE void bias_gelu_fwd_scalar(const FtnBiasGeluFwdParams &p, int64_t begi
   for (int64_t i = begin + tid; i < n; i += stride) {
     float v = ftn_to_float(x[i]);
     if (bias != nullptr) v += ftn_to_float(bias[i % p.cols]);
-    out[i] = ftn_from_float<T>(ftn_gelu<KIND>(v));
+    out[i] = ftn_from_float<T>(ftn_gelu_bw<KIND>(v));
+  }
+}
+
+// Adds the bias to the V values of vector i (first column c = i*V % cols).
+template <typename T>
+FTN_DEVICE void bias_gelu_add_bias(const FtnBiasGeluFwdParams &p, int64_t i, float (&v)[FtnVec<T>::N]) {
+  constexpr int V = FtnVec<T>::N;
+  const T *bias = static_cast<const T *>(p.bias);
+  if (bias == nullptr) return;
+  int64_t c = (i * V) % p.cols;
+  if (p.cols % V == 0) {
+    float b[V];
+    ftn_load_vec<T>(bias + c, b);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] += b[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      v[k] += ftn_to_float(bias[c]);
+      c = (c + 1 == p.cols) ? 0 : c + 1;
+    }
   }
 }
 
@@ -40,28 +63,32 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
   }
   FTN_ASSERT(p.vec == (uint32_t)V);
   const T *x = static_cast<const T *>(p.x);
-  const T *bias = static_cast<const T *>(p.bias);
   T *out = static_cast<T *>(p.out);
   const int64_t nvec = n / V;
-  const bool bias_vectorised = bias != nullptr && p.cols % V == 0;
-  for (int64_t i = tid; i < nvec; i += stride) {
+  // Two vectors (i, i + stride) per step, both loaded before either is
+  // used and stored after both are computed (in place stays safe: every
+  // element is read before it is written, by the same thread).
+  int64_t i = tid;
+  for (; i + stride < nvec; i += 2 * stride) {
+    float v0[V], v1[V];
+    ftn_load_vec<T>(x + i * V, v0);
+    ftn_load_vec<T>(x + (i + stride) * V, v1);
+    bias_gelu_add_bias<T>(p, i, v0);
+    bias_gelu_add_bias<T>(p, i + stride, v1);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      v0[k] = ftn_gelu_bw<KIND>(v0[k]);
+      v1[k] = ftn_gelu_bw<KIND>(v1[k]);
+    }
+    ftn_store_vec<T>(out + i * V, v0);
+    ftn_store_vec<T>(out + (i + stride) * V, v1);
+  }
+  if (i < nvec) {
     float v[V];
     ftn_load_vec<T>(x + i * V, v);
-    int64_t c = (i * V) % p.cols;
-    if (bias_vectorised) {
-      float b[V];
-      ftn_load_vec<T>(bias + c, b);
+    bias_gelu_add_bias<T>(p, i, v);
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[k] += b[k];
-    } else if (bias != nullptr) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        v[k] += ftn_to_float(bias[c]);
-        c = (c + 1 == p.cols) ? 0 : c + 1;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = ftn_gelu<KIND>(v[k]);
+    for (int k = 0; k < V; ++k) v[k] = ftn_gelu_bw<KIND>(v[k]);
     ftn_store_vec<T>(out + i * V, v);
   }
   bias_gelu_fwd_scalar<T, KIND>(p, nvec * V, n, tid, stride);
@@ -94,7 +121,28 @@ FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0,
   } else {
     ftn_load<T, VEC>(bias + c0, b);
   }
-  for (int64_t r = r0; r < r1; ++r) {
+  // Two rows per step, all four loads issued before any use; the partial
+  // sums still add row r before row r + 1, so dbias is unchanged bitwise.
+  int64_t r = r0;
+  for (; r + 1 < r1; r += 2) {
+    const int64_t off0 = r * p.cols + c0;
+    const int64_t off1 = off0 + p.cols;
+    float g0[VEC], v0[VEC], g1[VEC], v1[VEC];
+    ftn_load<T, VEC>(dy + off0, g0);
+    ftn_load<T, VEC>(x + off0, v0);
+    ftn_load<T, VEC>(dy + off1, g1);
+    ftn_load<T, VEC>(x + off1, v1);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      g0[k] *= ftn_gelu_grad_bw<KIND>(v0[k] + b[k]);
+      g1[k] *= ftn_gelu_grad_bw<KIND>(v1[k] + b[k]);
+      acc[k] += g0[k];
+      acc[k] += g1[k];
+    }
+    ftn_store<T, VEC>(dx + off0, g0);
+    ftn_store<T, VEC>(dx + off1, g1);
+  }
+  if (r < r1) {
     const int64_t off = r * p.cols + c0;
     float g[VEC];
     float v[VEC];
@@ -102,7 +150,7 @@ FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0,
     ftn_load<T, VEC>(x + off, v);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      g[k] *= ftn_gelu_grad<KIND>(v[k] + b[k]);
+      g[k] *= ftn_gelu_grad_bw<KIND>(v[k] + b[k]);
       acc[k] += g[k];
     }
     ftn_store<T, VEC>(dx + off, g);

@@ -54,7 +54,7 @@ pub fn value(seed: u64, j: u64) -> u32 {
 /// probability `drop_threshold(p) / 2^32` (`round(p * 2^32)`, exact in f64).
 /// The kernels receive this integer: host and device compare the same bits.
 pub fn drop_threshold(p: f32) -> u32 {
-    let t = (p as f64 * 4_294_967_296.0).round();
+    let t = libm::round(p as f64 * 4_294_967_296.0); // core has no f64::round
     if t >= u32::MAX as f64 {
         u32::MAX
     } else if t > 0.0 {

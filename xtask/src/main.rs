@@ -8,6 +8,12 @@
 //! `ffi/cbindgen.toml`), or checks that the committed header is current.
 //! bindgen needs libclang; `pip install libclang` ships one: point
 //! `LIBCLANG_PATH` at the folder holding `libclang.so`.
+//! `cargo run -p xtask --features perf-model -- perf-model [--build DIR]
+//! [--markdown] ...` runs the static performance model of the bandwidth
+//! kernels (`perf_model`; a feature, so `bindgen` needs only bindgen).
+
+#[cfg(feature = "perf-model")]
+mod perf_model;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -20,8 +26,12 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("bindgen") => bindgen_task(args.iter().any(|a| a == "--check")),
         Some("cbindgen") => cbindgen_task(args.iter().any(|a| a == "--check")),
+        #[cfg(feature = "perf-model")]
+        Some("perf-model") => perf_model::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo run -p xtask -- bindgen|cbindgen [--check]");
+            eprintln!(
+                "usage: cargo run -p xtask -- bindgen|cbindgen [--check] | perf-model [options]"
+            );
             ExitCode::FAILURE
         }
     }

@@ -1,0 +1,640 @@
+//! The kernels and shapes the model evaluates, with their launch plans (the
+//! crate's own `core::plan`, so the model sees the launches the ops make),
+//! byte counts and the H200 measurements of docs/perf.md where there is one.
+
+use ferrotron::core::plan;
+
+/// Where a phase's main region is in the source: the first line containing
+/// `snippet` after the first line containing `within`. The region is the
+/// innermost loop holding an instruction of that line whose widest global
+/// load is `widest` bytes, or the whole kernel when no loop holds it.
+#[derive(Clone, Copy, Debug)]
+pub struct Anchor {
+    pub file: &'static str,
+    pub within: &'static str,
+    pub snippet: &'static str,
+    pub widest: u32,
+}
+
+/// Elements one thread handles in one pass over the region's hot path.
+#[derive(Clone, Copy, Debug)]
+pub enum Elems {
+    /// Global bytes the hot path loads per element (data plus any cached
+    /// operand loaded alongside, e.g. a bias).
+    PerLoadedBytes(f64),
+    Fixed(f64),
+}
+
+#[derive(Clone, Debug)]
+pub struct PhaseSpec {
+    pub kernel: String,
+    pub anchor: Anchor,
+    pub elems_per_iter: Elems,
+    /// Elements a thread handles per round when fewer than the hot path's
+    /// (a row shorter than the kernel's register tile).
+    pub elems_per_round: Option<f64>,
+    pub threads: u32,
+    pub blocks: u64,
+    pub elems: f64,
+    /// DRAM bytes per element: reads + writes.
+    pub bytes_per_elem: f64,
+    pub read_bytes_per_elem: f64,
+    /// Bytes per element re-read from L2 (a second pass over a row).
+    pub l2_read_bytes_per_elem: f64,
+    pub one_round_per_block: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub family: &'static str,
+    pub name: String,
+    pub backward: bool,
+    pub phases: Vec<PhaseSpec>,
+    /// The fused floor (docs: each kernel's header).
+    pub floor_bytes: f64,
+    /// The bytes the measurement counted (its GiB/s column).
+    pub bench_bytes: f64,
+    /// Measured ratio to copy on the H200 (docs/perf.md), if any.
+    pub measured: Option<f64>,
+    /// A target shape: the issue's >= 90 % (forward) / >= 85 % (backward)
+    /// applies.
+    pub target: bool,
+}
+
+const BF16: usize = 2;
+
+fn anchor(file: &'static str, within: &'static str, snippet: &'static str, widest: u32) -> Anchor {
+    Anchor {
+        file,
+        within,
+        snippet,
+        widest,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn phase(
+    kernel: impl Into<String>,
+    anchor: Anchor,
+    elems_per_iter: Elems,
+    cfg: ferrotron::core::launch::LaunchConfig,
+    elems: f64,
+    bytes_per_elem: f64,
+    read_bytes_per_elem: f64,
+) -> PhaseSpec {
+    PhaseSpec {
+        kernel: kernel.into(),
+        anchor,
+        elems_per_iter,
+        elems_per_round: None,
+        threads: cfg.block[0] * cfg.block[1] * cfg.block[2],
+        blocks: cfg.grid[0] as u64 * cfg.grid[1] as u64 * cfg.grid[2] as u64,
+        elems,
+        bytes_per_elem,
+        read_bytes_per_elem,
+        l2_read_bytes_per_elem: 0.0,
+        one_round_per_block: false,
+    }
+}
+
+fn bias_gelu(rows: u64, cols: u64, vector: bool, measured: [Option<f64>; 2]) -> Vec<Case> {
+    let n = (rows * cols) as f64;
+    let e = BF16 as f64;
+    let tag = if vector { "128-bit" } else { "scalar" };
+    let w = if vector { 16 } else { 2 };
+    let f = plan::bias_gelu::forward(rows, cols, BF16, vector);
+    let fwd = phase(
+        "ftn_bias_gelu_fwd_bf16",
+        anchor(
+            "gelu.cuh",
+            "ftn_gelu_tanh_fast(float x)",
+            "const float u",
+            w,
+        ),
+        Elems::PerLoadedBytes(2.0 * e),
+        f.cfg,
+        n,
+        2.0 * e,
+        e,
+    );
+    let b = plan::bias_gelu::backward(rows, cols, BF16, vector);
+    let bwd = phase(
+        "ftn_bias_gelu_bwd_bf16",
+        anchor(
+            "gelu.cuh",
+            "ftn_gelu_tanh_grad_fast(float x)",
+            "const float u",
+            w,
+        ),
+        Elems::PerLoadedBytes(2.0 * e),
+        b.cfg,
+        n,
+        3.0 * e,
+        2.0 * e,
+    );
+    let sum = phase(
+        "ftn_column_sum_partials_bf16",
+        anchor("bias_gelu.cu", "column_sum_partials(", "s += p.partial", 4),
+        Elems::PerLoadedBytes(4.0),
+        b.reduce_cfg,
+        (b.chunks * cols) as f64,
+        4.0,
+        4.0,
+    );
+    let shape = format!("{rows}x{cols} {tag}");
+    vec![
+        Case {
+            family: "bias+GeLU",
+            name: format!("fwd {shape}"),
+            backward: false,
+            phases: vec![fwd],
+            floor_bytes: 2.0 * n * e,
+            bench_bytes: 2.0 * n * e,
+            measured: measured[0],
+            target: vector,
+        },
+        Case {
+            family: "bias+GeLU",
+            name: format!("bwd {shape}"),
+            backward: true,
+            phases: vec![bwd, sum],
+            floor_bytes: 3.0 * n * e,
+            bench_bytes: 3.0 * n * e,
+            measured: measured[1],
+            target: vector,
+        },
+    ]
+}
+
+fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<Case> {
+    use plan::softmax::SoftmaxPath;
+    let n = (rows * sk) as f64;
+    let e = BF16 as f64;
+    let p = plan::softmax::plan(rows, sk, BF16, true, None).expect("softmax plan");
+    let w = p.vec * BF16 as u32;
+    let (fwd, bwd) = match p.path {
+        SoftmaxPath::Warp => {
+            let l = p.per_lane as f64;
+            (
+                vec![phase(
+                    format!("ftn_softmax_fwd_warp{}_bf16", p.per_lane),
+                    anchor(
+                        "softmax.cu",
+                        "void sm_fwd_warp_impl(",
+                        "for (int64_t r =",
+                        w,
+                    ),
+                    Elems::Fixed(l),
+                    p.cfg,
+                    n,
+                    2.0 * e,
+                    e,
+                )],
+                vec![phase(
+                    format!("ftn_softmax_bwd_warp{}_bf16", p.per_lane),
+                    anchor("softmax.cu", "void sm_bwd_rows(", "for (int64_t r =", w),
+                    Elems::Fixed(l),
+                    p.cfg,
+                    n,
+                    3.0 * e,
+                    2.0 * e,
+                )],
+            )
+        }
+        SoftmaxPath::Block => {
+            let per = (sk as f64 / p.cfg.block[0] as f64).ceil();
+            let mk = |k: &str, a: Anchor, bytes: f64, reads: f64| {
+                let mut ph = phase(
+                    k,
+                    a,
+                    Elems::Fixed(plan::softmax::BLOCK_ITEMS as f64),
+                    p.cfg,
+                    n,
+                    bytes,
+                    reads,
+                );
+                ph.elems_per_round = Some(per);
+                ph.one_round_per_block = rows <= p.cfg.grid[0] as u64;
+                ph
+            };
+            (
+                vec![mk(
+                    "ftn_softmax_fwd_block_bf16",
+                    anchor("softmax.cu", "void sm_fwd_block_impl(", "mx = fmaxf(mx,", w),
+                    2.0 * e,
+                    e,
+                )],
+                vec![mk(
+                    "ftn_softmax_bwd_block_bf16",
+                    anchor("softmax.cu", "void sm_bwd_rows(", "dot += yv[c][k]", w),
+                    3.0 * e,
+                    2.0 * e,
+                )],
+            )
+        }
+        SoftmaxPath::Long => {
+            let v = p.vec as f64;
+            let mk = |k: &str, a: Anchor, bytes: f64, reads: f64, l2: f64| {
+                let mut ph = phase(k, a, Elems::Fixed(v), p.cfg, n, bytes, reads);
+                ph.l2_read_bytes_per_elem = l2;
+                ph
+            };
+            let fk = "ftn_softmax_fwd_long_bf16";
+            let bk = "ftn_softmax_bwd_long_bf16";
+            let fw = "void sm_fwd_long_impl(";
+            let bw = "void sm_bwd_long_impl(";
+            (
+                vec![
+                    mk(fk, anchor("softmax.cu", fw, "ts += expf", w), e, e, 0.0),
+                    // The second read of the row is an L2 hit: only y goes to DRAM.
+                    mk(
+                        fk,
+                        anchor("softmax.cu", fw, "v[k] = expf(v[k] - mx)", w),
+                        e,
+                        0.0,
+                        e,
+                    ),
+                ],
+                vec![
+                    mk(
+                        bk,
+                        anchor("softmax.cu", bw, "dot += yv[k]", w),
+                        2.0 * e,
+                        2.0 * e,
+                        0.0,
+                    ),
+                    mk(
+                        bk,
+                        anchor("softmax.cu", bw, "gv[k] = p.scale", w),
+                        e,
+                        0.0,
+                        2.0 * e,
+                    ),
+                ],
+            )
+        }
+    };
+    let path = format!("{:?}", p.path).to_lowercase();
+    vec![
+        Case {
+            family: "softmax",
+            name: format!("fwd {rows}x{sk} ({path})"),
+            backward: false,
+            phases: fwd,
+            floor_bytes: 2.0 * n * e,
+            bench_bytes: 2.0 * n * e,
+            measured: measured[0],
+            target,
+        },
+        Case {
+            family: "softmax",
+            name: format!("bwd {rows}x{sk} ({path})"),
+            backward: true,
+            phases: bwd,
+            floor_bytes: 3.0 * n * e,
+            bench_bytes: 3.0 * n * e,
+            measured: measured[1],
+            target,
+        },
+    ]
+}
+
+/// LayerNorm with gamma and beta: forward, backward (input and parameter
+/// gradients), backward input gradient only.
+fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
+    use plan::layernorm::RowPath;
+    let n = (rows * hidden) as f64;
+    let e = BF16 as f64;
+    let stats = 8.0 / hidden as f64;
+    let p = plan::layernorm::rows(rows, hidden, BF16, true);
+    let w = p.vec * BF16 as u32;
+    let fw_cached = "void fwd_row_cached(";
+    let bw_cached = "void bwd_row_cached(";
+    let (fwd, bwd) = match p.path {
+        RowPath::Warp | RowPath::Block => {
+            let (kind, items, per) = if p.path == RowPath::Warp {
+                ("warp", plan::layernorm::WARP_ITEMS, hidden as f64 / 32.0)
+            } else {
+                (
+                    "block",
+                    plan::layernorm::BLOCK_ITEMS,
+                    (hidden as f64 / p.cfg.block[0] as f64).ceil(),
+                )
+            };
+            let mk = |k: String, a: Anchor, bytes: f64, reads: f64| {
+                let mut ph = phase(k, a, Elems::Fixed(items as f64), p.cfg, n, bytes, reads);
+                ph.elems_per_round = Some(per);
+                ph.one_round_per_block = p.path == RowPath::Block;
+                ph
+            };
+            let warp = p.path == RowPath::Warp;
+            let fa = if warp {
+                anchor("layernorm.cu", "void fwd_warp(", "for (int64_t row =", w)
+            } else {
+                anchor("layernorm.cu", fw_cached, "o[k] = v[c * V + k] * rstd", w)
+            };
+            let ba = if warp {
+                anchor("layernorm.cu", "void bwd_warp(", "for (int64_t row =", w)
+            } else {
+                anchor("layernorm.cu", bw_cached, "o[k] = rstd * (gh[c * V + k]", w)
+            };
+            (
+                vec![mk(
+                    format!("ftn_layernorm_fwd_{kind}_bf16"),
+                    fa,
+                    2.0 * e + stats,
+                    e,
+                )],
+                vec![mk(
+                    format!("ftn_layernorm_bwd_{kind}_bf16"),
+                    ba,
+                    3.0 * e + stats,
+                    2.0 * e,
+                )],
+            )
+        }
+        RowPath::Global => {
+            let v = p.vec as f64;
+            let mk = |k: &str, a: Anchor, bytes: f64, reads: f64, l2: f64| {
+                let mut ph = phase(k, a, Elems::Fixed(v), p.cfg, n, bytes, reads);
+                ph.l2_read_bytes_per_elem = l2;
+                ph
+            };
+            let (fk, bk) = (
+                "ftn_layernorm_fwd_global_bf16",
+                "ftn_layernorm_bwd_global_bf16",
+            );
+            let (fw, bw) = ("void fwd_global(", "void bwd_global(");
+            (
+                vec![
+                    mk(
+                        fk,
+                        anchor("layernorm.cu", fw, "s += v[k] - pivot", w),
+                        e,
+                        e,
+                        0.0,
+                    ),
+                    mk(fk, anchor("layernorm.cu", fw, "q += d * d", w), 0.0, 0.0, e),
+                    mk(
+                        fk,
+                        anchor("layernorm.cu", fw, "o[k] = ((v[k] - pivot)", w),
+                        e,
+                        0.0,
+                        e,
+                    ),
+                ],
+                vec![
+                    mk(
+                        bk,
+                        anchor("layernorm.cu", bw, "s1 += gh", w),
+                        2.0 * e,
+                        2.0 * e,
+                        0.0,
+                    ),
+                    mk(
+                        bk,
+                        anchor("layernorm.cu", bw, "o[k] = rstd * (d[k]", w),
+                        e,
+                        0.0,
+                        2.0 * e,
+                    ),
+                ],
+            )
+        }
+    };
+    let g = plan::layernorm::param_grads(rows, hidden, BF16, true, true);
+    let pg = phase(
+        "ftn_layernorm_param_grad_bf16",
+        anchor(
+            "layernorm.cu",
+            "void param_grad_columns(",
+            "for (int64_t r = r0",
+            g.vec * 2,
+        ),
+        // x, dy (2 + 2 bytes) and the row's mean and rstd (8 bytes per row
+        // of `vec` columns) per element.
+        Elems::PerLoadedBytes(4.0 + 8.0 / g.vec as f64),
+        g.cfg,
+        n,
+        2.0 * e,
+        2.0 * e,
+    );
+    let mut full = bwd.clone();
+    full.push(pg);
+    let shape = format!("{rows}x{hidden} ({:?})", p.path).to_lowercase();
+    let target = hidden >= 4096;
+    vec![
+        Case {
+            family: "LayerNorm",
+            name: format!("fwd {shape}"),
+            backward: false,
+            phases: fwd,
+            floor_bytes: 2.0 * n * e + 8.0 * rows as f64,
+            bench_bytes: 2.0 * n * e + 8.0 * rows as f64,
+            measured: measured[0],
+            target,
+        },
+        Case {
+            family: "LayerNorm",
+            name: format!("bwd {shape}"),
+            backward: true,
+            phases: full,
+            floor_bytes: 3.0 * n * e,
+            // The bench counts what the unfused backward moves: 5n.
+            bench_bytes: 5.0 * n * e,
+            measured: measured[1],
+            target,
+        },
+        Case {
+            family: "LayerNorm",
+            name: format!("bwd dx {shape}"),
+            backward: true,
+            phases: bwd,
+            floor_bytes: 3.0 * n * e,
+            bench_bytes: 3.0 * n * e,
+            measured: measured[2],
+            target: false,
+        },
+    ]
+}
+
+/// The multi-tensor kernels over an fp32 list of `bytes` (the bench's list
+/// mixes fp32/bf16/fp16; the model takes the fp32 loop).
+fn multi_tensor(bytes: f64, measured: [Option<f64>; 3]) -> Vec<Case> {
+    let tensors = 100u64;
+    let numel = (bytes / 4.0 / tensors as f64) as u64;
+    let p = plan::multi_tensor::plan("perf-model", &vec![numel; tensors as usize]).expect("plan");
+    let cfg = p.cfg.expect("non-empty list");
+    let n = (numel * tensors) as f64;
+    let a = anchor("multi_tensor.cu", "void mt_visit(", "for (int64_t base", 16);
+    let mk = |k: &str, bytes: f64, reads: f64| phase(k, a, Elems::Fixed(4.0), cfg, n, bytes, reads);
+    [
+        (
+            "unscale",
+            "ftn_multi_tensor_unscale",
+            8.0,
+            measured[0],
+            false,
+        ),
+        (
+            "l2norm",
+            "ftn_multi_tensor_l2norm_partial",
+            4.0,
+            measured[1],
+            false,
+        ),
+        ("clip", "ftn_multi_tensor_clip", 8.0, measured[2], false),
+    ]
+    .into_iter()
+    .map(|(name, k, b, m, bwd)| Case {
+        family: "multi-tensor",
+        name: format!("{name} {tensors} x {numel} fp32"),
+        backward: bwd,
+        phases: vec![mk(k, b, 4.0)],
+        floor_bytes: n * b,
+        bench_bytes: n * b,
+        measured: m,
+        target: true,
+    })
+    .collect()
+}
+
+fn adam(params: u64) -> Case {
+    let p = plan::multi_tensor::plan("perf-model", &[params]).expect("plan");
+    let cfg = p.cfg.expect("non-empty");
+    let n = params as f64;
+    // fp32 p, m, v read + written, bf16 gradient read, bf16 model copy written.
+    let bytes = 24.0 + 2.0 + 2.0;
+    Case {
+        family: "AdamW",
+        name: format!("step {params} params, bf16 grads + bf16 copy"),
+        backward: true,
+        phases: vec![phase(
+            "ftn_adam",
+            anchor("adam.cu", "adam_visit(", "float u = (m / bc1)", 4),
+            Elems::Fixed(1.0),
+            cfg,
+            n,
+            bytes,
+            14.0,
+        )],
+        floor_bytes: n * bytes,
+        bench_bytes: n * bytes,
+        measured: None,
+        target: true,
+    }
+}
+
+fn cross_entropy(tokens: u64, vocab: u64) -> Vec<Case> {
+    let n = (tokens * vocab) as f64;
+    let e = BF16 as f64;
+    let rows = plan::vocab_parallel::per_row(tokens as usize);
+    let grid = plan::vocab_parallel::grid_stride((tokens * vocab) as usize);
+    let mut max = phase(
+        "ftn_vocab_ce_max_bf16",
+        anchor("vocab_parallel.cu", "void vocab_ce_max(", "m = fmaxf(m", 2),
+        Elems::PerLoadedBytes(e),
+        rows,
+        n,
+        e,
+        e,
+    );
+    max.one_round_per_block = false;
+    let stats = phase(
+        "ftn_vocab_ce_stats_bf16",
+        anchor("vocab_parallel.cu", "void vocab_ce_stats(", "se += expf", 2),
+        Elems::PerLoadedBytes(e),
+        rows,
+        n,
+        e,
+        e,
+    );
+    let bwd = phase(
+        "ftn_vocab_ce_bwd_bf16",
+        anchor(
+            "vocab_parallel.cu",
+            "void vocab_ce_bwd(",
+            "float v = expf",
+            2,
+        ),
+        Elems::Fixed(1.0),
+        grid,
+        n,
+        2.0 * e,
+        e,
+    );
+    vec![
+        Case {
+            family: "vocab CE",
+            name: format!("fwd {tokens}x{vocab}"),
+            backward: false,
+            phases: vec![max, stats],
+            floor_bytes: n * e,
+            bench_bytes: n * e,
+            measured: None,
+            target: true,
+        },
+        Case {
+            family: "vocab CE",
+            name: format!("bwd {tokens}x{vocab}"),
+            backward: true,
+            phases: vec![bwd],
+            floor_bytes: 2.0 * n * e,
+            bench_bytes: 2.0 * n * e,
+            measured: None,
+            target: true,
+        },
+    ]
+}
+
+fn copy(bytes: u64) -> Case {
+    let (_, cfg) = plan::copy::plan(1, bytes, true);
+    Case {
+        family: "copy",
+        name: format!("{} MiB, 128-bit", bytes >> 20),
+        backward: false,
+        phases: vec![phase(
+            "ftn_copy_2d_bytes",
+            anchor("copy.cu", "copy_2d", "for (int64_t i", 16),
+            Elems::PerLoadedBytes(16.0),
+            cfg,
+            (bytes / 16) as f64,
+            32.0,
+            16.0,
+        )],
+        floor_bytes: 2.0 * bytes as f64,
+        bench_bytes: 2.0 * bytes as f64,
+        measured: None,
+        target: true,
+    }
+}
+
+/// Every case, in table order.
+pub fn all() -> Vec<Case> {
+    let mut v = vec![copy(256 << 20)];
+    v.extend(bias_gelu(16384, 16384, true, [Some(0.62), Some(0.55)]));
+    v.extend(bias_gelu(16384, 16384, false, [Some(0.23), Some(0.29)]));
+    v.extend(bias_gelu(8192, 49152, true, [None, None]));
+    v.extend(softmax(1048576, 128, [Some(0.60), Some(0.93)], true));
+    v.extend(softmax(32768, 4096, [Some(0.48), Some(0.77)], true));
+    v.extend(softmax(2048, 65536, [Some(0.57), Some(0.63)], false));
+    v.extend(softmax(4096, 16384, [None, None], true));
+    v.extend(layernorm(
+        131072,
+        1024,
+        [Some(0.58), Some(0.57), Some(0.65)],
+    ));
+    v.extend(layernorm(32768, 4096, [Some(0.24), Some(0.58), Some(0.46)]));
+    v.extend(layernorm(16384, 8192, [None, None, None]));
+    v.extend(layernorm(
+        10922,
+        12288,
+        [Some(0.39), Some(0.70), Some(0.61)],
+    ));
+    v.extend(layernorm(2048, 65536, [Some(0.60), Some(0.66), Some(0.63)]));
+    v.extend(multi_tensor(778e6, [Some(0.97), Some(1.02), Some(0.98)]));
+    v.push(adam(1 << 28));
+    v.extend(cross_entropy(8192, 50304));
+    v.extend(cross_entropy(8192, 131072));
+    v
+}
