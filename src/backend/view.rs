@@ -415,7 +415,7 @@ impl<T: Element> DeviceWrite<T> for crate::parallel::ddp::BufferView<'_, T> {
 /// for every stream of the device when its closure returns (or panics), and
 /// views cannot leave the closure:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0521
 /// use ferrotron::Device;
 /// let dev = Device::emu();
 /// let mut data = vec![1.0f32; 4];
