@@ -36,11 +36,16 @@ impl Stream {
             #[cfg(feature = "cuda")]
             DeviceImpl::Cuda(c) => StreamImpl::Cuda(c.new_stream()?),
         };
-        Ok(Stream {
+        Ok(Stream::from_impl(device, imp))
+    }
+
+    /// A stream of `device` around a backend stream.
+    pub(crate) fn from_impl(device: &Device, imp: StreamImpl) -> Stream {
+        Stream {
             device: device.clone(),
             imp: Arc::new(imp),
             workspace: Arc::new(Mutex::new(None)),
-        })
+        }
     }
 
     /// The address of at least `bytes` bytes of scratch memory that work on
