@@ -362,7 +362,7 @@ fn gemm_copy_and_streams_on_views_equal_buffers() {
     both(
         "copy_2d",
         &s,
-        &[src.clone()],
+        std::slice::from_ref(&src),
         NONE,
         &[vec![0.0f32; 8 * 16]],
         |s, a, _, o| {
@@ -416,7 +416,7 @@ fn parallel_layer_cross_entropy_and_collective_on_views_equal_buffers() {
         &s,
         &[x],
         NONE,
-        &[zeros.clone()],
+        std::slice::from_ref(&zeros),
         |s, a, _, o| layer.forward(&comm, s, a[0], o[0], None, tokens),
     );
     let labels: Vec<i64> = (0..tokens as i64).map(|t| (t * 5) % out as i64).collect();

@@ -1,8 +1,8 @@
 //! # ferrotron-candle
 //!
-//! ferrotron's fused kernels as candle custom ops: bias + GeLU, scale + mask
-//! + softmax, LayerNorm / RMSNorm and GEMM + bias + GeLU, forward and
-//! backward. On candle's CPU device they run through ferrotron's CUDA
+//! ferrotron's fused kernels as candle custom ops: bias + GeLU,
+//! scale + mask + softmax, LayerNorm / RMSNorm and GEMM + bias + GeLU,
+//! forward and backward. On candle's CPU device they run through ferrotron's CUDA
 //! emulator with zero copies: the kernels read candle's contiguous storage
 //! in place and write the new tensor's vector directly, through
 //! [`ferrotron::HostScope`] views.
