@@ -4,6 +4,7 @@
 //! without one every case is reported as SKIPPED, never as passed.
 #![cfg(feature = "cuda")]
 
+use std::io::Write as _;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
@@ -15,7 +16,12 @@ fn gpu(test: &str, cases: usize) -> Option<Arc<CudaContext>> {
     match Device::cuda(0) {
         Ok(_) => Some(CudaContext::new(0).expect("a context on GPU 0")),
         Err(e) => {
-            eprintln!("[ferrotron] {test}: SKIPPED {cases} GPU case(s): {e}");
+            // Written to the process's stderr (not captured by the harness),
+            // as tests/common does, so the skip is visible in every run.
+            let _ = writeln!(
+                std::io::stderr(),
+                "[ferrotron] {test}: SKIPPED {cases} GPU case(s): {e}"
+            );
             None
         }
     }
