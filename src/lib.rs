@@ -51,4 +51,7 @@ pub use crate::core::{DType, Element, Error, Result};
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 #[cfg(feature = "std")]
-pub use backend::{AnyBuffer, BackendKind, Device, DeviceBuffer, Event, Stream};
+pub use backend::{
+    AnyBuffer, BackendKind, Device, DeviceBuffer, DeviceRead, DeviceSlice, DeviceSliceMut,
+    DeviceWrite, Event, HostScope, Stream,
+};

@@ -227,7 +227,7 @@ impl List {
             model: models.as_deref_mut(),
             weight_decay: &self.wd,
         };
-        adam.step(stream, &mut t, scalars, found_inf, unscale)
+        adam.step(stream, &mut t, scalars, found_inf.map(|b| b as _), unscale)
     }
 
     /// Compares everything with the oracle; the model copy must also be
@@ -538,7 +538,7 @@ fn empty_lists_only_advance_the_step() {
     let stream = dev.new_stream().unwrap();
     let mut adam = FusedAdam::new(AdamConfig::default()).unwrap();
     let mut s = AdamScalars::new(&stream, 1e-3).unwrap();
-    let mut t = AdamTensors {
+    let mut t: AdamTensors = AdamTensors {
         params: &mut [],
         exp_avg: &mut [],
         exp_avg_sq: &mut [],

@@ -110,14 +110,22 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
             .with_eps(c.eps)
             .with_zero_centered_gamma(c.zero_centered)
             .with_vectorize(c.vectorize)
-            .forward(&stream, &xd, gamma, &mut y, &mut rstd)
+            .forward(&stream, &xd, gamma.map(|b| b as _), &mut y, &mut rstd)
             .unwrap();
     } else {
         LayerNorm::new(c.rows, c.hidden)
             .with_eps(c.eps)
             .with_zero_centered_gamma(c.zero_centered)
             .with_vectorize(c.vectorize)
-            .forward(&stream, &xd, gamma, beta, &mut y, &mut mean, &mut rstd)
+            .forward(
+                &stream,
+                &xd,
+                gamma.map(|b| b as _),
+                beta.map(|b| b as _),
+                &mut y,
+                &mut mean,
+                &mut rstd,
+            )
             .unwrap();
     }
     stream.synchronize().unwrap();
@@ -188,7 +196,15 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
             RmsNorm::new(c.rows, c.hidden)
                 .with_zero_centered_gamma(c.zero_centered)
                 .with_vectorize(c.vectorize)
-                .backward(&stream, &dyd, &xd, &rstd, gamma, &mut dx, Some(&mut dg))
+                .backward(
+                    &stream,
+                    &dyd,
+                    &xd,
+                    &rstd,
+                    gamma.map(|b| b as _),
+                    &mut dx,
+                    Some(&mut dg),
+                )
                 .unwrap();
         } else {
             LayerNorm::new(c.rows, c.hidden)
@@ -200,7 +216,7 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
                     &xd,
                     &mean,
                     &rstd,
-                    gamma,
+                    gamma.map(|b| b as _),
                     &mut dx,
                     Some(&mut dg),
                     Some(&mut db),

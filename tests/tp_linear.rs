@@ -89,8 +89,15 @@ fn run_column<T: TpElement>(d: &Data<T>, tp: usize, o: ColumnOptions, fuse: bool
         let mut y = poisoned::<T>(&c, TOKENS * ocols);
         let mut pre = o.activation.map(|_| poisoned::<T>(&c, TOKENS * op));
         s.synchronize().unwrap();
-        l.forward(&c, &compute, &x, &mut y, pre.as_mut(), TOKENS)
-            .unwrap();
+        l.forward(
+            &c,
+            &compute,
+            &x,
+            &mut y,
+            pre.as_mut().map(|b| b as _),
+            TOKENS,
+        )
+        .unwrap();
         let dy = if o.gather_output {
             d.dy.0.clone()
         } else {
@@ -109,10 +116,19 @@ fn run_column<T: TpElement>(d: &Data<T>, tp: usize, o: ColumnOptions, fuse: bool
         };
         let grads = LinearGrads {
             weight,
-            bias: db.as_mut(),
+            bias: db.as_mut().map(|b| b as _),
         };
-        l.backward(&c, &compute, &x, &dy, pre.as_ref(), &mut dx, grads, TOKENS)
-            .unwrap();
+        l.backward(
+            &c,
+            &compute,
+            &x,
+            &dy,
+            pre.as_ref().map(|b| b as _),
+            &mut dx,
+            grads,
+            TOKENS,
+        )
+        .unwrap();
         compute.synchronize().unwrap();
         let wg = if fuse {
             main.to_host().unwrap().iter().map(|&v| v as f64).collect()
@@ -241,7 +257,7 @@ fn run_row<T: TpElement>(d: &Data<T>, tp: usize, o: RowOptions, fuse: bool) -> V
         };
         let grads = LinearGrads {
             weight,
-            bias: db.as_mut(),
+            bias: db.as_mut().map(|b| b as _),
         };
         l.backward(&c, &compute, &x, &dy, None, &mut dx, grads, TOKENS)
             .unwrap();

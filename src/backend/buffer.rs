@@ -74,27 +74,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// `device`, aligned for `T`, for as long as any work using the view is
     /// pending; it must not be 0 unless `len` is 0.
     pub unsafe fn from_raw_parts(device: &Device, addr: u64, len: usize) -> Result<Self> {
-        byte_len::<T>("DeviceBuffer::from_raw_parts", len)?;
-        if addr == 0 && len > 0 {
-            return Err(Error::invalid(
-                "DeviceBuffer::from_raw_parts",
-                "addr",
-                "a non-null address",
-                "NULL",
-            ));
-        }
-        if addr % std::mem::align_of::<T>() as u64 != 0 {
-            return Err(Error::invalid(
-                "DeviceBuffer::from_raw_parts",
-                "addr",
-                format!(
-                    "an address aligned to {} bytes for {}",
-                    std::mem::align_of::<T>(),
-                    T::DTYPE
-                ),
-                format!("{addr:#x}"),
-            ));
-        }
+        check_raw_parts::<T>("DeviceBuffer::from_raw_parts", addr, len)?;
         Ok(DeviceBuffer {
             device: device.clone(),
             mem: Some(Memory::Borrowed(addr)),
@@ -133,25 +113,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// not the whole device), and kernel errors stay with their streams; use
     /// [`Stream::copy_to_host`] to order after one stream only.
     pub fn to_host(&self) -> Result<Vec<T>> {
-        let mut out = try_host_zeroed::<T>("DeviceBuffer::to_host", self.len)?;
-        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
-        match &self.device.inner.imp {
-            DeviceImpl::Emu(e) => {
-                e.wait_idle();
-                // SAFETY: the buffer holds dst.len() bytes and the work
-                // enqueued before this call has finished.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.addr() as *const u8,
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                    )
-                };
-            }
-            #[cfg(feature = "cuda")]
-            DeviceImpl::Cuda(c) => c.download(self.addr(), dst)?,
-        }
-        Ok(out)
+        download(&self.device, self.addr(), self.len)
     }
 
     /// Frees the memory in `stream`'s order: after the work enqueued on
@@ -198,89 +160,6 @@ impl<T: Element> DeviceBuffer<T> {
             None => 0,
         }
     }
-
-    fn bytes(&self) -> usize {
-        self.len * T::DTYPE.size()
-    }
-
-    pub(crate) fn copy_from_host_on(&mut self, stream: &Stream, src: &[u8]) -> Result<()> {
-        let dst = self.addr();
-        match &*stream.imp {
-            StreamImpl::Emu(s) => {
-                let staged = try_host_copy("Stream::copy_from_host", src)?;
-                let dst = emu::SendCell(dst as *mut u8);
-                s.enqueue(Box::new(move || {
-                    let dst = dst;
-                    // SAFETY: dst holds at least staged.len() bytes (checked
-                    // by the caller) and outlives the stream's work (drop waits).
-                    unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst.0, staged.len()) };
-                    Ok(())
-                }));
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => s.copy_htod(dst, src),
-        }
-    }
-
-    pub(crate) fn copy_to_host_on(&self, stream: &Stream, dst: &mut [u8]) -> Result<()> {
-        match &*stream.imp {
-            StreamImpl::Emu(s) => {
-                s.synchronize()?;
-                // SAFETY: the buffer holds at least dst.len() bytes (checked by
-                // the caller) and the stream's earlier work has finished.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.addr() as *const u8,
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                    )
-                };
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => s.copy_dtoh(self.addr(), dst),
-        }
-    }
-
-    pub(crate) fn copy_device_on(&mut self, stream: &Stream, src: u64, bytes: usize) -> Result<()> {
-        let dst = self.addr();
-        match &*stream.imp {
-            StreamImpl::Emu(s) => {
-                let cell = emu::SendCell((src as *const u8, dst as *mut u8));
-                s.enqueue(Box::new(move || {
-                    let cell = cell;
-                    // SAFETY: both ranges are live buffers of >= bytes
-                    // (checked by the caller); copy handles overlap.
-                    unsafe { std::ptr::copy(cell.0 .0, cell.0 .1, bytes) };
-                    Ok(())
-                }));
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => s.copy_dtod(dst, src, bytes),
-        }
-    }
-
-    pub(crate) fn fill_bytes_on(&mut self, stream: &Stream, byte: u8) -> Result<()> {
-        let dst = self.addr();
-        let bytes = self.bytes();
-        match &*stream.imp {
-            StreamImpl::Emu(s) => {
-                let dst = emu::SendCell(dst as *mut u8);
-                s.enqueue(Box::new(move || {
-                    let dst = dst;
-                    // SAFETY: dst is this buffer, `bytes` long, alive until
-                    // the stream's work is done (drop waits).
-                    unsafe { std::ptr::write_bytes(dst.0, byte, bytes) };
-                    Ok(())
-                }));
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => s.memset(dst, byte, bytes),
-        }
-    }
 }
 
 impl<T: Element> Drop for DeviceBuffer<T> {
@@ -325,4 +204,116 @@ pub(crate) fn try_host_copy(op: &'static str, src: &[u8]) -> Result<Vec<u8>> {
         .map_err(|_| host_alloc_failed(op, src.len()))?;
     v.extend_from_slice(src);
     Ok(v)
+}
+
+pub(crate) fn copy_from_host_on(stream: &Stream, dst: u64, src: &[u8]) -> Result<()> {
+    match &*stream.imp {
+        StreamImpl::Emu(s) => {
+            let staged = try_host_copy("Stream::copy_from_host", src)?;
+            let dst = emu::SendCell(dst as *mut u8);
+            s.enqueue(Box::new(move || {
+                let dst = dst;
+                // SAFETY: dst holds at least staged.len() bytes (checked
+                // by the caller) and outlives the stream's work (drop waits).
+                unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst.0, staged.len()) };
+                Ok(())
+            }));
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        StreamImpl::Cuda(s) => s.copy_htod(dst, src),
+    }
+}
+
+/// (Buffers and views alike: callers checked the sizes and devices.)
+pub(crate) fn copy_to_host_on(stream: &Stream, src: u64, dst: &mut [u8]) -> Result<()> {
+    match &*stream.imp {
+        StreamImpl::Emu(s) => {
+            s.synchronize()?;
+            // SAFETY: the buffer holds at least dst.len() bytes (checked by
+            // the caller) and the stream's earlier work has finished.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        StreamImpl::Cuda(s) => s.copy_dtoh(src, dst),
+    }
+}
+
+pub(crate) fn copy_device_on(stream: &Stream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    match &*stream.imp {
+        StreamImpl::Emu(s) => {
+            let cell = emu::SendCell((src as *const u8, dst as *mut u8));
+            s.enqueue(Box::new(move || {
+                let cell = cell;
+                // SAFETY: both ranges are live buffers of >= bytes
+                // (checked by the caller); copy handles overlap.
+                unsafe { std::ptr::copy(cell.0 .0, cell.0 .1, bytes) };
+                Ok(())
+            }));
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        StreamImpl::Cuda(s) => s.copy_dtod(dst, src, bytes),
+    }
+}
+
+pub(crate) fn fill_bytes_on(stream: &Stream, dst: u64, bytes: usize, byte: u8) -> Result<()> {
+    match &*stream.imp {
+        StreamImpl::Emu(s) => {
+            let dst = emu::SendCell(dst as *mut u8);
+            s.enqueue(Box::new(move || {
+                let dst = dst;
+                // SAFETY: dst is this buffer, `bytes` long, alive until
+                // the stream's work is done (drop waits).
+                unsafe { std::ptr::write_bytes(dst.0, byte, bytes) };
+                Ok(())
+            }));
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        StreamImpl::Cuda(s) => s.memset(dst, byte, bytes),
+    }
+}
+
+/// The checks of a caller's raw parts: a byte size that fits in `isize`, a
+/// non-null address when there are elements, aligned for `T`.
+pub(crate) fn check_raw_parts<T: Element>(op: &'static str, addr: u64, len: usize) -> Result<()> {
+    byte_len::<T>(op, len)?;
+    if addr == 0 && len > 0 {
+        return Err(Error::invalid(op, "addr", "a non-null address", "NULL"));
+    }
+    if addr % std::mem::align_of::<T>() as u64 != 0 {
+        return Err(Error::invalid(
+            op,
+            "addr",
+            format!(
+                "an address aligned to {} bytes for {}",
+                std::mem::align_of::<T>(),
+                T::DTYPE
+            ),
+            format!("{addr:#x}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `len` elements at `addr` on `device`, copied to the host after the work
+/// enqueued so far on every stream of the device.
+pub(crate) fn download<T: Element>(device: &Device, addr: u64, len: usize) -> Result<Vec<T>> {
+    let mut out = try_host_zeroed::<T>("DeviceBuffer::to_host", len)?;
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+    match &device.inner.imp {
+        DeviceImpl::Emu(e) => {
+            e.wait_idle();
+            // SAFETY: the memory holds dst.len() bytes (the caller's buffer
+            // or view) and the work enqueued before this call has finished.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
+            };
+        }
+        #[cfg(feature = "cuda")]
+        DeviceImpl::Cuda(c) => c.download(addr, dst)?,
+    }
+    Ok(out)
 }

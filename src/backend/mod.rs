@@ -21,12 +21,14 @@ mod cuda;
 pub(crate) use cuda::cublaslt;
 mod emu;
 mod stream;
+mod view;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use any_buffer::AnyBuffer;
 pub use buffer::DeviceBuffer;
+pub use view::{DeviceRead, DeviceSlice, DeviceSliceMut, DeviceWrite, HostScope};
 
 /// The emulator's scalar fp16/bf16 conversions (bit-exact with the CUDA
 /// headers' round-to-nearest-even), exposed for tests and tools.

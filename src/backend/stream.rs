@@ -2,7 +2,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{emu, Device, DeviceBuffer, DeviceImpl};
+use super::buffer::{copy_device_on, copy_from_host_on, copy_to_host_on, fill_bytes_on};
+use super::{emu, Device, DeviceBuffer, DeviceImpl, DeviceRead, DeviceWrite};
 use crate::core::{Element, Error, LaunchConfig, Result};
 use crate::kernels::{Kernel, KernelParams};
 
@@ -35,11 +36,16 @@ impl Stream {
             #[cfg(feature = "cuda")]
             DeviceImpl::Cuda(c) => StreamImpl::Cuda(c.new_stream()?),
         };
-        Ok(Stream {
+        Ok(Stream::from_impl(device, imp))
+    }
+
+    /// A stream of `device` around a backend stream.
+    pub(crate) fn from_impl(device: &Device, imp: StreamImpl) -> Stream {
+        Stream {
             device: device.clone(),
             imp: Arc::new(imp),
             workspace: Arc::new(Mutex::new(None)),
-        })
+        }
     }
 
     /// The address of at least `bytes` bytes of scratch memory that work on
@@ -123,42 +129,46 @@ impl Stream {
 
     /// Enqueues a copy of `src` into `dst[..src.len()]`. `src` is staged
     /// before this returns, so the caller may reuse it at once.
-    pub fn copy_from_host<T: Element>(&self, src: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
+    pub fn copy_from_host<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut dyn DeviceWrite<T>,
+    ) -> Result<()> {
         self.device
             .check_same("Stream::copy_from_host", "dst", dst.device())?;
         crate::core::validate::len_at_least("Stream::copy_from_host", "dst", dst.len(), src.len())?;
-        dst.copy_from_host_on(self, bytemuck::cast_slice(src))
+        copy_from_host_on(self, dst.addr(), bytemuck::cast_slice(src))
     }
 
     /// Copies `src[..dst.len()]` to the host, after all work enqueued on this
     /// stream so far (blocks the caller).
-    pub fn copy_to_host<T: Element>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
+    pub fn copy_to_host<T: Element>(&self, src: &dyn DeviceRead<T>, dst: &mut [T]) -> Result<()> {
         self.device
             .check_same("Stream::copy_to_host", "src", src.device())?;
         crate::core::validate::len_at_least("Stream::copy_to_host", "src", src.len(), dst.len())?;
-        src.copy_to_host_on(self, bytemuck::cast_slice_mut(dst))
+        copy_to_host_on(self, src.addr(), bytemuck::cast_slice_mut(dst))
     }
 
     /// Enqueues a device-to-device copy of all of `src` into `dst`.
     pub fn copy_device<T: Element>(
         &self,
-        src: &DeviceBuffer<T>,
-        dst: &mut DeviceBuffer<T>,
+        src: &dyn DeviceRead<T>,
+        dst: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         self.device
             .check_same("Stream::copy_device", "src", src.device())?;
         self.device
             .check_same("Stream::copy_device", "dst", dst.device())?;
         crate::core::validate::len_at_least("Stream::copy_device", "dst", dst.len(), src.len())?;
-        dst.copy_device_on(self, src.addr(), src.len() * T::DTYPE.size())
+        copy_device_on(self, dst.addr(), src.addr(), src.len() * T::DTYPE.size())
     }
 
     /// Enqueues filling every byte of `buf` with `byte` (0xFF poisons float
     /// buffers with NaN).
-    pub fn fill_bytes<T: Element>(&self, buf: &mut DeviceBuffer<T>, byte: u8) -> Result<()> {
+    pub fn fill_bytes<T: Element>(&self, buf: &mut dyn DeviceWrite<T>, byte: u8) -> Result<()> {
         self.device
             .check_same("Stream::fill_bytes", "buf", buf.device())?;
-        buf.fill_bytes_on(self, byte)
+        fill_bytes_on(self, buf.addr(), buf.len() * T::DTYPE.size(), byte)
     }
 
     /// Enqueues a host function that runs in stream order (after earlier

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 pub use element::CommElement;
 
-use crate::backend::{BackendKind, Device, DeviceBuffer, Event, Stream};
+use crate::backend::{BackendKind, Device, DeviceBuffer, DeviceRead, DeviceWrite, Event, Stream};
 use crate::core::{DType, Error, Result};
 
 /// Reductions.
@@ -74,8 +74,8 @@ impl CommHandle {
 
 /// One point-to-point operation of a [`Communicator::group_p2p`] group.
 pub enum P2p<'a, T: CommElement> {
-    Send(&'a DeviceBuffer<T>, usize),
-    Recv(&'a mut DeviceBuffer<T>, usize),
+    Send(&'a dyn DeviceRead<T>, usize),
+    Recv(&'a mut dyn DeviceWrite<T>, usize),
 }
 
 /// What an operation moves: checked against the world size before enqueueing.
@@ -252,7 +252,7 @@ impl Communicator {
         &self,
         op: &'static str,
         arg: &'static str,
-        buf: &DeviceBuffer<T>,
+        buf: &dyn DeviceRead<T>,
         want: usize,
         rule: &str,
     ) -> Result<()> {
@@ -273,8 +273,8 @@ impl Communicator {
     fn check_world_multiple<T: CommElement>(
         &self,
         op: &'static str,
-        (small_arg, small): (&'static str, &DeviceBuffer<T>),
-        (big_arg, big): (&'static str, &DeviceBuffer<T>),
+        (small_arg, small): (&'static str, &dyn DeviceRead<T>),
+        (big_arg, big): (&'static str, &dyn DeviceRead<T>),
         rule: &str,
     ) -> Result<()> {
         self.device
@@ -344,8 +344,8 @@ impl Communicator {
     pub fn all_reduce<T: CommElement>(
         &self,
         stream: &Stream,
-        send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        send: &dyn DeviceRead<T>,
+        recv: &mut dyn DeviceWrite<T>,
         op: ReduceOp,
     ) -> Result<CommHandle> {
         const OP: &str = "all_reduce";
@@ -366,7 +366,7 @@ impl Communicator {
     pub fn all_reduce_in_place<T: CommElement>(
         &self,
         stream: &Stream,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut dyn DeviceWrite<T>,
         op: ReduceOp,
     ) -> Result<CommHandle> {
         self.check_stream("all_reduce_in_place", stream)?;
@@ -389,8 +389,8 @@ impl Communicator {
     pub fn all_gather<T: CommElement>(
         &self,
         stream: &Stream,
-        send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        send: &dyn DeviceRead<T>,
+        recv: &mut dyn DeviceWrite<T>,
     ) -> Result<CommHandle> {
         const OP: &str = "all_gather";
         self.check_stream(OP, stream)?;
@@ -414,8 +414,8 @@ impl Communicator {
     pub fn reduce_scatter<T: CommElement>(
         &self,
         stream: &Stream,
-        send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        send: &dyn DeviceRead<T>,
+        recv: &mut dyn DeviceWrite<T>,
         op: ReduceOp,
     ) -> Result<CommHandle> {
         const OP: &str = "reduce_scatter";
@@ -439,7 +439,7 @@ impl Communicator {
     pub fn broadcast<T: CommElement>(
         &self,
         stream: &Stream,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut dyn DeviceWrite<T>,
         root: usize,
     ) -> Result<CommHandle> {
         const OP: &str = "broadcast";
@@ -478,7 +478,7 @@ impl Communicator {
     pub fn send<T: CommElement>(
         &self,
         stream: &Stream,
-        buf: &DeviceBuffer<T>,
+        buf: &dyn DeviceRead<T>,
         peer: usize,
     ) -> Result<CommHandle> {
         self.group_p2p(stream, &mut [P2p::Send(buf, peer)])
@@ -488,7 +488,7 @@ impl Communicator {
     pub fn recv<T: CommElement>(
         &self,
         stream: &Stream,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut dyn DeviceWrite<T>,
         peer: usize,
     ) -> Result<CommHandle> {
         self.group_p2p(stream, &mut [P2p::Recv(buf, peer)])

@@ -42,7 +42,7 @@
 
 use super::check_buffer;
 use super::multi_tensor::{dtype_code, DeviceGradScaler, GradRef, TensorRef};
-use crate::backend::{Device, DeviceBuffer, Stream};
+use crate::backend::{Device, DeviceBuffer, DeviceRead, DeviceWrite, Stream};
 use crate::core::plan::multi_tensor as plan;
 use crate::core::{Error, Result};
 use crate::kernel_params::{
@@ -187,7 +187,7 @@ pub enum Unscale<'a> {
     #[default]
     None,
     /// `inv_scale[0]` (`[1]` f32 on the device).
-    Device(&'a DeviceBuffer<f32>),
+    Device(&'a dyn DeviceRead<f32>),
     /// `(1 / scale as f64) as f32` of the scaler's device state, as
     /// [`super::multi_tensor::MultiTensor::unscale_with_scaler`].
     Scaler(&'a DeviceGradScaler),
@@ -198,10 +198,13 @@ pub enum Unscale<'a> {
 /// and second moments, gradients (fp32, fp16 or bf16), an optional model copy
 /// written with the new params (bf16, fp16 or fp32), and the weight decay of
 /// each tensor ([`default_weight_decay`]).
-pub struct AdamTensors<'s, 'a> {
-    pub params: &'s mut [&'a mut DeviceBuffer<f32>],
-    pub exp_avg: &'s mut [&'a mut DeviceBuffer<f32>],
-    pub exp_avg_sq: &'s mut [&'a mut DeviceBuffer<f32>],
+///
+/// `P` is what the three fp32 lists hold: `DeviceBuffer<f32>` by default,
+/// `DeviceSliceMut<f32>` for borrowed views, `dyn DeviceWrite<f32>` to mix.
+pub struct AdamTensors<'s, 'a, P: DeviceWrite<f32> + ?Sized = DeviceBuffer<f32>> {
+    pub params: &'s mut [&'a mut P],
+    pub exp_avg: &'s mut [&'a mut P],
+    pub exp_avg_sq: &'s mut [&'a mut P],
     pub grads: &'s [TensorRef<'a>],
     pub model: Option<&'s mut [GradRef<'a>]>,
     pub weight_decay: &'s [f32],
@@ -278,7 +281,10 @@ impl FusedAdam {
 
     /// Validates the lists and returns the tensor-table key (8 words per
     /// tensor, the layout of `FtnAdamTensorDesc`) and the element counts.
-    fn describe(stream: &Stream, t: &AdamTensors<'_, '_>) -> Result<(Vec<u64>, Vec<u64>)> {
+    fn describe<P: DeviceWrite<f32> + ?Sized>(
+        stream: &Stream,
+        t: &AdamTensors<'_, '_, P>,
+    ) -> Result<(Vec<u64>, Vec<u64>)> {
         let n = t.params.len();
         let lists = [
             ("exp_avg", t.exp_avg.len()),
@@ -399,12 +405,12 @@ impl FusedAdam {
     /// model copies keep their bits and the step count is not advanced. The
     /// gradients are read only, multiplied by the factor of `unscale`.
     /// Empty tensors and lists are fine (only the step count moves).
-    pub fn step(
+    pub fn step<P: DeviceWrite<f32> + ?Sized>(
         &mut self,
         stream: &Stream,
-        tensors: &mut AdamTensors<'_, '_>,
+        tensors: &mut AdamTensors<'_, '_, P>,
         scalars: &mut AdamScalars,
-        found_inf: Option<&DeviceBuffer<f32>>,
+        found_inf: Option<&dyn DeviceRead<f32>>,
         unscale: Unscale<'_>,
     ) -> Result<()> {
         stream

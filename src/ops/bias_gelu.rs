@@ -14,7 +14,7 @@
 //! ```
 
 use super::{all_aligned16, check_buffer};
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::core::dtype::FloatElement;
 use crate::core::plan::bias_gelu as plan;
 use crate::core::{validate, Result};
@@ -74,9 +74,9 @@ impl BiasGelu {
     pub fn forward<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &DeviceBuffer<T>,
-        bias: Option<&DeviceBuffer<T>>,
-        out: &mut DeviceBuffer<T>,
+        x: &dyn DeviceRead<T>,
+        bias: Option<&dyn DeviceRead<T>>,
+        out: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         let n = self.elements(FWD)?;
         check_buffer(FWD, "x", stream, x, n)?;
@@ -88,8 +88,8 @@ impl BiasGelu {
     pub fn forward_in_place<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &mut DeviceBuffer<T>,
-        bias: Option<&DeviceBuffer<T>>,
+        x: &mut dyn DeviceWrite<T>,
+        bias: Option<&dyn DeviceRead<T>>,
     ) -> Result<()> {
         let n = self.elements(FWD)?;
         check_buffer(FWD, "x", stream, x, n)?;
@@ -100,7 +100,7 @@ impl BiasGelu {
         &self,
         stream: &Stream,
         x: u64,
-        bias: Option<&DeviceBuffer<T>>,
+        bias: Option<&dyn DeviceRead<T>>,
         out: u64,
         n: usize,
     ) -> Result<()> {
@@ -110,7 +110,7 @@ impl BiasGelu {
         if n == 0 {
             return Ok(());
         }
-        let bias_addr = bias.map_or(0, DeviceBuffer::addr);
+        let bias_addr = bias.map_or(0, |b| b.addr());
         let p = plan::forward(
             self.rows as u64,
             self.cols as u64,
@@ -134,11 +134,11 @@ impl BiasGelu {
     pub fn backward<T: FloatElement>(
         &self,
         stream: &Stream,
-        dy: &DeviceBuffer<T>,
-        x: &DeviceBuffer<T>,
-        bias: Option<&DeviceBuffer<T>>,
-        dx: &mut DeviceBuffer<T>,
-        dbias: Option<&mut DeviceBuffer<T>>,
+        dy: &dyn DeviceRead<T>,
+        x: &dyn DeviceRead<T>,
+        bias: Option<&dyn DeviceRead<T>>,
+        dx: &mut dyn DeviceWrite<T>,
+        dbias: Option<&mut dyn DeviceWrite<T>>,
     ) -> Result<()> {
         let n = self.elements(BWD)?;
         check_buffer(BWD, "dy", stream, dy, n)?;
@@ -150,10 +150,10 @@ impl BiasGelu {
     pub fn backward_in_place<T: FloatElement>(
         &self,
         stream: &Stream,
-        grad: &mut DeviceBuffer<T>,
-        x: &DeviceBuffer<T>,
-        bias: Option<&DeviceBuffer<T>>,
-        dbias: Option<&mut DeviceBuffer<T>>,
+        grad: &mut dyn DeviceWrite<T>,
+        x: &dyn DeviceRead<T>,
+        bias: Option<&dyn DeviceRead<T>>,
+        dbias: Option<&mut dyn DeviceWrite<T>>,
     ) -> Result<()> {
         let n = self.elements(BWD)?;
         check_buffer(BWD, "grad", stream, grad, n)?;
@@ -165,10 +165,10 @@ impl BiasGelu {
         &self,
         stream: &Stream,
         dy: u64,
-        x: &DeviceBuffer<T>,
-        bias: Option<&DeviceBuffer<T>>,
+        x: &dyn DeviceRead<T>,
+        bias: Option<&dyn DeviceRead<T>>,
         dx: u64,
-        dbias: Option<&mut DeviceBuffer<T>>,
+        dbias: Option<&mut dyn DeviceWrite<T>>,
         n: usize,
     ) -> Result<()> {
         check_buffer(BWD, "x", stream, x, n)?;
@@ -185,7 +185,7 @@ impl BiasGelu {
             }
             return Ok(());
         }
-        let bias_addr = bias.map_or(0, DeviceBuffer::addr);
+        let bias_addr = bias.map_or(0, |b| b.addr());
         let p = plan::backward(
             self.rows as u64,
             self.cols as u64,

@@ -4,7 +4,7 @@
 //! last dimension with it.
 
 use super::all_aligned16;
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::core::plan::copy as plan;
 use crate::core::{Element, Error, Result};
 use crate::kernel_params::FtnCopy2dParams;
@@ -38,7 +38,7 @@ const OP: &str = "copy_2d";
 fn check<T: Element>(
     arg: &'static str,
     pitch_arg: &'static str,
-    buf: &DeviceBuffer<T>,
+    buf: &dyn DeviceRead<T>,
     b: Block2d,
     rows: usize,
     cols: usize,
@@ -109,9 +109,9 @@ fn check_disjoint(
 /// (the blocks must not overlap: an error otherwise).
 pub fn copy_2d<T: Element>(
     stream: &Stream,
-    src: &DeviceBuffer<T>,
+    src: &dyn DeviceRead<T>,
     src_block: Block2d,
-    dst: &mut DeviceBuffer<T>,
+    dst: &mut dyn DeviceWrite<T>,
     dst_block: Block2d,
     rows: usize,
     cols: usize,

@@ -25,7 +25,7 @@
 //! ```
 
 use super::{all_aligned16, check_buffer};
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::core::dtype::FloatElement;
 use crate::core::plan::bias_gelu as plan;
 use crate::core::{philox, validate, Error, LaunchConfig, Result};
@@ -138,10 +138,10 @@ impl BiasDropoutAdd {
     pub fn forward<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &DeviceBuffer<T>,
-        bias: Option<&DeviceBuffer<T>>,
-        residual: &DeviceBuffer<T>,
-        out: &mut DeviceBuffer<T>,
+        x: &dyn DeviceRead<T>,
+        bias: Option<&dyn DeviceRead<T>>,
+        residual: &dyn DeviceRead<T>,
+        out: &mut dyn DeviceWrite<T>,
         mode: DropoutMode,
     ) -> Result<()> {
         let n = self.elements(FWD)?;
@@ -155,7 +155,7 @@ impl BiasDropoutAdd {
         if n == 0 {
             return Ok(());
         }
-        let bias_addr = bias.map_or(0, DeviceBuffer::addr);
+        let bias_addr = bias.map_or(0, |b| b.addr());
         let p = plan::forward(
             self.rows as u64,
             self.cols as u64,
@@ -190,10 +190,10 @@ impl BiasDropoutAdd {
     pub fn backward<T: FloatElement>(
         &self,
         stream: &Stream,
-        d_out: &DeviceBuffer<T>,
-        dx: &mut DeviceBuffer<T>,
-        d_residual: Option<&mut DeviceBuffer<T>>,
-        dbias: Option<&mut DeviceBuffer<T>>,
+        d_out: &dyn DeviceRead<T>,
+        dx: &mut dyn DeviceWrite<T>,
+        d_residual: Option<&mut dyn DeviceWrite<T>>,
+        dbias: Option<&mut dyn DeviceWrite<T>>,
         mode: DropoutMode,
     ) -> Result<()> {
         let n = self.elements(BWD)?;
@@ -269,7 +269,11 @@ impl BiasDropoutAdd {
 /// Writes random values `offset .. offset + out.len()` of Philox stream
 /// `seed` (raw bits, as `i32`) with the device's Philox: the twin of
 /// [`crate::core::philox::value`], for tests.
-pub fn philox_fill(stream: &Stream, state: PhiloxState, out: &mut DeviceBuffer<i32>) -> Result<()> {
+pub fn philox_fill(
+    stream: &Stream,
+    state: PhiloxState,
+    out: &mut dyn DeviceWrite<i32>,
+) -> Result<()> {
     stream.device().check_same(FILL, "out", out.device())?;
     let n = out.len();
     if n == 0 {

@@ -30,7 +30,7 @@
 //! # Ok::<(), ferrotron::Error>(())
 //! ```
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::core::dtype::FloatElement;
 use crate::core::plan::gemm::{self as plan, GemmTile};
 use crate::core::{DType, Element, Result};
@@ -50,19 +50,19 @@ pub use crate::core::activation::Epilogue;
 pub enum Aux<'a, O: Element> {
     None,
     /// `BiasGelu`: write the pre-activation here.
-    Store(&'a mut DeviceBuffer<O>),
+    Store(&'a mut dyn DeviceWrite<O>),
     /// `DGelu`: read the pre-activation from here.
-    PreActivation(&'a DeviceBuffer<O>),
+    PreActivation(&'a dyn DeviceRead<O>),
 }
 
 /// The read-only operands. `c = None` with `beta != 0` accumulates into `D`
 /// itself (`C = D`, using `D`'s layout).
 pub struct GemmInputs<'a, T: Element, O: Element> {
-    pub a: &'a DeviceBuffer<T>,
-    pub b: &'a DeviceBuffer<T>,
+    pub a: &'a dyn DeviceRead<T>,
+    pub b: &'a dyn DeviceRead<T>,
     /// `[n]`, the input type.
-    pub bias: Option<&'a DeviceBuffer<T>>,
-    pub c: Option<&'a DeviceBuffer<O>>,
+    pub bias: Option<&'a dyn DeviceRead<T>>,
+    pub c: Option<&'a dyn DeviceRead<O>>,
 }
 
 /// One (batched) GEMM. Leading dimensions default to the stored row length,
@@ -171,7 +171,7 @@ fn layout(
 fn check_buf<T: Element>(
     stream: &Stream,
     arg: &'static str,
-    buf: &DeviceBuffer<T>,
+    buf: &dyn DeviceRead<T>,
     needed: usize,
 ) -> Result<()> {
     stream.device().check_same(OP, arg, buf.device())?;
@@ -343,7 +343,7 @@ impl Gemm {
         stream: &Stream,
         inputs: GemmInputs<'_, T, O>,
         aux: Aux<'_, O>,
-        d: &mut DeviceBuffer<O>,
+        d: &mut dyn DeviceWrite<O>,
     ) -> Result<()> {
         self.run_inner(stream, inputs, aux, d, false)
     }
@@ -353,7 +353,7 @@ impl Gemm {
         stream: &Stream,
         inputs: GemmInputs<'_, T, O>,
         aux: Aux<'_, O>,
-        d: &mut DeviceBuffer<O>,
+        d: &mut dyn DeviceWrite<O>,
         measuring: bool,
     ) -> Result<()> {
         if !matches!(T::DTYPE, DType::F16 | DType::BF16) {
@@ -584,7 +584,7 @@ impl Gemm {
                 b: mat(inputs.b.addr(), &lb, rb, cb),
                 c: mat(c_addr, &lc, m, n),
                 d: mat(d.addr(), &ld, m, n),
-                bias: inputs.bias.map_or(0, DeviceBuffer::addr),
+                bias: inputs.bias.map_or(0, |b| b.addr()),
                 aux: (aux_addr != 0).then(|| mat(aux_addr, &lx, m, n)),
                 epilogue: match self.epilogue {
                     Epilogue::None => LtEpilogue::Default,
@@ -624,7 +624,7 @@ impl Gemm {
             a: inputs.a.addr() as *const _,
             b: inputs.b.addr() as *const _,
             c: c_addr as *const _,
-            bias: inputs.bias.map_or(0, DeviceBuffer::addr) as *const _,
+            bias: inputs.bias.map_or(0, |b| b.addr()) as *const _,
             aux: aux_addr as *mut _,
             m: m as i64,
             n: n as i64,
@@ -782,8 +782,8 @@ impl Gemm {
                 let inputs = GemmInputs {
                     a: &a,
                     b: &b,
-                    bias: bias.as_ref(),
-                    c: c.as_ref(),
+                    bias: bias.as_ref().map(|b| b as _),
+                    c: c.as_ref().map(|b| b as _),
                 };
                 op.run_inner(stream, inputs, x, &mut d, true)?;
             }
@@ -823,8 +823,8 @@ impl BiasGrad {
     pub fn run<T: FloatElement>(
         &self,
         stream: &Stream,
-        dy: &DeviceBuffer<T>,
-        dbias: &mut DeviceBuffer<T>,
+        dy: &dyn DeviceRead<T>,
+        dbias: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         let (rows, cols) = (self.rows, self.cols);
         let ld = self.ld.unwrap_or(cols.max(1));

@@ -37,7 +37,7 @@
 //! ```
 
 use super::{all_aligned16, check_buffer};
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::core::dtype::FloatElement;
 use crate::core::plan::layernorm::{self as plan, RowPath};
 use crate::core::{validate, DType, Result};
@@ -146,12 +146,12 @@ impl Norm {
         &self,
         op: &'static str,
         stream: &Stream,
-        x: &DeviceBuffer<T>,
-        gamma: Option<&DeviceBuffer<T>>,
-        beta: Option<&DeviceBuffer<T>>,
-        y: &mut DeviceBuffer<T>,
-        mean: Option<&mut DeviceBuffer<f32>>,
-        rstd: &mut DeviceBuffer<f32>,
+        x: &dyn DeviceRead<T>,
+        gamma: Option<&dyn DeviceRead<T>>,
+        beta: Option<&dyn DeviceRead<T>>,
+        y: &mut dyn DeviceWrite<T>,
+        mean: Option<&mut dyn DeviceWrite<f32>>,
+        rstd: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         let n = self.check_shape(op, true)?;
         check_buffer(op, "x", stream, x, n)?;
@@ -171,8 +171,8 @@ impl Norm {
         if n == 0 {
             return Ok(());
         }
-        let gamma_addr = gamma.map_or(0, DeviceBuffer::addr);
-        let beta_addr = beta.map_or(0, DeviceBuffer::addr);
+        let gamma_addr = gamma.map_or(0, |b| b.addr());
+        let beta_addr = beta.map_or(0, |b| b.addr());
         let p = plan::rows(
             self.rows as u64,
             self.hidden as u64,
@@ -201,14 +201,14 @@ impl Norm {
         &self,
         op: &'static str,
         stream: &Stream,
-        dy: &DeviceBuffer<T>,
-        x: &DeviceBuffer<T>,
-        mean: Option<&DeviceBuffer<f32>>,
-        rstd: &DeviceBuffer<f32>,
-        gamma: Option<&DeviceBuffer<T>>,
-        dx: &mut DeviceBuffer<T>,
-        dgamma: Option<&mut DeviceBuffer<T>>,
-        dbeta: Option<&mut DeviceBuffer<T>>,
+        dy: &dyn DeviceRead<T>,
+        x: &dyn DeviceRead<T>,
+        mean: Option<&dyn DeviceRead<f32>>,
+        rstd: &dyn DeviceRead<f32>,
+        gamma: Option<&dyn DeviceRead<T>>,
+        dx: &mut dyn DeviceWrite<T>,
+        dgamma: Option<&mut dyn DeviceWrite<T>>,
+        dbeta: Option<&mut dyn DeviceWrite<T>>,
     ) -> Result<()> {
         let n = self.check_shape(op, false)?;
         check_buffer(op, "dy", stream, dy, n)?;
@@ -237,8 +237,8 @@ impl Norm {
             }
             return Ok(());
         }
-        let mean_addr = mean.map_or(0, DeviceBuffer::addr);
-        let gamma_addr = gamma.map_or(0, DeviceBuffer::addr);
+        let mean_addr = mean.map_or(0, |b| b.addr());
+        let gamma_addr = gamma.map_or(0, |b| b.addr());
         let aligned = all_aligned16(&[dy.addr(), x.addr(), dx.addr(), gamma_addr]);
         let (rows, hidden, es) = (self.rows as u64, self.hidden as u64, T::DTYPE.size());
 
@@ -354,12 +354,12 @@ impl LayerNorm {
     pub fn forward<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &DeviceBuffer<T>,
-        gamma: Option<&DeviceBuffer<T>>,
-        beta: Option<&DeviceBuffer<T>>,
-        y: &mut DeviceBuffer<T>,
-        mean: &mut DeviceBuffer<f32>,
-        rstd: &mut DeviceBuffer<f32>,
+        x: &dyn DeviceRead<T>,
+        gamma: Option<&dyn DeviceRead<T>>,
+        beta: Option<&dyn DeviceRead<T>>,
+        y: &mut dyn DeviceWrite<T>,
+        mean: &mut dyn DeviceWrite<f32>,
+        rstd: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         self.norm()
             .forward(LN_FWD, stream, x, gamma, beta, y, Some(mean), rstd)
@@ -372,14 +372,14 @@ impl LayerNorm {
     pub fn backward<T: FloatElement>(
         &self,
         stream: &Stream,
-        dy: &DeviceBuffer<T>,
-        x: &DeviceBuffer<T>,
-        mean: &DeviceBuffer<f32>,
-        rstd: &DeviceBuffer<f32>,
-        gamma: Option<&DeviceBuffer<T>>,
-        dx: &mut DeviceBuffer<T>,
-        dgamma: Option<&mut DeviceBuffer<T>>,
-        dbeta: Option<&mut DeviceBuffer<T>>,
+        dy: &dyn DeviceRead<T>,
+        x: &dyn DeviceRead<T>,
+        mean: &dyn DeviceRead<f32>,
+        rstd: &dyn DeviceRead<f32>,
+        gamma: Option<&dyn DeviceRead<T>>,
+        dx: &mut dyn DeviceWrite<T>,
+        dgamma: Option<&mut dyn DeviceWrite<T>>,
+        dbeta: Option<&mut dyn DeviceWrite<T>>,
     ) -> Result<()> {
         self.norm().backward(
             LN_BWD,
@@ -439,10 +439,10 @@ impl RmsNorm {
     pub fn forward<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &DeviceBuffer<T>,
-        gamma: Option<&DeviceBuffer<T>>,
-        y: &mut DeviceBuffer<T>,
-        rstd: &mut DeviceBuffer<f32>,
+        x: &dyn DeviceRead<T>,
+        gamma: Option<&dyn DeviceRead<T>>,
+        y: &mut dyn DeviceWrite<T>,
+        rstd: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         self.norm()
             .forward(RMS_FWD, stream, x, gamma, None, y, None, rstd)
@@ -453,12 +453,12 @@ impl RmsNorm {
     pub fn backward<T: FloatElement>(
         &self,
         stream: &Stream,
-        dy: &DeviceBuffer<T>,
-        x: &DeviceBuffer<T>,
-        rstd: &DeviceBuffer<f32>,
-        gamma: Option<&DeviceBuffer<T>>,
-        dx: &mut DeviceBuffer<T>,
-        dgamma: Option<&mut DeviceBuffer<T>>,
+        dy: &dyn DeviceRead<T>,
+        x: &dyn DeviceRead<T>,
+        rstd: &dyn DeviceRead<f32>,
+        gamma: Option<&dyn DeviceRead<T>>,
+        dx: &mut dyn DeviceWrite<T>,
+        dgamma: Option<&mut dyn DeviceWrite<T>>,
     ) -> Result<()> {
         self.norm()
             .backward(RMS_BWD, stream, dy, x, None, rstd, gamma, dx, dgamma, None)

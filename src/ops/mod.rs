@@ -20,7 +20,7 @@ pub use gemm_provider::GemmProvider;
 pub use layernorm::{LayerNorm, RmsNorm};
 pub use softmax::{ScaleMaskSoftmax, SoftmaxMask};
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, Stream};
 use crate::core::{validate, Element, Result};
 
 /// Checks that `buf` lives on the stream's device and holds exactly `len`
@@ -29,7 +29,7 @@ pub(crate) fn check_buffer<T: Element>(
     op: &'static str,
     arg: &'static str,
     stream: &Stream,
-    buf: &DeviceBuffer<T>,
+    buf: &dyn DeviceRead<T>,
     len: usize,
 ) -> Result<()> {
     stream.device().check_same(op, arg, buf.device())?;

@@ -27,7 +27,9 @@
 use half::{bf16, f16};
 
 use super::{all_aligned16, check_buffer};
-use crate::backend::{Device, DeviceBuffer, Stream};
+use crate::backend::{
+    Device, DeviceBuffer, DeviceRead, DeviceSlice, DeviceSliceMut, DeviceWrite, Stream,
+};
 use crate::core::loss_scaler::{DynamicGradScaler, GradScalerConfig};
 use crate::core::plan::multi_tensor as plan;
 use crate::core::{DType, Error, Result};
@@ -48,17 +50,17 @@ pub const CLIP_EPS: f64 = 1e-6;
 /// One gradient of a list that is modified in place.
 #[derive(Debug)]
 pub enum GradRef<'a> {
-    F32(&'a mut DeviceBuffer<f32>),
-    F16(&'a mut DeviceBuffer<f16>),
-    BF16(&'a mut DeviceBuffer<bf16>),
+    F32(&'a mut dyn DeviceWrite<f32>),
+    F16(&'a mut dyn DeviceWrite<f16>),
+    BF16(&'a mut dyn DeviceWrite<bf16>),
 }
 
 /// One tensor of a list that is only read.
 #[derive(Clone, Copy, Debug)]
 pub enum TensorRef<'a> {
-    F32(&'a DeviceBuffer<f32>),
-    F16(&'a DeviceBuffer<f16>),
-    BF16(&'a DeviceBuffer<bf16>),
+    F32(&'a dyn DeviceRead<f32>),
+    F16(&'a dyn DeviceRead<f16>),
+    BF16(&'a dyn DeviceRead<bf16>),
 }
 
 macro_rules! conversions {
@@ -73,6 +75,16 @@ macro_rules! conversions {
                 TensorRef::$v(b)
             }
         }
+        impl<'a, 'b> From<&'a mut DeviceSliceMut<'b, $t>> for GradRef<'a> {
+            fn from(b: &'a mut DeviceSliceMut<'b, $t>) -> Self {
+                GradRef::$v(b)
+            }
+        }
+        impl<'a, 'b> From<&'a DeviceSlice<'b, $t>> for TensorRef<'a> {
+            fn from(b: &'a DeviceSlice<'b, $t>) -> Self {
+                TensorRef::$v(b)
+            }
+        }
     };
 }
 conversions!(f32, F32);
@@ -83,9 +95,9 @@ impl GradRef<'_> {
     /// A read-only view of the same tensor.
     pub fn as_tensor(&self) -> TensorRef<'_> {
         match self {
-            GradRef::F32(b) => TensorRef::F32(b),
-            GradRef::F16(b) => TensorRef::F16(b),
-            GradRef::BF16(b) => TensorRef::BF16(b),
+            GradRef::F32(b) => TensorRef::F32(b.as_read()),
+            GradRef::F16(b) => TensorRef::F16(b.as_read()),
+            GradRef::BF16(b) => TensorRef::BF16(b.as_read()),
         }
     }
 }
@@ -258,7 +270,7 @@ impl MultiTensor {
         stream: &Stream,
         grads: &mut [GradRef<'_>],
         scale: f32,
-        found_inf: &mut DeviceBuffer<f32>,
+        found_inf: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         let inv = (1.0 / scale as f64) as f32;
         if !(scale.is_finite() && scale > 0.0 && inv.is_finite()) {
@@ -279,7 +291,7 @@ impl MultiTensor {
         stream: &Stream,
         grads: &mut [GradRef<'_>],
         scaler: &DeviceGradScaler,
-        found_inf: &mut DeviceBuffer<f32>,
+        found_inf: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         stream
             .device()
@@ -293,7 +305,7 @@ impl MultiTensor {
         grads: &mut [GradRef<'_>],
         inv_scale: f32,
         scaler: u64,
-        found_inf: &mut DeviceBuffer<f32>,
+        found_inf: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         check_buffer(UNSCALE, "found_inf", stream, found_inf, 1)?;
         let views: Vec<TensorRef<'_>> = grads.iter().map(GradRef::as_tensor).collect();
@@ -320,7 +332,7 @@ impl MultiTensor {
         &mut self,
         stream: &Stream,
         tensors: &[TensorRef<'_>],
-        norm: &mut DeviceBuffer<f32>,
+        norm: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         check_buffer(L2NORM, "norm", stream, norm, 1)?;
         let t = self.tables(L2NORM, stream, tensors)?;
@@ -359,7 +371,7 @@ impl MultiTensor {
         &mut self,
         stream: &Stream,
         grads: &mut [GradRef<'_>],
-        norm: &DeviceBuffer<f32>,
+        norm: &dyn DeviceRead<f32>,
         max_norm: f64,
     ) -> Result<()> {
         if !(max_norm.is_finite() && max_norm > 0.0) {
@@ -393,7 +405,7 @@ impl MultiTensor {
         stream: &Stream,
         grads: &mut [GradRef<'_>],
         max_norm: f64,
-        norm: &mut DeviceBuffer<f32>,
+        norm: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         if !(max_norm.is_finite() && max_norm > 0.0) {
             return Err(Error::invalid(
@@ -460,7 +472,7 @@ impl DeviceGradScaler {
     pub fn update(
         &mut self,
         stream: &Stream,
-        found_inf: &mut DeviceBuffer<f32>,
+        found_inf: &mut dyn DeviceWrite<f32>,
         reset_found_inf: bool,
     ) -> Result<()> {
         stream

@@ -57,7 +57,7 @@
 //! ```
 
 use super::{all_aligned16, check_buffer};
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::core::dtype::FloatElement;
 pub use crate::core::plan::softmax::SoftmaxPath;
 use crate::core::plan::softmax::{self as plan, Plan};
@@ -77,7 +77,7 @@ pub enum SoftmaxMask<'a> {
     None,
     /// uint8 `[batch, 1, sq, sk]` or `[1, 1, sq, sk]` (broadcast over the
     /// batch); nonzero = masked (the scaled logit becomes -10000.0).
-    Padding(&'a DeviceBuffer<u8>),
+    Padding(&'a dyn DeviceRead<u8>),
     /// Upper-triangular mask, `sq == sk`: row `i` keeps columns `<= i`.
     Causal,
 }
@@ -280,9 +280,9 @@ impl ScaleMaskSoftmax {
     pub fn forward<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &DeviceBuffer<T>,
+        x: &dyn DeviceRead<T>,
         mask: SoftmaxMask<'_>,
-        y: &mut DeviceBuffer<T>,
+        y: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         let s = self.sizes(FWD)?;
         check_buffer(FWD, "x", stream, x, s.elements)?;
@@ -298,10 +298,10 @@ impl ScaleMaskSoftmax {
     pub fn forward_dropout<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &DeviceBuffer<T>,
+        x: &dyn DeviceRead<T>,
         mask: SoftmaxMask<'_>,
-        y: &mut DeviceBuffer<T>,
-        dropped: &mut DeviceBuffer<T>,
+        y: &mut dyn DeviceWrite<T>,
+        dropped: &mut dyn DeviceWrite<T>,
         mode: DropoutMode,
     ) -> Result<()> {
         let s = self.sizes(FWD)?;
@@ -323,7 +323,7 @@ impl ScaleMaskSoftmax {
     pub fn forward_in_place<T: FloatElement>(
         &self,
         stream: &Stream,
-        x: &mut DeviceBuffer<T>,
+        x: &mut dyn DeviceWrite<T>,
         mask: SoftmaxMask<'_>,
     ) -> Result<()> {
         let s = self.sizes(FWD)?;
@@ -406,9 +406,9 @@ impl ScaleMaskSoftmax {
     pub fn backward<T: FloatElement>(
         &self,
         stream: &Stream,
-        y: &DeviceBuffer<T>,
-        dy: &DeviceBuffer<T>,
-        dx: &mut DeviceBuffer<T>,
+        y: &dyn DeviceRead<T>,
+        dy: &dyn DeviceRead<T>,
+        dx: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         let s = self.sizes(BWD)?;
         check_buffer(BWD, "y", stream, y, s.elements)?;
@@ -424,9 +424,9 @@ impl ScaleMaskSoftmax {
     pub fn backward_dropout<T: FloatElement>(
         &self,
         stream: &Stream,
-        y: &DeviceBuffer<T>,
-        dy: &DeviceBuffer<T>,
-        dx: &mut DeviceBuffer<T>,
+        y: &dyn DeviceRead<T>,
+        dy: &dyn DeviceRead<T>,
+        dx: &mut dyn DeviceWrite<T>,
         mode: DropoutMode,
     ) -> Result<()> {
         let s = self.sizes(BWD)?;
@@ -442,8 +442,8 @@ impl ScaleMaskSoftmax {
     pub fn backward_dropout_in_place<T: FloatElement>(
         &self,
         stream: &Stream,
-        y: &DeviceBuffer<T>,
-        grad: &mut DeviceBuffer<T>,
+        y: &dyn DeviceRead<T>,
+        grad: &mut dyn DeviceWrite<T>,
         mode: DropoutMode,
     ) -> Result<()> {
         let s = self.sizes(BWD)?;
@@ -458,8 +458,8 @@ impl ScaleMaskSoftmax {
     pub fn backward_in_place<T: FloatElement>(
         &self,
         stream: &Stream,
-        y: &DeviceBuffer<T>,
-        grad: &mut DeviceBuffer<T>,
+        y: &dyn DeviceRead<T>,
+        grad: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         let s = self.sizes(BWD)?;
         check_buffer(BWD, "y", stream, y, s.elements)?;

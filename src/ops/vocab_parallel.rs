@@ -5,7 +5,7 @@
 //! validates and communicates; each function here enqueues one kernel over
 //! shapes its caller has checked (lengths, `i64` ranges, grid limits).
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::comm::CommElement;
 use crate::core::dtype::FloatElement;
 use crate::core::plan::vocab_parallel::{grid_stride, per_row};
@@ -41,9 +41,9 @@ pub(crate) struct Shard {
 /// outside the shard; `out` is `[ids.len(), hidden]`, non-empty.
 pub(crate) fn embedding_lookup<T: FloatElement, I: TokenId>(
     stream: &Stream,
-    ids: &DeviceBuffer<I>,
-    weight_shard: &DeviceBuffer<T>,
-    out: &mut DeviceBuffer<T>,
+    ids: &dyn DeviceRead<I>,
+    weight_shard: &dyn DeviceRead<T>,
+    out: &mut dyn DeviceWrite<T>,
     hidden: usize,
     shard: Shard,
 ) -> Result<()> {
@@ -66,9 +66,9 @@ pub(crate) fn embedding_lookup<T: FloatElement, I: TokenId>(
 /// in token order; one block per shard row (`shard.rows >= 1`, `hidden >= 1`).
 pub(crate) fn embedding_grad<T: FloatElement, I: TokenId>(
     stream: &Stream,
-    ids: &DeviceBuffer<I>,
-    dy: &DeviceBuffer<T>,
-    dweight: &mut DeviceBuffer<f32>,
+    ids: &dyn DeviceRead<I>,
+    dy: &dyn DeviceRead<T>,
+    dweight: &mut dyn DeviceWrite<f32>,
     hidden: usize,
     shard: Shard,
     accumulate: bool,
@@ -103,8 +103,8 @@ pub(crate) struct CeShape {
 /// `row_max[t] = max over this shard's columns of logits[t, :]`.
 pub(crate) fn ce_row_max<T: FloatElement>(
     stream: &Stream,
-    logits: &DeviceBuffer<T>,
-    row_max: &mut DeviceBuffer<f32>,
+    logits: &dyn DeviceRead<T>,
+    row_max: &mut dyn DeviceWrite<f32>,
     s: &CeShape,
 ) -> Result<()> {
     let params = FtnVocabCeMaxParams {
@@ -121,10 +121,10 @@ pub(crate) fn ce_row_max<T: FloatElement>(
 /// (0 off-shard), `sums[2, t]` (label smoothing) = sum of the logits.
 pub(crate) fn ce_stats<T: FloatElement, I: TokenId>(
     stream: &Stream,
-    logits: &DeviceBuffer<T>,
-    labels: &DeviceBuffer<I>,
-    row_max: &DeviceBuffer<f32>,
-    sums: &mut DeviceBuffer<f32>,
+    logits: &dyn DeviceRead<T>,
+    labels: &dyn DeviceRead<I>,
+    row_max: &dyn DeviceRead<f32>,
+    sums: &mut dyn DeviceWrite<f32>,
     s: &CeShape,
 ) -> Result<()> {
     let params = FtnVocabCeStatsParams {
@@ -145,10 +145,10 @@ pub(crate) fn ce_stats<T: FloatElement, I: TokenId>(
 /// `loss[t]` from the reduced statistics (0 for an ignored label).
 pub(crate) fn ce_loss<I: TokenId>(
     stream: &Stream,
-    labels: &DeviceBuffer<I>,
-    row_max: &DeviceBuffer<f32>,
-    sums: &DeviceBuffer<f32>,
-    loss: &mut DeviceBuffer<f32>,
+    labels: &dyn DeviceRead<I>,
+    row_max: &dyn DeviceRead<f32>,
+    sums: &dyn DeviceRead<f32>,
+    loss: &mut dyn DeviceWrite<f32>,
     s: &CeShape,
 ) -> Result<()> {
     let params = FtnVocabCeLossParams {
@@ -177,11 +177,11 @@ pub(crate) fn ce_loss<I: TokenId>(
 pub(crate) fn ce_grad<T: FloatElement, I: TokenId>(
     stream: &Stream,
     grad: u64,
-    logits: &DeviceBuffer<T>,
-    labels: &DeviceBuffer<I>,
-    row_max: &DeviceBuffer<f32>,
-    sums: &DeviceBuffer<f32>,
-    dloss: &DeviceBuffer<f32>,
+    logits: &dyn DeviceRead<T>,
+    labels: &dyn DeviceRead<I>,
+    row_max: &dyn DeviceRead<f32>,
+    sums: &dyn DeviceRead<f32>,
+    dloss: &dyn DeviceRead<f32>,
     s: &CeShape,
 ) -> Result<()> {
     let params = FtnVocabCeBwdParams {

@@ -71,7 +71,7 @@
 //! several micro-batches' forwards can run before their backwards (pipeline
 //! parallelism).
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceBuffer, DeviceRead, DeviceWrite, Stream};
 use crate::comm::Communicator;
 use crate::core::{Element, Error, Result};
 use crate::ops::copy::{copy_2d, Block2d};
@@ -229,7 +229,7 @@ fn mul(arg: &'static str, a: usize, b: usize) -> Result<usize> {
 }
 
 /// A non-owning view of `buf` from element `offset` on.
-fn view_from<T: Element>(buf: &DeviceBuffer<T>, offset: usize) -> Result<DeviceBuffer<T>> {
+fn view_from<T: Element>(buf: &dyn DeviceRead<T>, offset: usize) -> Result<DeviceBuffer<T>> {
     let len = buf
         .len()
         .checked_sub(offset)
@@ -260,8 +260,8 @@ fn reuse<T: TpElement>(
 /// recomputed scores are the forward's bit for bit.
 fn scores_gemm<T: TpElement>(
     stream: &Stream,
-    qkv: &DeviceBuffer<T>,
-    scores: &mut DeviceBuffer<T>,
+    qkv: &dyn DeviceRead<T>,
+    scores: &mut dyn DeviceWrite<T>,
     (bh, seq, d): (usize, usize, usize),
 ) -> Result<()> {
     let l = bh * 3 * d;
@@ -290,9 +290,9 @@ fn scores_gemm<T: TpElement>(
 fn core_probs<T: TpElement>(
     softmax: &ScaleMaskSoftmax,
     stream: &Stream,
-    scores: &DeviceBuffer<T>,
-    probs: &mut DeviceBuffer<T>,
-    dropped: Option<&mut DeviceBuffer<T>>,
+    scores: &dyn DeviceRead<T>,
+    probs: &mut dyn DeviceWrite<T>,
+    dropped: Option<&mut dyn DeviceWrite<T>>,
     mode: DropoutMode,
 ) -> Result<()> {
     match dropped {
@@ -304,9 +304,9 @@ fn core_probs<T: TpElement>(
 /// `C_k = P_k V_k` into packed `[bh, seq, d]`.
 fn pv_gemm<T: TpElement>(
     stream: &Stream,
-    probs: &DeviceBuffer<T>,
-    qkv: &DeviceBuffer<T>,
-    packed: &mut DeviceBuffer<T>,
+    probs: &dyn DeviceRead<T>,
+    qkv: &dyn DeviceRead<T>,
+    packed: &mut dyn DeviceWrite<T>,
     (bh, seq, d): (usize, usize, usize),
 ) -> Result<()> {
     let l = bh * 3 * d;
@@ -343,8 +343,8 @@ fn held<'a, T: Element>(
 #[allow(clippy::too_many_arguments)]
 fn unpack_heads<T: Element>(
     stream: &Stream,
-    src: &DeviceBuffer<T>,
-    dst: &mut DeviceBuffer<T>,
+    src: &dyn DeviceRead<T>,
+    dst: &mut dyn DeviceWrite<T>,
     (heads, seq, d): (usize, usize, usize),
     base: usize,
     pitch: usize,
@@ -576,8 +576,8 @@ impl<T: TpElement> TpAttention<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        output: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        output: &mut dyn DeviceWrite<T>,
         seq: usize,
         batch: usize,
     ) -> Result<()> {
@@ -595,8 +595,8 @@ impl<T: TpElement> TpAttention<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        output: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        output: &mut dyn DeviceWrite<T>,
         seq: usize,
         batch: usize,
         mode: DropoutMode,
@@ -688,7 +688,7 @@ impl<T: TpElement> TpAttention<T> {
             stream,
             scores,
             probs_buf,
-            dropped_buf.map(|b| &mut *b),
+            dropped_buf.map(|b| b as _),
             mode,
         )?;
         // C_k = P_k V_k (P dropped with dropout), packed, then interleaved
@@ -722,9 +722,9 @@ impl<T: TpElement> TpAttention<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        grad_output: &DeviceBuffer<T>,
-        grad_input: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        grad_output: &dyn DeviceRead<T>,
+        grad_input: &mut dyn DeviceWrite<T>,
         grads: AttentionGrads<'_, T>,
     ) -> Result<()> {
         let Some(sv) = self.saved.as_ref() else {
@@ -768,7 +768,14 @@ impl<T: TpElement> TpAttention<T> {
                 true => Some(exact_buf(&mut sc.dropped, comm, sc_n)?),
                 false => None,
             };
-            core_probs(&softmax, stream, scores, probs, dropped, sv.mode)?;
+            core_probs(
+                &softmax,
+                stream,
+                scores,
+                probs,
+                dropped.map(|b| b as _),
+                sv.mode,
+            )?;
         }
         let probs = held(&sv.probs, &sc.probs)?;
         let pv_in = match dropping {

@@ -37,7 +37,7 @@
 //! returns, so later work on the compute stream is ordered after it.
 //! Every rank of the communicator must make the same calls in the same order.
 
-use crate::backend::{Device, DeviceBuffer, Event, Stream};
+use crate::backend::{Device, DeviceBuffer, DeviceRead, DeviceWrite, Event, Stream};
 use crate::comm::{CommElement, Communicator, ReduceOp};
 use crate::core::dtype::FloatElement;
 use crate::core::{Element, Error, Result};
@@ -56,15 +56,15 @@ impl<T: FloatElement + CommElement> TpElement for T {}
 /// Where a weight gradient goes.
 pub enum WeightGrad<'a, T: Element> {
     /// `grad = dW` in the input type (overwritten).
-    Store(&'a mut DeviceBuffer<T>),
+    Store(&'a mut dyn DeviceWrite<T>),
     /// `main_grad += dW` in fp32, fused into the GEMM (`beta = 1`).
-    Accumulate(&'a mut DeviceBuffer<f32>),
+    Accumulate(&'a mut dyn DeviceWrite<f32>),
 }
 
 /// The gradients a backward writes. `bias = None` skips the bias gradient.
 pub struct LinearGrads<'a, T: Element> {
     pub weight: WeightGrad<'a, T>,
-    pub bias: Option<&'a mut DeviceBuffer<T>>,
+    pub bias: Option<&'a mut dyn DeviceWrite<T>>,
 }
 
 /// Rows `[rank*rows/tp, (rank+1)*rows/tp)` of a row-major `[rows, cols]`
@@ -221,7 +221,7 @@ impl<T: Element> Scratch<T> {
             *s = None;
             *s = Some(device.alloc_zeros::<T>(len.max(1))?);
         }
-        let addr = s.as_ref().map_or(0, DeviceBuffer::addr);
+        let addr = s.as_ref().map_or(0, |b| b.addr());
         // SAFETY: the slot's buffer holds at least `len` elements of `T` and is
         // owned by the layer: it is freed only when replaced or when the layer
         // drops, both of which wait for the device's pending work (a
@@ -254,8 +254,8 @@ fn start_comm(
 fn wgrad<T: TpElement>(
     stream: &Stream,
     (out, inp, tokens): (usize, usize, usize),
-    dy: &DeviceBuffer<T>,
-    x: &DeviceBuffer<T>,
+    dy: &dyn DeviceRead<T>,
+    x: &dyn DeviceRead<T>,
     grad: &mut WeightGrad<'_, T>,
 ) -> Result<()> {
     let g = Gemm::new(out, inp, tokens).trans_a(true);
@@ -468,9 +468,9 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        output: &mut DeviceBuffer<T>,
-        pre: Option<&mut DeviceBuffer<T>>,
+        input: &dyn DeviceRead<T>,
+        output: &mut dyn DeviceWrite<T>,
+        pre: Option<&mut dyn DeviceWrite<T>>,
         tokens: usize,
     ) -> Result<()> {
         self.check_comm(comm, tokens)?;
@@ -520,7 +520,7 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         let inputs = GemmInputs {
             a: x,
             b: &self.weight,
-            bias,
+            bias: bias.map(|b| b as _),
             c: None,
         };
         if self.options.gather_output {
@@ -544,10 +544,10 @@ impl<T: TpElement> ColumnParallelLinear<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        grad_output: &DeviceBuffer<T>,
-        pre: Option<&DeviceBuffer<T>>,
-        grad_input: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        grad_output: &dyn DeviceRead<T>,
+        pre: Option<&dyn DeviceRead<T>>,
+        grad_input: &mut dyn DeviceWrite<T>,
         mut grads: LinearGrads<'_, T>,
         tokens: usize,
     ) -> Result<()> {
@@ -827,8 +827,8 @@ impl<T: TpElement> RowParallelLinear<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        output: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        output: &mut dyn DeviceWrite<T>,
         tokens: usize,
     ) -> Result<()> {
         self.check_comm(comm, tokens)?;
@@ -869,7 +869,7 @@ impl<T: TpElement> RowParallelLinear<T> {
         let inputs = GemmInputs {
             a: x,
             b: &self.weight,
-            bias,
+            bias: bias.map(|b| b as _),
             c: None,
         };
         if self.options.sequence_parallel {
@@ -897,10 +897,10 @@ impl<T: TpElement> RowParallelLinear<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        grad_output: &DeviceBuffer<T>,
-        dgelu: Option<(Gelu, &DeviceBuffer<T>)>,
-        grad_input: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        grad_output: &dyn DeviceRead<T>,
+        dgelu: Option<(Gelu, &dyn DeviceRead<T>)>,
+        grad_input: &mut dyn DeviceWrite<T>,
         mut grads: LinearGrads<'_, T>,
         tokens: usize,
     ) -> Result<()> {

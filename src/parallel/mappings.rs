@@ -14,7 +14,7 @@
 //! | `GatherFromSp` | all-gather first dim | reduce-scatter first dim |
 //! | `ReduceScatterToSp` | reduce-scatter first dim | all-gather first dim |
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceBuffer, DeviceRead, DeviceWrite, Stream};
 use crate::comm::{CommElement, Communicator, ReduceOp};
 use crate::core::{Error, Result};
 use crate::ops::copy::{copy_2d, Block2d};
@@ -118,8 +118,8 @@ impl Mapping {
         self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        output: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        output: &mut dyn DeviceWrite<T>,
         (rows, cols): (usize, usize),
     ) -> Result<()> {
         run(
@@ -140,8 +140,8 @@ impl Mapping {
         self,
         comm: &Communicator,
         stream: &Stream,
-        grad_output: &DeviceBuffer<T>,
-        grad_input: &mut DeviceBuffer<T>,
+        grad_output: &dyn DeviceRead<T>,
+        grad_input: &mut dyn DeviceWrite<T>,
         (rows, cols): (usize, usize),
     ) -> Result<()> {
         run(
@@ -165,8 +165,8 @@ fn run<T: CommElement>(
     (in_name, out_name): (&'static str, &'static str),
     comm: &Communicator,
     stream: &Stream,
-    input: &DeviceBuffer<T>,
-    output: &mut DeviceBuffer<T>,
+    input: &dyn DeviceRead<T>,
+    output: &mut dyn DeviceWrite<T>,
     rows: usize,
     cols: usize,
 ) -> Result<()> {
@@ -201,8 +201,8 @@ fn run<T: CommElement>(
             output.len(),
         ));
     }
-    let bytes = |b: &DeviceBuffer<T>| b.addr()..b.addr() + (b.len() * T::DTYPE.size()) as u64;
-    let (bi, bo) = (bytes(input), bytes(output));
+    let bytes = |b: &dyn DeviceRead<T>| b.addr()..b.addr() + (b.len() * T::DTYPE.size()) as u64;
+    let (bi, bo) = (bytes(input), bytes(output.as_read()));
     if n > 0 && on > 0 && bi.start < bo.end && bo.start < bi.end {
         return Err(Error::invalid(
             OP,

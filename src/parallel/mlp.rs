@@ -19,7 +19,7 @@
 //! GeLU output and pre-activation) from the last forward; `backward` must
 //! follow a forward of the same `tokens` and be given the same input.
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceBuffer, DeviceRead, DeviceWrite, Stream};
 use crate::comm::Communicator;
 use crate::core::{Error, Result};
 use crate::ops::Gelu;
@@ -248,8 +248,8 @@ impl<T: TpElement> TpMlp<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        output: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        output: &mut dyn DeviceWrite<T>,
         tokens: usize,
     ) -> Result<()> {
         // Everything that can be wrong with the call is checked before the
@@ -289,9 +289,9 @@ impl<T: TpElement> TpMlp<T> {
         &mut self,
         comm: &Communicator,
         stream: &Stream,
-        input: &DeviceBuffer<T>,
-        grad_output: &DeviceBuffer<T>,
-        grad_input: &mut DeviceBuffer<T>,
+        input: &dyn DeviceRead<T>,
+        grad_output: &dyn DeviceRead<T>,
+        grad_input: &mut dyn DeviceWrite<T>,
         grads: MlpGrads<'_, T>,
     ) -> Result<()> {
         let Some((tokens, h, pre)) = self.saved.as_ref() else {

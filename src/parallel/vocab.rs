@@ -31,7 +31,7 @@
 //! the batch divides by the number of rows not ignored, as PyTorch's
 //! `reduction='mean'` does.
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceBuffer, DeviceRead, DeviceWrite, Stream};
 use crate::comm::{CommElement, Communicator, ReduceOp};
 use crate::core::dtype::FloatElement;
 use crate::core::plan::vocab_parallel::MAX_GRID_X;
@@ -100,7 +100,7 @@ fn check_len<T: Element>(
     op: &'static str,
     arg: &'static str,
     stream: &Stream,
-    buf: &DeviceBuffer<T>,
+    buf: &dyn DeviceRead<T>,
     len: usize,
     what: &str,
 ) -> Result<()> {
@@ -188,9 +188,9 @@ impl VocabParallelEmbedding {
         &self,
         comm: &Communicator,
         stream: &Stream,
-        ids: &DeviceBuffer<I>,
-        weight_shard: &DeviceBuffer<T>,
-        out: &mut DeviceBuffer<T>,
+        ids: &dyn DeviceRead<I>,
+        weight_shard: &dyn DeviceRead<T>,
+        out: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         let (start, rows) = self.layout(EMB_FWD, comm)?;
         let tokens = ids.len();
@@ -236,9 +236,9 @@ impl VocabParallelEmbedding {
         &self,
         comm: &Communicator,
         stream: &Stream,
-        ids: &DeviceBuffer<I>,
-        dy: &DeviceBuffer<T>,
-        dweight: &mut DeviceBuffer<f32>,
+        ids: &dyn DeviceRead<I>,
+        dy: &dyn DeviceRead<T>,
+        dweight: &mut dyn DeviceWrite<f32>,
         accumulate: bool,
     ) -> Result<()> {
         let (start, rows) = self.layout(EMB_BWD, comm)?;
@@ -409,9 +409,9 @@ impl VocabParallelCrossEntropy {
         &self,
         comm: &Communicator,
         stream: &Stream,
-        logits: &DeviceBuffer<T>,
-        labels: &DeviceBuffer<I>,
-        loss: &mut DeviceBuffer<f32>,
+        logits: &dyn DeviceRead<T>,
+        labels: &dyn DeviceRead<I>,
+        loss: &mut dyn DeviceWrite<f32>,
     ) -> Result<CrossEntropySaved> {
         let (n, start, inv_vocab) = self.check::<I>(CE_FWD, comm)?;
         check_len(CE_FWD, "logits", stream, logits, n, "[tokens, shard_vocab]")?;
@@ -457,11 +457,11 @@ impl VocabParallelCrossEntropy {
         &self,
         comm: &Communicator,
         stream: &Stream,
-        logits: &DeviceBuffer<T>,
-        labels: &DeviceBuffer<I>,
+        logits: &dyn DeviceRead<T>,
+        labels: &dyn DeviceRead<I>,
         saved: &CrossEntropySaved,
-        dloss: &DeviceBuffer<f32>,
-        grad: &mut DeviceBuffer<T>,
+        dloss: &dyn DeviceRead<f32>,
+        grad: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
         let (n, ..) = self.check::<I>(CE_BWD, comm)?;
         check_len(CE_BWD, "grad", stream, grad, n, "[tokens, shard_vocab]")?;
@@ -473,10 +473,10 @@ impl VocabParallelCrossEntropy {
         &self,
         comm: &Communicator,
         stream: &Stream,
-        logits: &mut DeviceBuffer<T>,
-        labels: &DeviceBuffer<I>,
+        logits: &mut dyn DeviceWrite<T>,
+        labels: &dyn DeviceRead<I>,
         saved: &CrossEntropySaved,
-        dloss: &DeviceBuffer<f32>,
+        dloss: &dyn DeviceRead<f32>,
     ) -> Result<()> {
         let addr = logits.addr();
         self.backward_unchecked(comm, stream, logits, labels, saved, dloss, addr)
@@ -487,10 +487,10 @@ impl VocabParallelCrossEntropy {
         &self,
         comm: &Communicator,
         stream: &Stream,
-        logits: &DeviceBuffer<T>,
-        labels: &DeviceBuffer<I>,
+        logits: &dyn DeviceRead<T>,
+        labels: &dyn DeviceRead<I>,
         saved: &CrossEntropySaved,
-        dloss: &DeviceBuffer<f32>,
+        dloss: &dyn DeviceRead<f32>,
         grad: u64,
     ) -> Result<()> {
         let (n, start, inv_vocab) = self.check::<I>(CE_BWD, comm)?;

@@ -395,7 +395,13 @@ pub unsafe extern "C" fn ftn_adam_step(
             weight_decay: &wd,
         };
         let mut fa = a.adam.lock().unwrap_or_else(|p| p.into_inner());
-        fa.step(&s.stream, &mut t, &mut sc, fi.as_ref(), unscale)
+        fa.step(
+            &s.stream,
+            &mut t,
+            &mut sc,
+            fi.as_ref().map(|b| b as _),
+            unscale,
+        )
     })
 }
 

@@ -64,7 +64,7 @@ pub unsafe extern "C" fn ftn_bias_gelu_forward(
                     view::<T>(&dev, op, "out", out, sh.n)?,
                 )
             };
-            BiasGelu::new(sh.rows, sh.cols).with_gelu(g).forward(&s.stream, &xv, bv.as_ref(), &mut ov)
+            BiasGelu::new(sh.rows, sh.cols).with_gelu(g).forward(&s.stream, &xv, bv.as_ref().map(|b| b as _), &mut ov)
         })
     })
 }
@@ -110,9 +110,9 @@ pub unsafe extern "C" fn ftn_bias_gelu_backward(
                 &s.stream,
                 &dyv,
                 &xv,
-                bv.as_ref(),
+                bv.as_ref().map(|b| b as _),
                 &mut dxv,
-                dbv.as_mut(),
+                dbv.as_mut().map(|b| b as _),
             )
         })
     })

@@ -235,8 +235,8 @@ unsafe fn gemm_t<
     let inputs = GemmInputs {
         a: &av,
         b: &bv,
-        bias: biasv.as_ref(),
-        c: cv.as_ref(),
+        bias: biasv.as_ref().map(|b| b as _),
+        c: cv.as_ref().map(|b| b as _),
     };
     gemm.run(&s.stream, inputs, aux, &mut dv)
 }

@@ -89,7 +89,7 @@ pub unsafe extern "C" fn ftn_layer_norm_forward(
                     view::<f32>(&dev, op, "rstd", rstd as *const c_void, sh.rows)?,
                 )
             };
-            ln.forward(&s.stream, &xv, gv.as_ref(), bv.as_ref(), &mut yv, &mut mv, &mut rv)
+            ln.forward(&s.stream, &xv, gv.as_ref().map(|b| b as _), bv.as_ref().map(|b| b as _), &mut yv, &mut mv, &mut rv)
         })
     })
 }
@@ -139,7 +139,7 @@ pub unsafe extern "C" fn ftn_layer_norm_backward(
                     opt_view::<T>(&dev, op, "dbeta", dbeta, sh.cols)?,
                 )
             };
-            ln.backward(&s.stream, &dyv, &xv, &mv, &rv, gv.as_ref(), &mut dxv, dgv.as_mut(), dbv.as_mut())
+            ln.backward(&s.stream, &dyv, &xv, &mv, &rv, gv.as_ref().map(|b| b as _), &mut dxv, dgv.as_mut().map(|b| b as _), dbv.as_mut().map(|b| b as _))
         })
     })
 }
@@ -182,7 +182,7 @@ pub unsafe extern "C" fn ftn_rms_norm_forward(
                     view::<f32>(&dev, op, "rstd", rstd as *const c_void, sh.rows)?,
                 )
             };
-            rms.forward(&s.stream, &xv, gv.as_ref(), &mut yv, &mut rv)
+            rms.forward(&s.stream, &xv, gv.as_ref().map(|b| b as _), &mut yv, &mut rv)
         })
     })
 }
@@ -226,7 +226,7 @@ pub unsafe extern "C" fn ftn_rms_norm_backward(
                     opt_view::<T>(&dev, op, "dgamma", dgamma, sh.cols)?,
                 )
             };
-            rms.backward(&s.stream, &dyv, &xv, &rv, gv.as_ref(), &mut dxv, dgv.as_mut())
+            rms.backward(&s.stream, &dyv, &xv, &rv, gv.as_ref().map(|b| b as _), &mut dxv, dgv.as_mut().map(|b| b as _))
         })
     })
 }

@@ -270,7 +270,7 @@ impl<T: TpElement> GradViews<T> {
                 WeightView::Store(b) => WeightGrad::Store(b),
                 WeightView::Accumulate(b) => WeightGrad::Accumulate(b),
             },
-            bias: self.bias.as_mut(),
+            bias: self.bias.as_mut().map(|b| b as _),
         }
     }
 }

@@ -263,7 +263,14 @@ unsafe fn column_forward_t<T: TpElement>(
             )?,
         )
     };
-    l.forward(c.comm, c.stream, &x, &mut y, p.as_mut(), tokens)
+    l.forward(
+        c.comm,
+        c.stream,
+        &x,
+        &mut y,
+        p.as_mut().map(|b| b as _),
+        tokens,
+    )
 }
 
 /// Forward on `stream`: `output = [act](input W^T + b)`. `input`: `[tokens,
@@ -341,7 +348,7 @@ unsafe fn column_backward_t<T: TpElement>(
         c.stream,
         &x,
         &dy,
-        p.as_ref(),
+        p.as_ref().map(|b| b as _),
         &mut dx,
         gv.as_grads(),
         tokens,
@@ -610,7 +617,7 @@ unsafe fn row_backward_t<T: TpElement>(
             GradViews::<T>::read(&c.dev, op, "grads", grads, nw, l.out_features)?,
         )
     };
-    let fused = act.zip(pre.as_ref());
+    let fused = act.zip(pre.as_ref().map(|b| b as _));
     l.backward(
         c.comm,
         c.stream,

@@ -6,6 +6,7 @@
 //! through pinned staging ([`staging`]).
 
 pub(crate) mod cublaslt;
+mod interop;
 mod memory;
 mod staging;
 
@@ -89,6 +90,13 @@ impl CudaDevice {
         // Ordering is ours (streams + events), as in CUDA C.
         // SAFETY: we never use cudarc's CudaSlice, whose safety relies on it.
         unsafe { ctx.disable_event_tracking() };
+        Self::on_context(ctx)
+    }
+
+    /// A device on an existing context (shared with its creator, e.g. a
+    /// cudarc user; its event-tracking setting is left as it is).
+    pub fn on_context(ctx: Arc<CudaContext>) -> Result<CudaDevice> {
+        let ordinal = ctx.ordinal();
         let name = ctx
             .name()
             .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
@@ -132,6 +140,34 @@ impl CudaDevice {
 
     pub fn new_stream(&self) -> Result<CudaStreamHandle> {
         CudaStreamHandle::new(&self.ctx, &self.mem)
+    }
+
+    /// The context (shared).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Wraps a stream of this device's context made elsewhere (shared:
+    /// destroyed when its last holder drops it). Another context's stream
+    /// is a `DeviceMismatch` naming `stream`.
+    pub fn wrap_stream(
+        &self,
+        op: &'static str,
+        stream: Arc<CudaStream>,
+    ) -> Result<CudaStreamHandle> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::DeviceMismatch {
+                op,
+                arg: "stream",
+                than: "the device (a stream of another CUDA context)",
+            });
+        }
+        self.mem.register(&stream);
+        Ok(CudaStreamHandle {
+            stream,
+            mem: self.mem.clone(),
+            staging: Mutex::new(None),
+        })
     }
 
     pub fn new_event(&self) -> Result<CudaEventHandle> {
@@ -345,6 +381,11 @@ impl CudaStreamHandle {
 
     pub fn raw(&self) -> sys::CUstream {
         self.stream.cu_stream()
+    }
+
+    /// The cudarc stream (shared).
+    pub fn cudarc(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
     pub(crate) fn bind(&self) -> Result<()> {

@@ -505,8 +505,13 @@ impl DistributedOptimizer {
                 model: Some(&mut ml),
                 weight_decay: &wd,
             };
-            self.adam
-                .step(compute, &mut t, scalars, found, Unscale::None)?;
+            self.adam.step(
+                compute,
+                &mut t,
+                scalars,
+                found.map(|b| b as _),
+                Unscale::None,
+            )?;
         }
 
         // Plain DDP: every rank updated every parameter; nothing to gather.
