@@ -21,7 +21,7 @@ use ferrotron::parallel::ddp::{
 };
 use ferrotron::parallel::linear::{LinearGrads, WeightGrad};
 use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
-use ferrotron::{DType, DeviceBuffer, Stream};
+use ferrotron::{DType, DeviceBuffer, DeviceWrite, Stream};
 use half::bf16;
 
 const H: usize = 8;
@@ -97,9 +97,9 @@ fn forward_backward(
     x: &[bf16],
     dy: &[bf16],
     tokens: usize,
-    g: [&mut DeviceBuffer<bf16>; 2],
-    fc1: (&mut DeviceBuffer<f32>, &mut DeviceBuffer<bf16>),
-    fc2: (&mut DeviceBuffer<f32>, &mut DeviceBuffer<bf16>),
+    g: [&mut dyn DeviceWrite<bf16>; 2],
+    fc1: (&mut dyn DeviceWrite<f32>, &mut dyn DeviceWrite<bf16>),
+    fc2: (&mut dyn DeviceWrite<f32>, &mut dyn DeviceWrite<bf16>),
 ) {
     let dev = tp.device();
     let rows = x.len() / H;

@@ -398,7 +398,7 @@ impl<T: Element> DeviceRead<T> for crate::parallel::ddp::BufferView<'_, T> {
 
 impl<T: Element> DeviceWrite<T> for crate::parallel::ddp::BufferView<'_, T> {
     fn view_mut(&mut self) -> DeviceSliceMut<'_, T> {
-        DeviceWrite::view_mut(&mut **self)
+        DeviceWrite::view_mut(self.inner_mut())
     }
     fn as_read(&self) -> &dyn DeviceRead<T> {
         self

@@ -4,7 +4,7 @@
 //! epilogue with a `[1, 1]` matrix of one, `main[1, n] += 1 · g[1, n]` —
 //! exact, since `1 · g` is.
 
-use crate::backend::{Device, DeviceBuffer, Stream};
+use crate::backend::{Device, DeviceBuffer, DeviceWrite, Stream};
 use crate::core::dtype::FloatElement;
 use crate::core::Result;
 use crate::ops::gemm::{Aux, Gemm, GemmInputs};
@@ -25,7 +25,7 @@ impl<T: FloatElement> Accumulator<T> {
         &self,
         stream: &Stream,
         g: &DeviceBuffer<T>,
-        main: &mut DeviceBuffer<f32>,
+        main: &mut dyn DeviceWrite<f32>,
     ) -> Result<()> {
         Gemm::new(1, g.len(), 1).beta(1.0).run(
             stream,

@@ -376,8 +376,8 @@ impl<T: TpElement> Layer<T> {
                 },
             )?;
         }
-        ctx.acc.add(s, &fc1_b, &mut *g(9)?)?;
-        ctx.acc.add(s, &tmp_h, &mut *g(11)?)?;
+        ctx.acc.add(s, &fc1_b, &mut g(9)?)?;
+        ctx.acc.add(s, &tmp_h, &mut g(11)?)?;
         // LN2, then the residual: dx2 = dout + LN2'(dy2).
         let mut dx2 = dev.alloc_zeros::<T>(t * h)?;
         ln.backward(
@@ -391,8 +391,8 @@ impl<T: TpElement> Layer<T> {
             Some(&mut tmp_h),
             Some(&mut tmp_h2),
         )?;
-        ctx.acc.add(s, &tmp_h, &mut *g(6)?)?;
-        ctx.acc.add(s, &tmp_h2, &mut *g(7)?)?;
+        ctx.acc.add(s, &tmp_h, &mut g(6)?)?;
+        ctx.acc.add(s, &tmp_h2, &mut g(7)?)?;
         let add = BiasDropoutAdd::new(t, h, 0.0);
         // dy2 is free: dx2 + dout into it.
         add.forward(s, &dx2, None, dout, &mut dy2, DropoutMode::Eval)?;
@@ -425,8 +425,8 @@ impl<T: TpElement> Layer<T> {
                 },
             )?;
         }
-        ctx.acc.add(s, &qkv_b, &mut *g(3)?)?;
-        ctx.acc.add(s, &tmp_h, &mut *g(5)?)?;
+        ctx.acc.add(s, &qkv_b, &mut g(3)?)?;
+        ctx.acc.add(s, &tmp_h, &mut g(5)?)?;
         // LN1, then the residual: dx = dx2 + LN1'(dy1).
         ln.backward(
             s,
@@ -439,8 +439,8 @@ impl<T: TpElement> Layer<T> {
             Some(&mut tmp_h),
             Some(&mut tmp_h2),
         )?;
-        ctx.acc.add(s, &tmp_h, &mut *g(0)?)?;
-        ctx.acc.add(s, &tmp_h2, &mut *g(1)?)?;
+        ctx.acc.add(s, &tmp_h, &mut g(0)?)?;
+        ctx.acc.add(s, &tmp_h2, &mut g(1)?)?;
         add.forward(s, &dm, None, &dx2, dx, DropoutMode::Eval)
     }
 }

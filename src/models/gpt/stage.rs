@@ -642,7 +642,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
                 c: None,
             },
             Aux::None,
-            &mut *grads.grad::<f32>(wid)?,
+            &mut grads.grad::<f32>(wid)?,
         )?;
         let (mut dg, mut db) = (dev.alloc_zeros::<T>(h)?, dev.alloc_zeros::<T>(h)?);
         let mut dx = dev.alloc_zeros::<T>(t * h)?;
@@ -658,8 +658,8 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             Some(&mut db),
         )?;
         let acc = &self.stage.acc;
-        acc.add(stream, &dg, &mut *grads.grad::<f32>(hd.ln_ids[0])?)?;
-        acc.add(stream, &db, &mut *grads.grad::<f32>(hd.ln_ids[1])?)?;
+        acc.add(stream, &dg, &mut grads.grad::<f32>(hd.ln_ids[0])?)?;
+        acc.add(stream, &db, &mut grads.grad::<f32>(hd.ln_ids[1])?)?;
         Ok(dx)
     }
 

@@ -217,7 +217,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         // Plain DDP: the optimizer, replicated, needs the parameter buffers.
         ddp.allocate_param_buffers()?;
         for (p, &id) in stage.params_mut().into_iter().zip(&order) {
-            compute.copy_device(p.buf, &mut *ddp.buffers().param::<T>(id)?)?;
+            compute.copy_device(p.buf, &mut ddp.buffers().param::<T>(id)?)?;
         }
         compute.synchronize()?;
         let mut opt = DistributedOptimizer::new(
@@ -425,7 +425,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
             let buf = dev.upload(&host)?;
             self.compute.copy_device(&buf, p.buf)?;
             self.compute
-                .copy_device(&buf, &mut *self.ddp.buffers().param::<T>(id)?)?;
+                .copy_device(&buf, &mut self.ddp.buffers().param::<T>(id)?)?;
         }
         self.compute.synchronize()
     }

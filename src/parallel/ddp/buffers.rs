@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 
 use crate::backend::{AnyBuffer, Device, DeviceBuffer};
 use crate::core::ddp_layout::{self, GroupLayout, LayoutConfig};
@@ -178,6 +178,21 @@ impl ParamRegistry {
 
 /// A borrowed `DeviceBuffer` view into a contiguous buffer, valid while the
 /// buffers it was taken from are borrowed.
+///
+/// It reads as a `&DeviceBuffer` and writes as a [`DeviceWrite`]
+/// (every op's output type), but never lends `&mut DeviceBuffer`: the
+/// non-owning buffer inside could otherwise be swapped out and outlive the
+/// borrow it depends on:
+///
+/// ```compile_fail,E0596
+/// use ferrotron::parallel::ddp::BufferView;
+/// use ferrotron::DeviceBuffer;
+/// fn escape(mut v: BufferView<'_, f32>, mut owned: DeviceBuffer<f32>) {
+///     std::mem::swap(&mut *v, &mut owned);
+/// }
+/// ```
+///
+/// [`DeviceWrite`]: crate::DeviceWrite
 pub struct BufferView<'a, T: Element> {
     buf: DeviceBuffer<T>,
     _owner: PhantomData<&'a ()>,
@@ -196,8 +211,11 @@ impl<T: Element> Deref for BufferView<'_, T> {
     }
 }
 
-impl<T: Element> DerefMut for BufferView<'_, T> {
-    fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
+impl<'a, T: Element> BufferView<'a, T> {
+    /// The wrapped non-owning buffer, mutably, for this crate's view impls
+    /// only: handing out `&mut DeviceBuffer` publicly would let safe code
+    /// `mem::swap` the non-owning buffer out past the borrow it depends on.
+    pub(crate) fn inner_mut(&mut self) -> &mut DeviceBuffer<T> {
         &mut self.buf
     }
 }

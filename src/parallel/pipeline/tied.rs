@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceBuffer, DeviceWrite, Stream};
 use crate::comm::{CommElement, Communicator, ReduceOp, DEFAULT_TIMEOUT};
 use crate::core::{Error, Result};
 
@@ -79,7 +79,7 @@ impl TiedEmbeddingGroup {
     pub fn allreduce<T: CommElement>(
         &self,
         stream: &Stream,
-        grad: &mut DeviceBuffer<T>,
+        grad: &mut dyn DeviceWrite<T>,
         timeout: Duration,
     ) -> Result<()> {
         let Some(g) = &self.group else {
