@@ -394,13 +394,27 @@ void check_desc(Worker &w, const WgOp &op, bool is_a, uint32_t &lo, uint32_t &hi
     }
 }
 
-void compute(Worker &w, HopperBlock &h, std::deque<WgOp> &ops, uint32_t base, WgOp &op) {
+// The operands' bytes as at the first thread's issue (snapshot), checked
+// when the op is computed and at its first retirement: shared memory
+// operands may not change while the wgmma is in flight.
+void snapshot(Worker &w, WgOp &op) {
   uint32_t lo = ~0u, hi = 0;
   check_desc(w, op, true, lo, hi);
   check_desc(w, op, false, lo, hi);
   op.lo = lo;
   op.hi = hi;
   op.snap.assign(w.arena + lo, w.arena + hi);
+}
+void check_snapshot(Worker &w, const WgOp &op, const char *file, unsigned line) {
+  if (std::memcmp(op.snap.data(), w.arena + op.lo, op.snap.size()) != 0)
+    fail(strprintf("%s at %s:%u: a shared-memory operand of the wgmma issued at %s:%u was "
+                   "modified while it was in flight (smem operands may not be written between "
+                   "the warpgroup's wgmma and the wait_group that retires it)",
+                   file == op.file ? "wgmma" : "wgmma.wait_group", file, line, op.file, op.line));
+}
+
+void compute(Worker &w, HopperBlock &h, std::deque<WgOp> &ops, uint32_t base, WgOp &op) {
+  check_snapshot(w, op, op.file, op.line);
   const int n = op.n, regs = n / 2;
   std::vector<double> a(64 * 16), b(size_t(n) * 16);
   for (int m = 0; m < 64; ++m)
@@ -475,6 +489,7 @@ void wgmma(int n, bool bf16, float *d, WgmmaAccState *st, uint64_t desc_a, uint6
     op.dst.assign(128, nullptr);
     op.st.assign(128, nullptr);
     ops.push_back(std::move(op));
+    snapshot(w, ops.back());
   }
   WgOp &op = ops[idx];
   if (op.n != n || op.bf16 != bf16 || op.scale_d != scale_d || op.sa != scale_a ||
@@ -534,11 +549,7 @@ void wgmma_wait(int n, const char *file, unsigned line) {
     WgOp &op = ops[p.first - h.wg_base[wgi]];
     if (!op.checked) {
       op.checked = true;
-      if (std::memcmp(op.snap.data(), w.arena + op.lo, op.snap.size()) != 0)
-        fail(strprintf("wgmma.wait_group at %s:%u: a shared-memory operand of the wgmma issued "
-                       "at %s:%u was modified while it was in flight (smem operands may not be "
-                       "written before the wait_group that retires it)",
-                       file, line, op.file, op.line));
+      check_snapshot(w, op, file, line);
     }
     WgmmaAccState *st = op.st[slot];
     if (st->op == op.serial + 1) {  // no later wgmma accumulates onto it
