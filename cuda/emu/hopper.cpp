@@ -119,7 +119,7 @@ void land_tma(Worker &w, uint32_t off) {
   std::vector<TmaCopy> landed;
   for (size_t i = 0; i < h.tma.size(); ++i) {
     if (h.tma[i].bar == off) landed.push_back(std::move(h.tma[i]));
-    else h.tma[keep++] = std::move(h.tma[i]);
+    else if (keep++ != i) h.tma[keep - 1] = std::move(h.tma[i]);  // never a self-move
   }
   h.tma.resize(keep);
   for (TmaCopy &c : landed) {

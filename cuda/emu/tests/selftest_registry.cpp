@@ -61,7 +61,8 @@
   X(mbarrier_phases)                \
   X(setmaxnreg)                     \
   X(tma_swizzle_bytes)              \
-  X(tma_strict)
+  X(tma_strict)                     \
+  X(hopper_gemm_pipeline)
 
 #define DECLARE(n) void test_##n();
 FTN_EMU_TESTS(DECLARE)
