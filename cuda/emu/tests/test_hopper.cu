@@ -19,6 +19,7 @@
 #include "selftest.h"
 
 using ftn_emu_test::Failure;
+using ftn_emu_test::StrictOn;
 
 namespace {
 // ------------------------------------------- the CuTe-side derivation
@@ -330,6 +331,7 @@ FTN_KERNEL(st_mbarrier_overflow, BarParams, p) {
 }
 
 void test_mbarrier_phases() {
+  StrictOn strict;
   unsigned out[8] = {};
   BarParams p{4, 0, out};
   LAUNCH_OK(st_mbarrier, p, dim3(1), dim3(128));
@@ -429,6 +431,7 @@ void test_tma_swizzle_bytes() {
 
 // Planted TMA bugs and cuTensorMapEncodeTiled's argument checks.
 void test_tma_strict() {
+  StrictOn strict;
   alignas(16) static uint16_t t[kH * kW];
   ftn_emu_tensor_map m;
   CHECK(encode(&m, t, 64, 16, FTN_TMAP_SWIZZLE_128B) == 0, "encode");
