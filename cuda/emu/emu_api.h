@@ -58,6 +58,39 @@ size_t ftn_emu_schedule(char *buf, size_t len);
 #define FTN_EMU_MAX_STATIC_SMEM 49152u      /* 48 KiB of __shared__ */
 #define FTN_EMU_MAX_SMEM_PER_BLOCK 232448u  /* 227 KiB, static + dynamic */
 
+/* TMA descriptors: the emulator's cuTensorMapEncodeTiled (same arguments,
+ * checks and enum values as the CUDA driver's; cuda/emu/README.md, "Hopper
+ * asynchronous instructions"). Writes a 128-byte, 64-byte-aligned opaque
+ * map that the emulator's cp.async.bulk.tensor reads. Returns 0
+ * (CUDA_SUCCESS) or 1 (CUDA_ERROR_INVALID_VALUE) with a message naming the
+ * argument in err[0..err_len) (may be NULL). */
+#ifdef __cplusplus
+#define FTN_EMU_ALIGN64 alignas(64)
+#else
+#define FTN_EMU_ALIGN64 _Alignas(64)
+#endif
+typedef struct ftn_emu_tensor_map {
+  FTN_EMU_ALIGN64 uint64_t opaque[16];
+} ftn_emu_tensor_map;
+enum {
+  FTN_TMAP_UINT8 = 0, FTN_TMAP_UINT16 = 1, FTN_TMAP_UINT32 = 2, FTN_TMAP_INT32 = 3,
+  FTN_TMAP_UINT64 = 4, FTN_TMAP_INT64 = 5, FTN_TMAP_FLOAT16 = 6, FTN_TMAP_FLOAT32 = 7,
+  FTN_TMAP_FLOAT64 = 8, FTN_TMAP_BFLOAT16 = 9, FTN_TMAP_FLOAT32_FTZ = 10,
+  FTN_TMAP_TFLOAT32 = 11, FTN_TMAP_TFLOAT32_FTZ = 12
+};
+enum { FTN_TMAP_INTERLEAVE_NONE = 0, FTN_TMAP_INTERLEAVE_16B = 1, FTN_TMAP_INTERLEAVE_32B = 2 };
+enum {
+  FTN_TMAP_SWIZZLE_NONE = 0, FTN_TMAP_SWIZZLE_32B = 1, FTN_TMAP_SWIZZLE_64B = 2,
+  FTN_TMAP_SWIZZLE_128B = 3
+};
+enum { FTN_TMAP_OOB_FILL_NONE = 0, FTN_TMAP_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1 };
+int ftn_emu_tensor_map_encode_tiled(ftn_emu_tensor_map *map, int dtype, uint32_t rank,
+                                    void *global_address, const uint64_t *global_dim,
+                                    const uint64_t *global_strides, const uint32_t *box_dim,
+                                    const uint32_t *element_strides, int interleave,
+                                    int swizzle, int l2_promotion, int oob_fill, char *err,
+                                    size_t err_len);
+
 /* Bit-exact scalar conversions (round to nearest even, as the CUDA headers),
  * exported so tests can compare them with the `half` crate. */
 uint16_t ftn_emu_f32_to_f16_bits(float x);

@@ -25,7 +25,9 @@
 
 namespace ftn_emu::detail {
 
-enum class TState : uint8_t { NotStarted, Runnable, WaitBarrier, WaitWarp, Done };
+// WaitAsync: in an mbarrier wait or wgmma.wait_group (hopper.cpp), runnable
+// again when an mbarrier phase or a wgmma completes (it then re-checks).
+enum class TState : uint8_t { NotStarted, Runnable, WaitBarrier, WaitWarp, WaitAsync, Done };
 
 struct Stack {
   char *base = nullptr;  // usable [base, base + size); a guard page lies below
@@ -62,7 +64,19 @@ struct Thread {
   std::vector<PendingCopy> pending;
   uint32_t groups_committed = 0;
   bool in_mma_batch = false;  // between ftn_mma_batch_begin and _end
+  // Hopper asynchronous instructions (hopper.cpp): wgmma.fence count,
+  // wgmmas issued and groups committed, this thread's wgmmas not yet
+  // retired by a wgmma.wait_group (op serial, group; 0 = uncommitted), and
+  // for each mbarrier it waited on the last phase it saw complete.
+  uint32_t wg_fences = 0, wg_issued = 0, wg_groups = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> wg_pending;
+  std::vector<std::pair<uint32_t, uint32_t>> mbar_seen;  // (smem offset, phase + 1)
+  unsigned spins = 0;  // consecutive test_waits that found the phase incomplete
 };
+
+struct HopperBlock;  // hopper.cpp: a block's mbarriers, TMA copies and wgmma ops
+void hopper_block_reset(HopperBlock *&h);  // a new block (frees with nullptr)
+void hopper_free(HopperBlock *h);
 
 
 // A tensor-core op a lane recorded inside an emulator mma batch
@@ -196,6 +210,7 @@ struct Worker {
   uint64_t block_linear = 0;             // the running block's index in the grid
   std::vector<uint32_t> race_touched;    // global write-table entries this worker set
   std::vector<unsigned> order, rank, warp_pos;  // warp_pos: where a warp starts in order
+  HopperBlock *hopper = nullptr;  // allocated on first use (hopper.cpp)
   // ASan bookkeeping: the scheduler's own stack.
   const void *sched_stack_bottom = nullptr;
   size_t sched_stack_size = 0;
@@ -254,6 +269,10 @@ void race_launch_end(Launch &l);
 
 // cp_async.cpp
 void cp_async_drop(Thread &t);
+
+// hopper.cpp: where a TMA copy in flight over arena byte `addr` was issued
+// ("" if none), for the race check's report of an early access.
+std::string tma_pending_name(Worker &w, const char *addr);
 
 // mma_emu.cpp: runs the warp's recorded tensor-core ops (a no-op when there
 // are none). Called where every lane of the warp is parked or running the

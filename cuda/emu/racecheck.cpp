@@ -179,10 +179,12 @@ std::string tname(const Worker &w, unsigned linear) {
       if (addr >= static_cast<const char *>(c.dst) &&
           addr < static_cast<const char *>(c.dst) + c.size)
         issuer = tname(w, t.pub.linear) + strprintf(" (cp.async at %s:%u)", c.file, c.line);
-  fail(strprintf("%s %s %s at %s before the cp.async.wait_group that lands the copy %s issued "
-                 "there (its data is not there yet on a GPU)",
+  std::string before = "the cp.async.wait_group that lands the copy " + issuer + " issued there";
+  const std::string tma = tma_pending_name(w, addr);
+  if (!tma.empty()) before = tma;
+  fail(strprintf("%s %s %s at %s before %s (its data is not there yet on a GPU)",
                  tname(w, w.cur->pub.linear).c_str(), write ? "writes" : "reads",
-                 offset_name(w, off).c_str(), where(pc).c_str(), issuer.c_str()));
+                 offset_name(w, off).c_str(), where(pc).c_str(), before.c_str()));
 }
 
 void check(Worker &w, uintptr_t off, size_t n, bool write, const void *pc) {

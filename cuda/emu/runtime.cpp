@@ -322,7 +322,9 @@ std::string describe_deadlock(const Worker &w) {
   };
   std::vector<Group> groups;
   for (const Thread &t : w.threads) {
-    if (t.state != TState::WaitBarrier && t.state != TState::WaitWarp) continue;
+    if (t.state != TState::WaitBarrier && t.state != TState::WaitWarp &&
+        t.state != TState::WaitAsync)
+      continue;
     int op = t.state == TState::WaitWarp ? t.wait_op : -1;
     unsigned mask = t.state == TState::WaitWarp ? t.wait_mask : 0;
     bool found = false;
@@ -339,8 +341,9 @@ std::string describe_deadlock(const Worker &w) {
                               w.blk.bid.y, w.blk.bid.z);
   for (size_t i = 0; i < groups.size() && i < 8; ++i) {
     const Group &g = groups[i];
-    std::string what = g.st == TState::WaitBarrier
-                           ? std::string("__syncthreads")
+    std::string what = g.st == TState::WaitBarrier ? std::string("__syncthreads")
+                       : g.st == TState::WaitAsync
+                           ? std::string("an mbarrier wait or wgmma.wait_group")
                            : strprintf("%s(mask=0x%08x)", warp_op_name(g.op), g.mask);
     msg += strprintf(" %u thread(s) wait at %s (%s:%u), e.g. thread (%u,%u,%u);", g.count,
                      what.c_str(), g.file, g.line, g.first->pub.tid.x, g.first->pub.tid.y,
@@ -377,14 +380,16 @@ void setup_launch(Worker &w, Launch &l) {
   w.dyn_bytes = d.dynamic_smem_bytes;
   w.static_off = round_up(w.dyn_bytes, 64) + kRedzone;
   w.arena_size = w.static_off + FTN_EMU_MAX_STATIC_SMEM + kRedzone;
-  w.arena = static_cast<char *>(::operator new(w.arena_size, std::align_val_t(64)));
+  w.arena = static_cast<char *>(::operator new(w.arena_size, std::align_val_t(1024)));
 }
 
 void teardown_launch(Worker &w) {
 #ifdef FTN_EMU_ASAN
   __asan_unpoison_memory_region(w.arena, w.arena_size);
 #endif
-  ::operator delete(w.arena, std::align_val_t(64));
+  ::operator delete(w.arena, std::align_val_t(1024));
+  hopper_free(w.hopper);
+  w.hopper = nullptr;
   w.arena = nullptr;
   stacks_return(w.free_stacks);
 }
@@ -399,7 +404,11 @@ void run_block(Worker &w, uint64_t b) {
     t.state = TState::NotStarted;
     t.in_mma_batch = false;
     cp_async_drop(t);
+    t.wg_fences = t.wg_issued = t.wg_groups = t.spins = 0;
+    t.wg_pending.clear();
+    t.mbar_seen.clear();
   }
+  hopper_block_reset(w.hopper);
   schedule_block(w, b);
   w.epoch = w.block_serial = next_epoch();
   for (Warp &wp : w.warps) {

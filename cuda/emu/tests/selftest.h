@@ -44,6 +44,16 @@ class ScheduleGuard {
   std::string prev_;
 };
 
+// Strict mode on for the scope (some checks are strict-mode only; builds
+// without the race check, e.g. ASan's, default to it off).
+struct StrictOn {
+  int prev = ftn_emu_set_strict(1);
+  ~StrictOn() { ftn_emu_set_strict(prev); }
+  StrictOn() = default;
+  StrictOn(const StrictOn &) = delete;
+  StrictOn &operator=(const StrictOn &) = delete;
+};
+
 }  // namespace ftn_emu_test
 
 #define CHECK(cond, ...)                                                                   \

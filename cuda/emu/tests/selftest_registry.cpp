@@ -53,7 +53,16 @@
   X(race_false_positives)           \
   X(race_global_memory)             \
   X(cp_async_deferred)              \
-  X(schedule_perturbation)
+  X(schedule_perturbation)          \
+  X(wgmma_accumulator_layout)       \
+  X(wgmma_operand_layouts)          \
+  X(wgmma_f64_oracle)               \
+  X(wgmma_strict)                   \
+  X(mbarrier_phases)                \
+  X(setmaxnreg)                     \
+  X(tma_swizzle_bytes)              \
+  X(tma_strict)                     \
+  X(hopper_gemm_pipeline)
 
 #define DECLARE(n) void test_##n();
 FTN_EMU_TESTS(DECLARE)
