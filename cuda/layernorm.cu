@@ -13,8 +13,10 @@
 //   warp   (cols <= 1024): one warp per row, 4 rows per 128-thread block, a
 //          grid-stride loop over rows; the row lives in registers (32 fp32
 //          per lane), reductions are shuffles.
-//   block  (cols <= 12288): one block per row (32..512 threads, <= 24 fp32
-//          per thread in registers); warp shuffles then a shared-memory step.
+//   block  (cols <= 12288): one block per row, the fewest whole warps that
+//          hold it at <= 24 fp32 per thread in registers (32..512 threads;
+//          more resident blocks per SM); warp shuffles then a shared-memory
+//          step.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it).
 // Block and global launches use a 2-D grid, one row per block (no row loop:

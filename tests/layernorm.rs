@@ -426,6 +426,31 @@ fn magnitudes_bf16() {
     magnitudes_all::<bf16>("magnitudes_bf16");
 }
 
+/// The block path's launch widths: the plan gives each thread up to 24
+/// values, so these hidden sizes run 64 (1025, 1030: scalar), 96 (2056),
+/// 192 (4096), 352 (8192) and 512 (12288) threads per row, every dtype,
+/// both kinds, vector and scalar access; an edge row count (5) so the last
+/// block-grid row is partial.
+#[test]
+fn block_path_launch_widths() {
+    let sizes = [1025usize, 1030, 2056, 4096, 8192];
+    for dev in devices("block_path_launch_widths", sizes.len() * 4) {
+        for &h in &sizes {
+            for rms in [false, true] {
+                run_case::<bf16>(&dev, Case::new(5, h, rms));
+                run_case::<f16>(&dev, Case::new(2, h, rms));
+                run_case::<f32>(&dev, Case::new(2, h, rms));
+                let scalar = Case {
+                    vectorize: false,
+                    zero_centered: true,
+                    ..Case::new(2, h, rms)
+                };
+                run_case::<bf16>(&dev, scalar);
+            }
+        }
+    }
+}
+
 /// Many rows: several parameter-gradient chunks and a multi-block warp grid.
 #[test]
 fn many_rows_several_chunks() {

@@ -72,6 +72,17 @@ pub fn vec_width(hidden: u64, elem_size: usize, aligned16: bool) -> u32 {
     }
 }
 
+/// Threads of a block-path block: the fewest whole warps that hold `hidden`
+/// at [`BLOCK_ITEMS`] values per thread (the kernel's register tile). The
+/// kernel's registers are sized for the full tile whatever the launch, so
+/// fewer threads per row means more resident blocks per SM and up to
+/// `BLOCK_ITEMS / vec` 128-bit loads in flight per thread (hidden 4096,
+/// bf16: 192 threads, 3 blocks and ~24 KiB in flight per SM on sm_90,
+/// against 512 threads and 1 block at ~8 values per thread).
+pub fn block_threads(hidden: u64) -> u64 {
+    (div_ceil(div_ceil(hidden, BLOCK_ITEMS), 32) * 32).clamp(32, BLOCK_THREADS as u64)
+}
+
 /// Grid covering `rows` rows one block each (x fastest).
 fn row_grid(rows: u64) -> [u32; 3] {
     let rows = rows.max(1);
@@ -93,8 +104,7 @@ pub fn rows(rows: u64, hidden: u64, elem_size: usize, aligned16: bool) -> RowPla
             32 * WARP_ROWS,
         ),
         RowPath::Block => {
-            // Aim at ~8 values per thread; at most BLOCK_ITEMS.
-            let threads = (div_ceil(div_ceil(hidden, 8), 32) * 32).clamp(32, BLOCK_THREADS as u64);
+            let threads = block_threads(hidden);
             LaunchConfig {
                 grid: row_grid(rows),
                 block: [threads as u32, 1, 1],
@@ -229,6 +239,8 @@ mod tests {
                         RowPath::Block => {
                             assert!(threads % 32 == 0 && threads <= BLOCK_THREADS as u64);
                             assert!(threads * BLOCK_ITEMS >= h, "{h}: {threads}");
+                            // The fewest warps that hold the row.
+                            assert!(threads == 32 || (threads - 32) * BLOCK_ITEMS < h);
                             // The kernel's chunks hold whole vectors.
                             assert_eq!(BLOCK_ITEMS % p.vec as u64, 0);
                         }

@@ -624,7 +624,10 @@ pub fn all() -> Vec<Case> {
         1024,
         [Some(0.58), Some(0.57), Some(0.65)],
     ));
-    v.extend(layernorm(32768, 4096, [Some(0.24), Some(0.58), Some(0.46)]));
+    // Hidden 4096: the H200 measurement (0.24 / 0.58 / 0.46, docs/perf.md)
+    // was of the 512-thread launch; the plan now makes 192 threads per row,
+    // so it is not compared until re-measured. (12288: still 512 threads.)
+    v.extend(layernorm(32768, 4096, [None, None, None]));
     v.extend(layernorm(16384, 8192, [None, None, None]));
     v.extend(layernorm(
         10922,
