@@ -232,7 +232,7 @@ FTN_DEVICE void vp_fold(VpSoftmaxState &st, const float (&x)[U][V]) {
 
 template <typename T, int V, bool SUMX>
 FTN_DEVICE VpSoftmaxState vp_row_stats(const T *x, int64_t cols) {
-  constexpr int U = V == 1 ? 4 : 2;
+  constexpr int U = 4;  // 4 x 16 bytes in flight per thread (the pass has no stores)
   VpSoftmaxState st = {FTN_NEG_INF, 0.0f, 0.0f};
   const int64_t nv = cols / V;
   const int64_t b = VP_BWD_THREADS;
@@ -300,16 +300,18 @@ FTN_DEVICE bool vp_ignored(const void *labels, uint32_t i64, int64_t t, uint32_t
   return has_ignore && vp_load_id(labels, i64, t) == ignore_index;
 }
 
+// Grid-stride over the tokens (the launch is capped: grid_stride(tokens)).
 FTN_DEVICE void vocab_ce_loss(const FtnVocabCeLossParams &p) {
-  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= p.tokens) return;
-  if (vp_ignored(p.labels, p.ids_i64, t, p.has_ignore_index, p.ignore_index)) {
-    p.loss[t] = 0.0f;
-    return;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < p.tokens; t += stride) {
+    if (vp_ignored(p.labels, p.ids_i64, t, p.has_ignore_index, p.ignore_index)) {
+      p.loss[t] = 0.0f;
+      continue;
+    }
+    float l = p.row_max[t] + logf(p.sums[t]) - (1.0f - p.smoothing) * p.sums[p.tokens + t];
+    if (p.smoothing != 0.0f) l -= p.smoothing * p.inv_vocab * p.sums[2 * p.tokens + t];
+    p.loss[t] = l;
   }
-  float l = p.row_max[t] + logf(p.sums[t]) - (1.0f - p.smoothing) * p.sums[p.tokens + t];
-  if (p.smoothing != 0.0f) l -= p.smoothing * p.inv_vocab * p.sums[2 * p.tokens + t];
-  p.loss[t] = l;
 }
 
 // U*V gradient values from the logits they replace (the label column, if

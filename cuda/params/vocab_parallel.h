@@ -99,7 +99,7 @@ typedef struct FtnVocabCeRescaleParams {
  * (the sums reduced over ranks; eps = 0 ignores the third row), or exactly 0
  * when has_ignore_index and labels[t] == ignore_index (PyTorch's
  * ignore_index; the label is compared as int64).
- * Kernel ftn_vocab_ce_loss. */
+ * Grid-stride over the tokens. Kernel ftn_vocab_ce_loss. */
 typedef struct FtnVocabCeLossParams {
   float *loss;          /* [tokens] */
   const float *row_max; /* [tokens] */

@@ -5,6 +5,7 @@
 //! backward's bitonic sort of its keys is [`sort_steps`].
 
 use crate::core::LaunchConfig;
+use alloc::vec::Vec;
 
 /// Threads per block.
 pub const THREADS: u32 = 256;
@@ -56,7 +57,7 @@ pub fn sort_steps(n: usize) -> Vec<SortStep> {
     debug_assert!(n.is_power_of_two());
     let tile = n.min(SORT_TILE);
     let tiles = LaunchConfig::linear((n / tile) as u32, THREADS);
-    let mut steps = vec![SortStep::Tile { k: 0, cfg: tiles }];
+    let mut steps = alloc::vec![SortStep::Tile { k: 0, cfg: tiles }];
     let mut k = 2 * tile;
     while k <= n {
         let mut j = k / 2;
