@@ -511,8 +511,9 @@ fn adam(params: u64) -> Case {
         backward: true,
         phases: vec![phase(
             "ftn_adam",
-            anchor("adam.cu", "adam_visit(", "float u = (m / bc1)", 4),
-            Elems::Fixed(1.0),
+            // The vector loop: 4 elements per thread, 128-bit p, m, v.
+            anchor("adam.cu", "void adam_elem(", "float u = (m * k.rbc1)", 16),
+            Elems::Fixed(4.0),
             cfg,
             n,
             bytes,
