@@ -5,29 +5,54 @@
 // Embedding forward: a grid-stride loop over [tokens, hidden]; a token whose
 //   id is outside [vocab_start, vocab_start + shard_rows) gets a zero row.
 //   Floor: reads tokens*(idsize + hidden*sizeof(T)), writes tokens*hidden*sizeof(T).
-// Embedding backward: one block of 256 threads per shard row v. The block
-//   scans the ids in chunks of 256, compacts the tokens equal to v (in token
-//   order: warp ballots + a prefix over the 8 warp counts), and each thread
-//   adds dy[t, h] for its columns h into the fp32 row dweight[v, :]. Every
-//   element has one writer and a fixed summation order: deterministic, no
-//   float atomics. Cost: shard_rows*tokens id reads (L2-resident) plus one
-//   read of each dy row that hits this shard and one write of dweight.
-// Cross-entropy (fp32 math, one block per token for the row reductions):
-//   ce_max   row max of the local shard          (then all-reduce MAX)
-//   ce_stats sum exp(x - m), target logit, sum x (then all-reduce SUM)
-//   ce_loss  loss = m + log(sumexp) - (1-eps)*target - eps*mean(x)
-//   ce_bwd   grad = dloss * (softmax - (1-eps)*onehot - eps/V), may alias logits.
+// Embedding backward, deterministic, O(T log^2 T + V_shard log T + bytes):
+//   1. embed_sort_keys: key[i] = (row << 32) | i for token i, row = its shard
+//      row or shard_rows when off the shard; INT64_MAX pads to a power of two.
+//   2. a bitonic sort of the keys (embed_sort_tile in shared memory for the
+//      steps within a tile of VP_SORT_TILE keys, embed_sort_step over global
+//      memory for the longer strides). The keys are unique, so the sorted
+//      order is unique: tokens grouped by row, in token order within a row.
+//   3. embed_bwd, one block per shard row v: two binary searches find v's
+//      segment of the sorted keys; each thread sums dy[t, h..h+W) over the
+//      segment's tokens in token order into fp32 registers (starting from
+//      dweight when accumulating, else 0) and stores the row once (W = 16
+//      bytes of dy: 128-bit loads and stores when aligned). One writer per
+//      element and a fixed order: bitwise deterministic, no float atomics,
+//      bitwise the result of the former one-scan-per-row kernel. A row with
+//      no token is zeroed (overwrite) or left untouched (accumulate).
+//   Floor: reads dy rows of this shard's tokens once and the ids, writes
+//   dweight once (+ reads it when accumulating, only the rows with tokens);
+//   the keys (8 bytes per token) are L2-resident.
+// Cross-entropy (fp32 math, one block of 256 threads per token row):
+//   ce_stats  one pass over the row (online softmax): local row max m_l,
+//             sum exp(x - m_l), target logit, sum x      (then all-reduce MAX
+//             of the max, ce_rescale: sum *= exp(m_l - m), all-reduce SUM;
+//             with one rank m = m_l and neither runs)
+//   ce_loss   loss = m + log(sumexp) - (1-eps)*target - eps*mean(x)
+//   ce_bwd    grad = dloss * (softmax - (1-eps)*onehot - eps/V), may alias
+//             logits; per row one IEEE division (dloss / sumexp), per element
+//             a hardware exponential and two FMAs.
+//   Both row kernels take two 128-bit vectors per thread and step (both loads
+//   first) when the row is 16-byte aligned (cols a multiple of 16 / sizeof(T)
+//   and an aligned base), else four scalar loads. The exponentials are
+//   __expf (ex2.approx: relative error ~2^-21 for the arguments x - max <= 0).
 //   ignore_index (optional): a row whose label equals it gets loss 0 and a
 //   zero gradient row (written as exact zeros, not scaled: a row of inf
 //   logits still gives 0, not NaN).
-//   Floor: forward reads the logits twice, backward reads once and writes once.
+//   Floor: forward reads the logits once, backward reads once and writes once.
 #include "ftn_dtype.cuh"
 #include "reduce.cuh"
+#include "vec.cuh"
 
 FTN_DEVICE int64_t vp_load_id(const void *ids, uint32_t i64, int64_t t) {
   return i64 ? static_cast<const int64_t *>(ids)[t] : (int64_t) static_cast<const int32_t *>(ids)[t];
 }
 
+// 16-byte alignment of a pointer (the vector paths' condition, with the row
+// length a multiple of the vector).
+FTN_DEVICE bool vp_aligned16(const void *ptr) {
+  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
+}
 
 template <typename T>
 FTN_DEVICE void vocab_embed_fwd(const FtnVocabEmbedFwdParams &p) {
@@ -43,83 +68,230 @@ FTN_DEVICE void vocab_embed_fwd(const FtnVocabEmbedFwdParams &p) {
   }
 }
 
-constexpr int VP_BWD_THREADS = 256;
+// ---------------------------------------------------------------- embedding backward
 
-template <typename T>
-FTN_DEVICE void vocab_embed_bwd(const FtnVocabEmbedBwdParams &p) {
-  // Uniform over the block (before any barrier); asserts without the
-  // register spill an unconditional assert call costs here.
+constexpr int VP_BWD_THREADS = 256;
+constexpr int VP_SORT_TILE = 2048;
+constexpr int64_t VP_KEY_PAD = 0x7fffffffffffffffll;
+
+FTN_DEVICE void vocab_embed_sort_keys(const FtnVocabEmbedSortKeysParams &p) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += stride) {
+    int64_t key = VP_KEY_PAD;
+    if (i < p.tokens) {
+      const int64_t r = vp_load_id(p.ids, p.ids_i64, i) - p.vocab_start;
+      const int64_t row = (r >= 0 && r < p.shard_rows) ? r : p.shard_rows;
+      key = (row << 32) | i;
+    }
+    p.keys[i] = key;
+  }
+}
+
+// One compare-exchange of the bitonic network: i < l = i ^ j, ascending
+// where (i & k) == 0.
+FTN_DEVICE void vp_bitonic_pair(int64_t *a, int64_t *b, bool up) {
+  const int64_t x = *a;
+  const int64_t y = *b;
+  if ((x > y) == up) {
+    *a = y;
+    *b = x;
+  }
+}
+
+// The steps with stride j < tile of one tile of keys in shared memory: all
+// of k = 2 .. tile when p.k == 0, else the j < tile steps of stage p.k.
+FTN_DEVICE void vocab_embed_sort_tile(const FtnVocabEmbedSortStepParams &p) {
   if (blockDim.x != VP_BWD_THREADS) {
     FTN_ASSERT(false);
     return;
   }
-  FTN_SHARED(int64_t, match, [VP_BWD_THREADS]);
-  FTN_SHARED(int, warp_count, [VP_BWD_THREADS / 32]);
-  const T *dy = static_cast<const T *>(p.dy);
-  const int64_t v = blockIdx.x;
-  const int64_t id = p.vocab_start + v;
-  float *dw = p.dweight + v * p.hidden;
-  if (!p.accumulate) {
-    for (int64_t h = threadIdx.x; h < p.hidden; h += VP_BWD_THREADS) dw[h] = 0.0f;
+  FTN_SHARED(int64_t, s, [VP_SORT_TILE]);
+  const int64_t tile = p.n < VP_SORT_TILE ? p.n : VP_SORT_TILE;
+  const int64_t base = (int64_t)blockIdx.x * tile;
+  for (int64_t i = threadIdx.x; i < tile; i += VP_BWD_THREADS) s[i] = p.keys[base + i];
+  __syncthreads();
+  const int64_t k0 = p.k == 0 ? 2 : p.k;
+  const int64_t k1 = p.k == 0 ? tile : p.k;
+  for (int64_t k = k0; k <= k1; k <<= 1) {
+    for (int64_t j = (k < tile ? k : tile) >> 1; j > 0; j >>= 1) {
+      // tile / 2 pairs: pair q has its lower index i with bit j clear.
+      for (int64_t q = threadIdx.x; q < tile / 2; q += VP_BWD_THREADS) {
+        const int64_t i = ((q & ~(j - 1)) << 1) | (q & (j - 1));
+        vp_bitonic_pair(&s[i], &s[i | j], ((base + i) & k) == 0);
+      }
+      __syncthreads();
+    }
   }
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  for (int64_t t0 = 0; t0 < p.tokens; t0 += VP_BWD_THREADS) {
-    const int64_t t = t0 + threadIdx.x;
-    const bool hit = t < p.tokens && vp_load_id(p.ids, p.ids_i64, t) == id;
-    const unsigned ballot = __ballot_sync(0xffffffffu, hit ? 1 : 0);
-    if (lane == 0) warp_count[warp] = __popc(ballot);
-    __syncthreads();
-    int before = 0;
-    int total = 0;
+  for (int64_t i = threadIdx.x; i < tile; i += VP_BWD_THREADS) p.keys[base + i] = s[i];
+}
+
+// One step (stage k, stride j >= tile) over global memory: n / 2 pairs.
+FTN_DEVICE void vocab_embed_sort_step(const FtnVocabEmbedSortStepParams &p) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t j = p.j;
+  for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < p.n / 2; q += stride) {
+    const int64_t i = ((q & ~(j - 1)) << 1) | (q & (j - 1));
+    vp_bitonic_pair(&p.keys[i], &p.keys[i | j], (i & p.k) == 0);
+  }
+}
+
+// First index of the sorted keys[0, n) that is >= key.
+FTN_DEVICE int64_t vp_lower_bound(const int64_t *keys, int64_t n, int64_t key) {
+  int64_t lo = 0;
+  int64_t hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + ((hi - lo) >> 1);
+    if (keys[mid] < key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// W columns per thread: the 16-byte vector of T (W fp32 = W / 4 float4 of
+// dweight), or 1.
+template <typename T, int W>
+FTN_DEVICE void vp_embed_bwd_row(const FtnVocabEmbedBwdParams &p, int64_t v, int64_t lo,
+                                 int64_t hi) {
+  const T *dy = static_cast<const T *>(p.dy);
+  float *dw = p.dweight + v * p.hidden;
+  constexpr int F = W == 1 ? 1 : 4;  // fp32 elements per dweight access
+  for (int64_t h = (int64_t)threadIdx.x * W; h < p.hidden; h += (int64_t)VP_BWD_THREADS * W) {
+    float acc[W];
+    if (p.accumulate) {
 #pragma unroll
-    for (int w = 0; w < VP_BWD_THREADS / 32; ++w) {
-      const int c = warp_count[w];
-      before += w < warp ? c : 0;
-      total += c;
+      for (int f = 0; f < W; f += F) ftn_load<float, F>(dw + h + f, acc + f);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] = 0.0f;
     }
-    if (hit) match[before + __popc(ballot & ((1u << lane) - 1u))] = t;
-    __syncthreads();
-    for (int k = 0; k < total; ++k) {
-      const T *row = dy + match[k] * p.hidden;
-      for (int64_t h = threadIdx.x; h < p.hidden; h += VP_BWD_THREADS) dw[h] += ftn_to_float(row[h]);
+    for (int64_t s = lo; s < hi; ++s) {
+      const int64_t t = p.sorted[s] & 0xffffffffll;
+      float d[W];
+      ftn_load<T, W>(dy + t * p.hidden + h, d);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] += d[k];
     }
-    __syncthreads();  // match / warp_count are rewritten by the next chunk
+#pragma unroll
+    for (int f = 0; f < W; f += F) ftn_store<float, F>(dw + h + f, acc + f);
   }
 }
 
 template <typename T>
-FTN_DEVICE void vocab_ce_max(const FtnVocabCeMaxParams &p) {
-  FTN_ASSERT(blockDim.x % 32 == 0);
-  FTN_SHARED(float, red, [32]);
-  const T *x = static_cast<const T *>(p.logits) + (int64_t)blockIdx.x * p.cols;
-  float m = FTN_NEG_INF;
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) m = fmaxf(m, ftn_to_float(x[c]));
-  m = ftn_block_allreduce<FtnMaxOp>(m, red);
-  if (threadIdx.x == 0) p.row_max[blockIdx.x] = m;
+FTN_DEVICE void vocab_embed_bwd(const FtnVocabEmbedBwdParams &p) {
+  if (blockDim.x != VP_BWD_THREADS) {
+    FTN_ASSERT(false);
+    return;
+  }
+  const int64_t v = blockIdx.x;
+  // The same loads in every thread (broadcast): no barrier needed.
+  const int64_t lo = vp_lower_bound(p.sorted, p.tokens, v << 32);
+  const int64_t hi = vp_lower_bound(p.sorted, p.tokens, (v + 1) << 32);
+  if (lo == hi && p.accumulate) return;  // nothing to add: the row stays
+  constexpr int V = FtnVec<T>::N;
+  const bool vec = p.hidden % V == 0 && vp_aligned16(p.dy) && vp_aligned16(p.dweight);
+  if (vec) {
+    vp_embed_bwd_row<T, V>(p, v, lo, hi);
+  } else {
+    vp_embed_bwd_row<T, 1>(p, v, lo, hi);
+  }
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+// Per-thread online-softmax state over the values it has seen.
+struct VpSoftmaxState {
+  float m;   // max
+  float s;   // sum of exp(x - m)
+  float sx;  // sum of x
+};
+
+// Folds U*V values into the state: one rescale per step (m rises rarely).
+template <int U, int V, bool SUMX>
+FTN_DEVICE void vp_fold(VpSoftmaxState &st, const float (&x)[U][V]) {
+  float mx = st.m;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) mx = fmaxf(mx, x[u][k]);
+  }
+  // exp(-inf) = 0 when the old max was -inf; equal maxima (also -inf): no rescale.
+  if (mx != st.m) st.s *= __expf(st.m - mx);
+  st.m = mx;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      st.s += __expf(x[u][k] - mx);
+      if (SUMX) st.sx += x[u][k];
+    }
+  }
+}
+
+template <typename T, int V, bool SUMX>
+FTN_DEVICE VpSoftmaxState vp_row_stats(const T *x, int64_t cols) {
+  constexpr int U = 4;  // 4 x 16 bytes in flight per thread (the pass has no stores)
+  VpSoftmaxState st = {FTN_NEG_INF, 0.0f, 0.0f};
+  const int64_t nv = cols / V;
+  const int64_t b = VP_BWD_THREADS;
+  int64_t i = threadIdx.x;
+  for (; i + (U - 1) * b < nv; i += U * b) {
+    float v[U][V];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ftn_load<T, V>(x + (i + u * b) * V, v[u]);
+    vp_fold<U, V, SUMX>(st, v);
+  }
+  for (; i < nv; i += b) {
+    float v[1][V];
+    ftn_load<T, V>(x + i * V, v[0]);
+    vp_fold<1, V, SUMX>(st, v);
+  }
+  return st;
+}
+
+template <typename T, bool SUMX>
+FTN_DEVICE void vocab_ce_stats_impl(const FtnVocabCeStatsParams &p) {
+  FTN_SHARED(float, red, [64]);
+  const int64_t t = blockIdx.x;
+  const T *x = static_cast<const T *>(p.logits) + t * p.cols;
+  constexpr int V = FtnVec<T>::N;
+  const bool vec = p.cols % V == 0 && vp_aligned16(p.logits);
+  VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX>(x, p.cols) : vp_row_stats<T, 1, SUMX>(x, p.cols);
+  const float m = ftn_block_allreduce<FtnMaxOp>(st.m, red);
+  float a[2] = {st.m == m ? st.s : st.s * __expf(st.m - m), st.sx};
+  ftn_block_allreduce_n<FtnSumOp, 2>(a, red);
+  if (threadIdx.x == 0) {
+    const int64_t c = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
+    p.row_max[t] = m;
+    if (p.local_max != nullptr) p.local_max[t] = m;
+    p.sums[t] = a[0];
+    p.sums[p.tokens + t] = (c >= 0 && c < p.cols) ? ftn_to_float(x[c]) : 0.0f;
+    if (SUMX) p.sums[2 * p.tokens + t] = a[1];
+  }
 }
 
 template <typename T>
 FTN_DEVICE void vocab_ce_stats(const FtnVocabCeStatsParams &p) {
-  FTN_ASSERT(blockDim.x % 32 == 0);
-  FTN_SHARED(float, red, [32]);
-  const int64_t t = blockIdx.x;
-  const T *x = static_cast<const T *>(p.logits) + t * p.cols;
-  const float m = p.row_max[t];
-  float se = 0.0f;
-  float sx = 0.0f;
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) {
-    const float v = ftn_to_float(x[c]);
-    se += expf(v - m);
-    sx += v;
+  if (blockDim.x != VP_BWD_THREADS) {
+    FTN_ASSERT(false);
+    return;
   }
-  se = ftn_block_allreduce<FtnSumOp>(se, red);
-  if (p.with_logit_sum) sx = ftn_block_allreduce<FtnSumOp>(sx, red);
-  if (threadIdx.x == 0) {
-    const int64_t c = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
-    p.sums[t] = se;
-    p.sums[p.tokens + t] = (c >= 0 && c < p.cols) ? ftn_to_float(x[c]) : 0.0f;
-    if (p.with_logit_sum) p.sums[2 * p.tokens + t] = sx;
+  if (p.with_logit_sum) {
+    vocab_ce_stats_impl<T, true>(p);
+  } else {
+    vocab_ce_stats_impl<T, false>(p);
+  }
+}
+
+// sums[0, t] *= exp(local_max[t] - row_max[t]) after the MAX all-reduce.
+FTN_DEVICE void vocab_ce_rescale(const FtnVocabCeRescaleParams &p) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < p.tokens; t += stride) {
+    const float lm = p.local_max[t];
+    const float m = p.row_max[t];
+    if (lm != m) p.sums[t] *= expf(lm - m);
   }
 }
 
@@ -128,42 +300,107 @@ FTN_DEVICE bool vp_ignored(const void *labels, uint32_t i64, int64_t t, uint32_t
   return has_ignore && vp_load_id(labels, i64, t) == ignore_index;
 }
 
+// Grid-stride over the tokens (the launch is capped: grid_stride(tokens)).
 FTN_DEVICE void vocab_ce_loss(const FtnVocabCeLossParams &p) {
-  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= p.tokens) return;
-  if (vp_ignored(p.labels, p.ids_i64, t, p.has_ignore_index, p.ignore_index)) {
-    p.loss[t] = 0.0f;
-    return;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < p.tokens; t += stride) {
+    if (vp_ignored(p.labels, p.ids_i64, t, p.has_ignore_index, p.ignore_index)) {
+      p.loss[t] = 0.0f;
+      continue;
+    }
+    float l = p.row_max[t] + logf(p.sums[t]) - (1.0f - p.smoothing) * p.sums[p.tokens + t];
+    if (p.smoothing != 0.0f) l -= p.smoothing * p.inv_vocab * p.sums[2 * p.tokens + t];
+    p.loss[t] = l;
   }
-  float l = p.row_max[t] + logf(p.sums[t]) - (1.0f - p.smoothing) * p.sums[p.tokens + t];
-  if (p.smoothing != 0.0f) l -= p.smoothing * p.inv_vocab * p.sums[2 * p.tokens + t];
-  p.loss[t] = l;
+}
+
+// U*V gradient values from the logits they replace (the label column, if
+// among them, also loses `hit`).
+template <int U, int V>
+FTN_DEVICE void vp_ce_grad(float (&v)[U][V], int64_t c0, int64_t stride, int64_t label, float m,
+                           float scale, float off, float hit) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[u][k] = fmaf(__expf(v[u][k] - m), scale, -off);
+    const int64_t c = c0 + u * stride;
+    if ((uint64_t)(label - c) < (uint64_t)V) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[u][k] -= c + k == label ? hit : 0.0f;
+    }
+  }
+}
+
+// One row's gradient, U vectors of V per thread and step (all loads first).
+template <typename T, int V>
+FTN_DEVICE void vp_ce_bwd_row(const T *x, T *g, int64_t cols, int64_t label, float m, float scale,
+                              float off, float hit) {
+  constexpr int U = V == 1 ? 4 : 2;
+  const int64_t nv = cols / V;
+  const int64_t b = VP_BWD_THREADS;
+  int64_t i = threadIdx.x;
+  for (; i + (U - 1) * b < nv; i += U * b) {
+    float v[U][V];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ftn_load<T, V>(x + (i + u * b) * V, v[u]);
+    vp_ce_grad<U, V>(v, i * V, b * V, label, m, scale, off, hit);
+#pragma unroll
+    for (int u = 0; u < U; ++u) ftn_store<T, V>(g + (i + u * b) * V, v[u]);
+  }
+  for (; i < nv; i += b) {
+    float v[1][V];
+    ftn_load<T, V>(x + i * V, v[0]);
+    vp_ce_grad<1, V>(v, i * V, b * V, label, m, scale, off, hit);
+    ftn_store<T, V>(g + i * V, v[0]);
+  }
 }
 
 template <typename T>
 FTN_DEVICE void vocab_ce_bwd(const FtnVocabCeBwdParams &p) {
-  const T *x = static_cast<const T *>(p.logits);
-  T *g = static_cast<T *>(p.grad);
-  const int64_t n = p.tokens * p.cols;
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  const float hit = 1.0f - p.smoothing;
-  const float uniform = p.smoothing * p.inv_vocab;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t t = i / p.cols;
-    const int64_t c = i - t * p.cols;
-    const int64_t id = vp_load_id(p.labels, p.ids_i64, t);
-    if (p.has_ignore_index && id == p.ignore_index) {
-      g[i] = ftn_from_float<T>(0.0f);
-      continue;
+  if (blockDim.x != VP_BWD_THREADS) {
+    FTN_ASSERT(false);
+    return;
+  }
+  const int64_t t = blockIdx.x;
+  const T *x = static_cast<const T *>(p.logits) + t * p.cols;
+  T *g = static_cast<T *>(p.grad) + t * p.cols;
+  constexpr int V = FtnVec<T>::N;
+  const bool vec = p.cols % V == 0 && vp_aligned16(p.logits) && vp_aligned16(p.grad);
+  const int64_t id = vp_load_id(p.labels, p.ids_i64, t);
+  if (p.has_ignore_index && id == p.ignore_index) {
+    float z[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) z[k] = 0.0f;
+    if (vec) {
+      for (int64_t i = threadIdx.x; i < p.cols / V; i += VP_BWD_THREADS) ftn_store<T, V>(g + i * V, z);
+    } else {
+      for (int64_t c = threadIdx.x; c < p.cols; c += VP_BWD_THREADS) g[c] = ftn_from_float<T>(0.0f);
     }
-    const int64_t label = id - p.vocab_start;
-    float v = expf(ftn_to_float(x[i]) - p.row_max[t]) / p.sums[t] - uniform;
-    if (c == label) v -= hit;
-    g[i] = ftn_from_float<T>(v * p.dloss[t]);
+    return;
+  }
+  const float dl = p.dloss[t];
+  const float scale = dl / p.sums[t];
+  const float off = dl * (p.smoothing * p.inv_vocab);
+  const float hit = dl * (1.0f - p.smoothing);
+  const int64_t label = id - p.vocab_start;
+  if (vec) {
+    vp_ce_bwd_row<T, V>(x, g, p.cols, label, p.row_max[t], scale, off, hit);
+  } else {
+    vp_ce_bwd_row<T, 1>(x, g, p.cols, label, p.row_max[t], scale, off, hit);
   }
 }
 
 FTN_KERNEL_BOUNDED(ftn_vocab_ce_loss, FtnVocabCeLossParams, p, 256) { vocab_ce_loss(p); }
+FTN_KERNEL_BOUNDED(ftn_vocab_ce_rescale, FtnVocabCeRescaleParams, p, 256) { vocab_ce_rescale(p); }
+FTN_KERNEL_BOUNDED(ftn_vocab_embed_sort_keys, FtnVocabEmbedSortKeysParams, p, 256) {
+  vocab_embed_sort_keys(p);
+}
+FTN_KERNEL_BOUNDED(ftn_vocab_embed_sort_tile, FtnVocabEmbedSortStepParams, p, 256) {
+  vocab_embed_sort_tile(p);
+}
+FTN_KERNEL_BOUNDED(ftn_vocab_embed_sort_step, FtnVocabEmbedSortStepParams, p, 256) {
+  vocab_embed_sort_step(p);
+}
 
 #define FTN_STAMP_VOCAB_PARALLEL(suffix, T)                                                  \
   FTN_KERNEL_BOUNDED(ftn_vocab_embed_fwd_##suffix, FtnVocabEmbedFwdParams, p, 256) {         \
@@ -171,9 +408,6 @@ FTN_KERNEL_BOUNDED(ftn_vocab_ce_loss, FtnVocabCeLossParams, p, 256) { vocab_ce_l
   }                                                                                          \
   FTN_KERNEL_BOUNDED(ftn_vocab_embed_bwd_##suffix, FtnVocabEmbedBwdParams, p, 256) {         \
     vocab_embed_bwd<T>(p);                                                                   \
-  }                                                                                          \
-  FTN_KERNEL_BOUNDED(ftn_vocab_ce_max_##suffix, FtnVocabCeMaxParams, p, 256) {               \
-    vocab_ce_max<T>(p);                                                                      \
   }                                                                                          \
   FTN_KERNEL_BOUNDED(ftn_vocab_ce_stats_##suffix, FtnVocabCeStatsParams, p, 256) {           \
     vocab_ce_stats<T>(p);                                                                    \

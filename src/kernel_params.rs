@@ -860,67 +860,102 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
-pub struct FtnVocabEmbedBwdParams {
-    pub dweight: *mut f32,
-    pub dy: *const ::core::ffi::c_void,
+pub struct FtnVocabEmbedSortKeysParams {
+    pub keys: *mut i64,
     pub ids: *const ::core::ffi::c_void,
     pub tokens: i64,
-    pub hidden: i64,
+    pub n: i64,
     pub vocab_start: i64,
     pub shard_rows: i64,
     pub ids_i64: u32,
-    pub accumulate: u32,
+    pub pad_: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of FtnVocabEmbedBwdParams"][::core::mem::size_of::<FtnVocabEmbedBwdParams>() - 64usize];
+    ["Size of FtnVocabEmbedSortKeysParams"]
+        [::core::mem::size_of::<FtnVocabEmbedSortKeysParams>() - 56usize];
+    ["Alignment of FtnVocabEmbedSortKeysParams"]
+        [::core::mem::align_of::<FtnVocabEmbedSortKeysParams>() - 8usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::keys"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, keys) - 0usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::ids"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, ids) - 8usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, tokens) - 16usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::n"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, n) - 24usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::vocab_start"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, vocab_start) - 32usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::shard_rows"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, shard_rows) - 40usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::ids_i64"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, ids_i64) - 48usize];
+    ["Offset of field: FtnVocabEmbedSortKeysParams::pad_"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortKeysParams, pad_) - 52usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabEmbedSortStepParams {
+    pub keys: *mut i64,
+    pub n: i64,
+    pub k: i64,
+    pub j: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabEmbedSortStepParams"]
+        [::core::mem::size_of::<FtnVocabEmbedSortStepParams>() - 32usize];
+    ["Alignment of FtnVocabEmbedSortStepParams"]
+        [::core::mem::align_of::<FtnVocabEmbedSortStepParams>() - 8usize];
+    ["Offset of field: FtnVocabEmbedSortStepParams::keys"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortStepParams, keys) - 0usize];
+    ["Offset of field: FtnVocabEmbedSortStepParams::n"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortStepParams, n) - 8usize];
+    ["Offset of field: FtnVocabEmbedSortStepParams::k"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortStepParams, k) - 16usize];
+    ["Offset of field: FtnVocabEmbedSortStepParams::j"]
+        [::core::mem::offset_of!(FtnVocabEmbedSortStepParams, j) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabEmbedBwdParams {
+    pub dweight: *mut f32,
+    pub dy: *const ::core::ffi::c_void,
+    pub sorted: *const i64,
+    pub tokens: i64,
+    pub hidden: i64,
+    pub shard_rows: i64,
+    pub accumulate: u32,
+    pub pad_: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabEmbedBwdParams"][::core::mem::size_of::<FtnVocabEmbedBwdParams>() - 56usize];
     ["Alignment of FtnVocabEmbedBwdParams"]
         [::core::mem::align_of::<FtnVocabEmbedBwdParams>() - 8usize];
     ["Offset of field: FtnVocabEmbedBwdParams::dweight"]
         [::core::mem::offset_of!(FtnVocabEmbedBwdParams, dweight) - 0usize];
     ["Offset of field: FtnVocabEmbedBwdParams::dy"]
         [::core::mem::offset_of!(FtnVocabEmbedBwdParams, dy) - 8usize];
-    ["Offset of field: FtnVocabEmbedBwdParams::ids"]
-        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, ids) - 16usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::sorted"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, sorted) - 16usize];
     ["Offset of field: FtnVocabEmbedBwdParams::tokens"]
         [::core::mem::offset_of!(FtnVocabEmbedBwdParams, tokens) - 24usize];
     ["Offset of field: FtnVocabEmbedBwdParams::hidden"]
         [::core::mem::offset_of!(FtnVocabEmbedBwdParams, hidden) - 32usize];
-    ["Offset of field: FtnVocabEmbedBwdParams::vocab_start"]
-        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, vocab_start) - 40usize];
     ["Offset of field: FtnVocabEmbedBwdParams::shard_rows"]
-        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, shard_rows) - 48usize];
-    ["Offset of field: FtnVocabEmbedBwdParams::ids_i64"]
-        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, ids_i64) - 56usize];
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, shard_rows) - 40usize];
     ["Offset of field: FtnVocabEmbedBwdParams::accumulate"]
-        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, accumulate) - 60usize];
-};
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct FtnVocabCeMaxParams {
-    pub row_max: *mut f32,
-    pub logits: *const ::core::ffi::c_void,
-    pub tokens: i64,
-    pub cols: i64,
-}
-#[allow(clippy::unnecessary_operation, clippy::identity_op)]
-const _: () = {
-    ["Size of FtnVocabCeMaxParams"][::core::mem::size_of::<FtnVocabCeMaxParams>() - 32usize];
-    ["Alignment of FtnVocabCeMaxParams"][::core::mem::align_of::<FtnVocabCeMaxParams>() - 8usize];
-    ["Offset of field: FtnVocabCeMaxParams::row_max"]
-        [::core::mem::offset_of!(FtnVocabCeMaxParams, row_max) - 0usize];
-    ["Offset of field: FtnVocabCeMaxParams::logits"]
-        [::core::mem::offset_of!(FtnVocabCeMaxParams, logits) - 8usize];
-    ["Offset of field: FtnVocabCeMaxParams::tokens"]
-        [::core::mem::offset_of!(FtnVocabCeMaxParams, tokens) - 16usize];
-    ["Offset of field: FtnVocabCeMaxParams::cols"]
-        [::core::mem::offset_of!(FtnVocabCeMaxParams, cols) - 24usize];
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, accumulate) - 48usize];
+    ["Offset of field: FtnVocabEmbedBwdParams::pad_"]
+        [::core::mem::offset_of!(FtnVocabEmbedBwdParams, pad_) - 52usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FtnVocabCeStatsParams {
     pub sums: *mut f32,
-    pub row_max: *const f32,
+    pub row_max: *mut f32,
+    pub local_max: *mut f32,
     pub logits: *const ::core::ffi::c_void,
     pub labels: *const ::core::ffi::c_void,
     pub tokens: i64,
@@ -931,27 +966,52 @@ pub struct FtnVocabCeStatsParams {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of FtnVocabCeStatsParams"][::core::mem::size_of::<FtnVocabCeStatsParams>() - 64usize];
+    ["Size of FtnVocabCeStatsParams"][::core::mem::size_of::<FtnVocabCeStatsParams>() - 72usize];
     ["Alignment of FtnVocabCeStatsParams"]
         [::core::mem::align_of::<FtnVocabCeStatsParams>() - 8usize];
     ["Offset of field: FtnVocabCeStatsParams::sums"]
         [::core::mem::offset_of!(FtnVocabCeStatsParams, sums) - 0usize];
     ["Offset of field: FtnVocabCeStatsParams::row_max"]
         [::core::mem::offset_of!(FtnVocabCeStatsParams, row_max) - 8usize];
+    ["Offset of field: FtnVocabCeStatsParams::local_max"]
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, local_max) - 16usize];
     ["Offset of field: FtnVocabCeStatsParams::logits"]
-        [::core::mem::offset_of!(FtnVocabCeStatsParams, logits) - 16usize];
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, logits) - 24usize];
     ["Offset of field: FtnVocabCeStatsParams::labels"]
-        [::core::mem::offset_of!(FtnVocabCeStatsParams, labels) - 24usize];
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, labels) - 32usize];
     ["Offset of field: FtnVocabCeStatsParams::tokens"]
-        [::core::mem::offset_of!(FtnVocabCeStatsParams, tokens) - 32usize];
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, tokens) - 40usize];
     ["Offset of field: FtnVocabCeStatsParams::cols"]
-        [::core::mem::offset_of!(FtnVocabCeStatsParams, cols) - 40usize];
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, cols) - 48usize];
     ["Offset of field: FtnVocabCeStatsParams::vocab_start"]
-        [::core::mem::offset_of!(FtnVocabCeStatsParams, vocab_start) - 48usize];
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, vocab_start) - 56usize];
     ["Offset of field: FtnVocabCeStatsParams::ids_i64"]
-        [::core::mem::offset_of!(FtnVocabCeStatsParams, ids_i64) - 56usize];
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, ids_i64) - 64usize];
     ["Offset of field: FtnVocabCeStatsParams::with_logit_sum"]
-        [::core::mem::offset_of!(FtnVocabCeStatsParams, with_logit_sum) - 60usize];
+        [::core::mem::offset_of!(FtnVocabCeStatsParams, with_logit_sum) - 68usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnVocabCeRescaleParams {
+    pub sums: *mut f32,
+    pub row_max: *const f32,
+    pub local_max: *const f32,
+    pub tokens: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnVocabCeRescaleParams"]
+        [::core::mem::size_of::<FtnVocabCeRescaleParams>() - 32usize];
+    ["Alignment of FtnVocabCeRescaleParams"]
+        [::core::mem::align_of::<FtnVocabCeRescaleParams>() - 8usize];
+    ["Offset of field: FtnVocabCeRescaleParams::sums"]
+        [::core::mem::offset_of!(FtnVocabCeRescaleParams, sums) - 0usize];
+    ["Offset of field: FtnVocabCeRescaleParams::row_max"]
+        [::core::mem::offset_of!(FtnVocabCeRescaleParams, row_max) - 8usize];
+    ["Offset of field: FtnVocabCeRescaleParams::local_max"]
+        [::core::mem::offset_of!(FtnVocabCeRescaleParams, local_max) - 16usize];
+    ["Offset of field: FtnVocabCeRescaleParams::tokens"]
+        [::core::mem::offset_of!(FtnVocabCeRescaleParams, tokens) - 24usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -822,10 +822,11 @@ fn cross_entropy_case<T: FloatElement, I: TokenId + TryFrom<i64>>(
 ) {
     let (mut rng, seed) = Rng::new(salt);
     let padded = padded_vocab_size(vocab, 1).unwrap();
-    // The elementwise backward grid-strides over tokens x shard_vocab.
-    let cfg = plan::vocab_parallel::grid_stride(tokens * padded);
+    // The row kernels take one block per token; the per-token loss kernel
+    // grid-strides over the tokens.
+    let cfg = plan::vocab_parallel::grid_stride(tokens);
     assert_eq!(cfg.grid[0] as u64, CAPS.grid_stride_blocks);
-    assert!((tokens * padded).div_ceil(256) as u64 > 2 * CAPS.grid_stride_blocks);
+    assert!(tokens.div_ceil(256) as u64 > CAPS.grid_stride_blocks);
 
     let (logits, logits64) = rng.tensor::<T>(tokens * padded, 3.0);
     let labels = ids(&mut rng, tokens, vocab, padded);
@@ -880,18 +881,21 @@ fn cross_entropy_case<T: FloatElement, I: TokenId + TryFrom<i64>>(
 #[test]
 fn vocab_parallel_cross_entropy_wraps() {
     lower_caps();
-    // 300 -> 384 columns x 19 tokens = 7296 logits: 29 blocks on 3.
-    cross_entropy_case::<f32, i64>(300, 19, 0.0, 301);
-    cross_entropy_case::<bf16, i32>(300, 19, 0.1, 302);
+    // 300 -> 384 columns x 800 tokens: the loss kernel's 4 blocks of
+    // tokens on 3.
+    cross_entropy_case::<f32, i64>(300, 800, 0.0, 301);
+    cross_entropy_case::<bf16, i32>(300, 800, 0.1, 302);
 }
 
 #[test]
 fn vocab_parallel_embedding_wraps() {
     lower_caps();
-    let (vocab, hidden, tokens) = (300usize, 24usize, 37usize);
+    let vocab = 300usize;
     // The forward gathers tokens x hidden values: 888 (4 blocks of work on 3)
-    // and 2368 (10 blocks on 3).
-    for hidden in [hidden, 64] {
+    // and 2368 (10 blocks on 3). The backward's sort: 2100 tokens = 4096
+    // keys (16 blocks of keys on 3) and global bitonic steps over 2048
+    // pairs (8 blocks on 3).
+    for (hidden, tokens) in [(24usize, 37usize), (64, 37), (8, 2100)] {
         let cfg = plan::vocab_parallel::grid_stride(tokens * hidden);
         assert_eq!(cfg.grid[0] as u64, CAPS.grid_stride_blocks);
         assert!((tokens * hidden).div_ceil(256) as u64 > CAPS.grid_stride_blocks);

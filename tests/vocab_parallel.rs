@@ -54,12 +54,24 @@ fn embedding_case<T: FloatElement + ferrotron::comm::CommElement, I: TokenId + T
     vocab: usize,
     hidden: usize,
     tokens: usize,
+    few_ids: bool,
     salt: u64,
 ) {
     let (mut rng, seed) = Rng::new(salt);
     let padded = padded_vocab_size(vocab, tp).unwrap();
     let (full, full64) = rng.tensor::<T>(vocab * hidden, 1.0);
-    let id64 = ids(&mut rng, tokens, vocab, padded);
+    let mut id64 = ids(&mut rng, tokens, vocab, padded);
+    if few_ids {
+        // Long runs of duplicates (segments of hundreds of tokens) in a few
+        // rows, plus every 7th token off every shard.
+        for (t, id) in id64.iter_mut().enumerate() {
+            *id = if t % 7 == 3 {
+                -5
+            } else {
+                (*id).rem_euclid(5) * 61
+            };
+        }
+    }
     let (dy, dy64) = rng.tensor::<T>(tokens * hidden, 1.0);
     let prior: Vec<f32> = (0..padded / tp * hidden)
         .map(|_| rng.normal() as f32)
@@ -104,6 +116,20 @@ fn embedding_case<T: FloatElement + ferrotron::comm::CommElement, I: TokenId + T
     let want_out = oracle::embedding_forward(&full64, vocab, hidden, &id64);
     let want_dw = oracle::embedding_backward(&dy64, padded, hidden, &id64);
     let rows = padded / tp;
+    // The documented order, derived independently: fp32 sums over the
+    // tokens in token order, from 0 (overwrite) or from the prior.
+    let token_order = |init: &[f32], start: usize| -> Vec<f32> {
+        let mut acc = init.to_vec();
+        for (t, &id) in id64.iter().enumerate() {
+            let r = id - start as i64;
+            if r >= 0 && (r as usize) < rows {
+                for h in 0..hidden {
+                    acc[r as usize * hidden + h] += dy64[t * hidden + h] as f32;
+                }
+            }
+        }
+        acc
+    };
     for (rank, (start, out, dw, dw2, acc)) in results.into_iter().enumerate() {
         assert_eq!(start, rank * rows, "{what}");
         // Exactly one rank contributes each row: the all-reduce is exact.
@@ -121,6 +147,16 @@ fn embedding_case<T: FloatElement + ferrotron::comm::CommElement, I: TokenId + T
         assert!(
             dw.iter().zip(&dw2).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{what} rank {rank}: dweight not bitwise deterministic (seed {seed})"
+        );
+        let seq = token_order(&vec![0.0; rows * hidden], start);
+        assert!(
+            dw.iter().zip(&seq).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what} rank {rank}: dweight is not the fp32 sum in token order (seed {seed})"
+        );
+        let seq_acc = token_order(&prior, start);
+        assert!(
+            acc.iter().zip(&seq_acc).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what} rank {rank}: accumulated dweight is not prior + the sum in token order (seed {seed})"
         );
         let want_acc: Vec<f64> = want
             .iter()
@@ -143,11 +179,24 @@ fn embedding_matches_unsharded_on_tp_1_2_4() {
     for (i, tp) in [1usize, 2, 4].into_iter().enumerate() {
         let salt = 100 + i as u64;
         // 300 is not a multiple of 128 * tp: padded to 384 / 512 / 512.
-        embedding_case::<f32, i64>(tp, 300, 24, 37, salt);
-        embedding_case::<bf16, i32>(tp, 300, 24, 37, salt + 10);
+        embedding_case::<f32, i64>(tp, 300, 24, 37, false, salt);
+        embedding_case::<bf16, i32>(tp, 300, 24, 37, false, salt + 10);
+        // hidden 30: not a multiple of the 16-byte vector (scalar path).
+        embedding_case::<bf16, i64>(tp, 300, 30, 37, false, salt + 20);
     }
-    // hidden > one block of threads, tokens > one chunk of ids.
-    embedding_case::<f32, i32>(2, 130, 300, 270, 120);
+    // hidden > one block of threads (128-bit path, several column chunks),
+    // 270 tokens: 512 sort keys in one tile.
+    embedding_case::<f32, i32>(2, 130, 300, 270, false, 120);
+    embedding_case::<f32, i64>(1, 130, 30, 270, false, 121);
+}
+
+#[test]
+fn embedding_backward_sorts_many_tokens_and_long_duplicate_runs() {
+    // 5000 tokens: 8192 sort keys = 4 shared-memory tiles plus the global
+    // bitonic steps; ids from 5 rows (runs of ~800 tokens each) and off-shard.
+    embedding_case::<bf16, i32>(2, 300, 8, 5000, true, 130);
+    embedding_case::<f32, i64>(1, 300, 12, 2500, true, 131);
+    embedding_case::<f32, i32>(4, 300, 8, 3000, false, 132);
 }
 
 fn ce_case<T: FloatElement, I: TokenId + TryFrom<i64>>(
@@ -158,9 +207,24 @@ fn ce_case<T: FloatElement, I: TokenId + TryFrom<i64>>(
     ignore: Option<i64>,
     salt: u64,
 ) {
-    let (mut rng, seed) = Rng::new(salt);
     let padded = padded_vocab_size(vocab, tp).unwrap();
-    let shard = padded / tp;
+    ce_case_cols::<T, I>(tp, vocab, padded / tp, tokens, eps, ignore, salt);
+}
+
+/// [`ce_case`] with `shard` columns per rank (any width: the full vocabulary
+/// is `tp * shard >= vocab`).
+fn ce_case_cols<T: FloatElement, I: TokenId + TryFrom<i64>>(
+    tp: usize,
+    vocab: usize,
+    shard: usize,
+    tokens: usize,
+    eps: f32,
+    ignore: Option<i64>,
+    salt: u64,
+) {
+    let (mut rng, seed) = Rng::new(salt);
+    let padded = shard * tp;
+    assert!(vocab <= padded);
     let (mut logits, mut logits64) = rng.tensor::<T>(tokens * padded, 3.0);
     let mut labels = ids(&mut rng, tokens, vocab, padded);
     if let Some(ii) = ignore {
@@ -282,6 +346,67 @@ fn cross_entropy_ignore_index_matches_unsharded_on_tp_1_2_4() {
             ce_case::<bf16, i64>(tp, 300, 19, eps, Some(0), salt + 6 + k);
         }
     }
+}
+
+#[test]
+fn cross_entropy_row_paths_long_and_unaligned_rows() {
+    // Rows longer than one step of the block (2 x 256 vectors): 4608 bf16 /
+    // 2304 fp32 columns per rank (128-bit path, main loop and tail);
+    // 3001 / 1003 columns (not a multiple of the vector: scalar path, main
+    // loop and tail). Label smoothing and ignore_index on some.
+    ce_case_cols::<bf16, i32>(1, 4600, 4608, 5, 0.0, None, 500);
+    ce_case_cols::<bf16, i64>(2, 4600, 4608, 5, 0.1, Some(-100), 501);
+    ce_case_cols::<f32, i64>(2, 4600, 2304, 5, 0.0, Some(7), 502);
+    ce_case_cols::<bf16, i32>(1, 3001, 3001, 5, 0.1, None, 503);
+    ce_case_cols::<f32, i32>(2, 2000, 1003, 5, 0.0, Some(-100), 504);
+    ce_case_cols::<bf16, i64>(4, 100, 27, 9, 0.1, None, 505);
+}
+
+#[test]
+fn cross_entropy_is_bitwise_deterministic() {
+    let (mut rng, seed) = Rng::new(600);
+    let (tokens, shard) = (6usize, 4608usize);
+    let (logits, _) = rng.tensor::<bf16>(2 * tokens * shard, 4.0);
+    let labels: Vec<i32> = (0..tokens as i32).map(|t| t * 1500).collect();
+    let dloss = vec![0.5f32; tokens];
+    let run = || {
+        let ce = VocabParallelCrossEntropy::new(tokens, shard).with_label_smoothing(0.1);
+        run_ranks(2, |c| {
+            let dev = c.device().clone();
+            let s = c.stream().clone();
+            let r = c.rank();
+            let mine: Vec<bf16> = (0..tokens)
+                .flat_map(|t| logits[(2 * t + r) * shard..(2 * t + r + 1) * shard].to_vec())
+                .collect();
+            let x = dev.upload(&mine).unwrap();
+            let lab = dev.upload(&labels).unwrap();
+            let dl = dev.upload(&dloss).unwrap();
+            let mut loss = dev.alloc_zeros::<f32>(tokens).unwrap();
+            let saved = ce.forward(&c, &s, &x, &lab, &mut loss).unwrap();
+            let mut grad = dev.alloc_zeros::<bf16>(mine.len()).unwrap();
+            ce.backward(&c, &s, &x, &lab, &saved, &dl, &mut grad)
+                .unwrap();
+            s.synchronize().unwrap();
+            let bits: Vec<u32> = loss
+                .to_host()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let g: Vec<u16> = grad
+                .to_host()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            (bits, g)
+        })
+    };
+    assert_eq!(
+        run(),
+        run(),
+        "cross-entropy differs between two runs (seed {seed})"
+    );
 }
 
 #[test]

@@ -42,7 +42,8 @@ typedef struct FtnAdamTensorDesc {
  *                : inv_scale ? *inv_scale : 1
  *   g = g * inv;  L2: g += wd * p
  *   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
- *   u = (m / bc1) / (sqrtf(v / bc2) + eps);  decoupled: u += wd * p
+ *   u = (m * rbc1) / (sqrtf(v * rbc2) + eps);  decoupled: u += wd * p
+ *       (rbc1 = 1 / bc1, rbc2 = 1 / bc2 in fp32; IEEE sqrt and division)
  *   p = p - *lr * u;  model = (model_dtype) p
  * The step counter is not written here (ftn_adam_step_advance).
  * Kernel ftn_adam. */

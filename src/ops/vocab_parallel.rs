@@ -8,11 +8,12 @@
 use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::comm::CommElement;
 use crate::core::dtype::FloatElement;
-use crate::core::plan::vocab_parallel::{grid_stride, per_row};
+use crate::core::plan::vocab_parallel::{grid_stride, per_row, sort_steps, SortStep};
 use crate::core::{Element, Result};
 use crate::kernel_params::{
-    FtnVocabCeBwdParams, FtnVocabCeLossParams, FtnVocabCeMaxParams, FtnVocabCeStatsParams,
-    FtnVocabEmbedBwdParams, FtnVocabEmbedFwdParams,
+    FtnVocabCeBwdParams, FtnVocabCeLossParams, FtnVocabCeRescaleParams, FtnVocabCeStatsParams,
+    FtnVocabEmbedBwdParams, FtnVocabEmbedFwdParams, FtnVocabEmbedSortKeysParams,
+    FtnVocabEmbedSortStepParams,
 };
 use crate::kernels;
 
@@ -63,26 +64,59 @@ pub(crate) fn embedding_lookup<T: FloatElement, I: TokenId>(
 }
 
 /// `dweight[v, :] (+)= sum of dy[t, :] over tokens with ids[t] == start + v`,
-/// in token order; one block per shard row (`shard.rows >= 1`, `hidden >= 1`).
+/// in token order (`shard.rows >= 1`, `hidden >= 1`, `ids.len() < 2^32`):
+/// the (row, token) keys sorted on the device (bitonic, [`sort_steps`]),
+/// then one block per shard row summing its segment. `keys` is scratch of
+/// `sort_len(ids.len())` elements.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn embedding_grad<T: FloatElement, I: TokenId>(
     stream: &Stream,
     ids: &dyn DeviceRead<I>,
     dy: &dyn DeviceRead<T>,
     dweight: &mut dyn DeviceWrite<f32>,
+    keys: &mut dyn DeviceWrite<i64>,
     hidden: usize,
     shard: Shard,
     accumulate: bool,
 ) -> Result<()> {
-    let params = FtnVocabEmbedBwdParams {
-        dweight: dweight.addr() as *mut f32,
-        dy: dy.addr() as *const _,
+    let n = keys.len();
+    let key_params = FtnVocabEmbedSortKeysParams {
+        keys: keys.addr() as *mut i64,
         ids: ids.addr() as *const _,
         tokens: ids.len() as i64,
-        hidden: hidden as i64,
+        n: n as i64,
         vocab_start: shard.vocab_start as i64,
         shard_rows: shard.rows as i64,
         ids_i64: I::IS_I64 as u32,
+        pad_: 0,
+    };
+    stream.launch(
+        kernels::VOCAB_EMBED_SORT_KEYS.only()?,
+        grid_stride(n),
+        key_params,
+    )?;
+    for step in sort_steps(n) {
+        let (kernel, cfg, k, j) = match step {
+            SortStep::Tile { k, cfg } => (kernels::VOCAB_EMBED_SORT_TILE.only()?, cfg, k, 0),
+            SortStep::Global { k, j, cfg } => (kernels::VOCAB_EMBED_SORT_STEP.only()?, cfg, k, j),
+        };
+        let params = FtnVocabEmbedSortStepParams {
+            keys: keys.addr() as *mut i64,
+            n: n as i64,
+            k: k as i64,
+            j: j as i64,
+        };
+        stream.launch(kernel, cfg, params)?;
+    }
+    let params = FtnVocabEmbedBwdParams {
+        dweight: dweight.addr() as *mut f32,
+        dy: dy.addr() as *const _,
+        sorted: keys.addr() as *const i64,
+        tokens: ids.len() as i64,
+        hidden: hidden as i64,
+        shard_rows: shard.rows as i64,
         accumulate: accumulate as u32,
+        pad_: 0,
     };
     let k = kernels::VOCAB_EMBED_BWD.for_dtype(T::DTYPE)?;
     stream.launch(k, per_row(shard.rows), params)
@@ -100,36 +134,23 @@ pub(crate) struct CeShape {
     pub ignore_index: Option<i64>,
 }
 
-/// `row_max[t] = max over this shard's columns of logits[t, :]`.
-pub(crate) fn ce_row_max<T: FloatElement>(
-    stream: &Stream,
-    logits: &dyn DeviceRead<T>,
-    row_max: &mut dyn DeviceWrite<f32>,
-    s: &CeShape,
-) -> Result<()> {
-    let params = FtnVocabCeMaxParams {
-        row_max: row_max.addr() as *mut f32,
-        logits: logits.addr() as *const _,
-        tokens: s.tokens as i64,
-        cols: s.cols as i64,
-    };
-    let k = kernels::VOCAB_CE_MAX.for_dtype(T::DTYPE)?;
-    stream.launch(k, per_row(s.tokens), params)
-}
-
-/// `sums[0, t]` = sum of `exp(x - row_max)`, `sums[1, t]` = the target logit
-/// (0 off-shard), `sums[2, t]` (label smoothing) = sum of the logits.
+/// One pass per row: `row_max[t]` = this shard's row max (also into
+/// `local_max` when given), `sums[0, t]` = sum of `exp(x - row_max)`,
+/// `sums[1, t]` = the target logit (0 off-shard), `sums[2, t]` (label
+/// smoothing) = sum of the logits.
 pub(crate) fn ce_stats<T: FloatElement, I: TokenId>(
     stream: &Stream,
     logits: &dyn DeviceRead<T>,
     labels: &dyn DeviceRead<I>,
-    row_max: &dyn DeviceRead<f32>,
+    row_max: &mut dyn DeviceWrite<f32>,
+    local_max: Option<&mut dyn DeviceWrite<f32>>,
     sums: &mut dyn DeviceWrite<f32>,
     s: &CeShape,
 ) -> Result<()> {
     let params = FtnVocabCeStatsParams {
         sums: sums.addr() as *mut f32,
-        row_max: row_max.addr() as *const f32,
+        row_max: row_max.addr() as *mut f32,
+        local_max: local_max.map_or(core::ptr::null_mut(), |b| b.addr() as *mut f32),
         logits: logits.addr() as *const _,
         labels: labels.addr() as *const _,
         tokens: s.tokens as i64,
@@ -140,6 +161,28 @@ pub(crate) fn ce_stats<T: FloatElement, I: TokenId>(
     };
     let k = kernels::VOCAB_CE_STATS.for_dtype(T::DTYPE)?;
     stream.launch(k, per_row(s.tokens), params)
+}
+
+/// `sums[0, t] *= exp(local_max[t] - row_max[t])`: the local sums of
+/// exponentials re-based on the max reduced over the ranks.
+pub(crate) fn ce_rescale(
+    stream: &Stream,
+    sums: &mut dyn DeviceWrite<f32>,
+    row_max: &dyn DeviceRead<f32>,
+    local_max: &dyn DeviceRead<f32>,
+    tokens: usize,
+) -> Result<()> {
+    let params = FtnVocabCeRescaleParams {
+        sums: sums.addr() as *mut f32,
+        row_max: row_max.addr() as *const f32,
+        local_max: local_max.addr() as *const f32,
+        tokens: tokens as i64,
+    };
+    stream.launch(
+        kernels::VOCAB_CE_RESCALE.only()?,
+        grid_stride(tokens),
+        params,
+    )
 }
 
 /// `loss[t]` from the reduced statistics (0 for an ignored label).
@@ -170,8 +213,8 @@ pub(crate) fn ce_loss<I: TokenId>(
     )
 }
 
-/// `grad = dloss * (softmax - (1 - eps) * onehot - eps / V)` into the
-/// `[tokens, cols]` buffer at `grad` (may be `logits` itself); zero rows for
+/// `grad = dloss * (softmax - (1 - eps) * onehot - eps / V)`, one block per
+/// token row, into the `[tokens, cols]` buffer at `grad` (may be `logits` itself); zero rows for
 /// ignored labels.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ce_grad<T: FloatElement, I: TokenId>(
@@ -201,5 +244,5 @@ pub(crate) fn ce_grad<T: FloatElement, I: TokenId>(
         has_ignore_index: s.ignore_index.is_some() as u32,
     };
     let k = kernels::VOCAB_CE_BWD.for_dtype(T::DTYPE)?;
-    stream.launch(k, grid_stride(s.tokens * s.cols), params)
+    stream.launch(k, per_row(s.tokens), params)
 }

@@ -9,11 +9,14 @@
 //! * Embedding forward: local lookup (ids outside this rank's rows give zero
 //!   rows), then all-reduce SUM. Backward: the dense fp32 weight-gradient
 //!   shard `[V / tp, hidden]` from the (replicated) output gradient; no
-//!   communication, deterministic (no float atomics).
+//!   communication, deterministic (no float atomics): the (row, token) keys
+//!   sorted on the device, then a segment sum per row in token order.
 //! * Cross-entropy over logits sharded along the vocab dim (`[tokens, V / tp]`
-//!   per rank), fp32 math: local row max, all-reduce MAX; sum of exp, target
-//!   logit (0 off-shard) and, with label smoothing, sum of logits, all-reduce
-//!   SUM; `loss = log(sum exp) - target`. Backward (local):
+//!   per rank), fp32 math, one pass over the logits: local row max, sum of
+//!   exp relative to it, target logit (0 off-shard) and, with label
+//!   smoothing, sum of logits; all-reduce MAX of the max, the sums of exp
+//!   re-based on it (`* exp(local max - max)`), all-reduce SUM;
+//!   `loss = max + log(sum exp) - target`. Backward (local):
 //!   `grad = dloss * (softmax - onehot)`.
 //!
 //! Label smoothing `eps` follows the formula
@@ -34,7 +37,7 @@
 use crate::backend::{DeviceBuffer, DeviceRead, DeviceWrite, Stream};
 use crate::comm::{CommElement, Communicator, ReduceOp};
 use crate::core::dtype::FloatElement;
-use crate::core::plan::vocab_parallel::MAX_GRID_X;
+use crate::core::plan::vocab_parallel::{sort_len, MAX_GRID_X};
 use crate::core::{validate, Element, Error, Result};
 pub use crate::ops::vocab_parallel::TokenId;
 use crate::ops::vocab_parallel::{self as local, CeShape, Shard};
@@ -258,11 +261,33 @@ impl VocabParallelEmbedding {
         if rows == 0 || self.hidden == 0 {
             return Ok(());
         }
+        if tokens > u32::MAX as usize {
+            return Err(Error::invalid(
+                EMB_BWD,
+                "ids",
+                "fewer than 2^32 tokens",
+                tokens,
+            ));
+        }
         let shard = Shard {
             vocab_start: start,
             rows,
         };
-        local::embedding_grad(stream, ids, dy, dweight, self.hidden, shard, accumulate)
+        let keys_len = sort_len(tokens).ok_or_else(|| {
+            Error::invalid(EMB_BWD, "ids", "a token count that fits in usize", tokens)
+        })?;
+        // Scratch for the sorted (row, token) keys; released in stream order.
+        let mut keys = stream.device().alloc_zeros::<i64>(keys_len)?;
+        local::embedding_grad(
+            stream,
+            ids,
+            dy,
+            dweight,
+            &mut keys,
+            self.hidden,
+            shard,
+            accumulate,
+        )
     }
 }
 
@@ -402,7 +427,7 @@ impl VocabParallelCrossEntropy {
     }
 
     /// Per-token loss `[tokens]` (fp32) of this rank's logits shard and the
-    /// (replicated) labels. Every rank of `comm` must call it; three
+    /// (replicated) labels. Every rank of `comm` must call it; two
     /// all-reduces (MAX, then one SUM over the packed sums). Returns the
     /// statistics the backward needs; enqueued on `stream`.
     pub fn forward<T: FloatElement, I: TokenId>(
@@ -430,13 +455,32 @@ impl VocabParallelCrossEntropy {
             });
         }
         let shape = self.shape(start, inv_vocab);
-        local::ce_row_max(stream, logits, &mut row_max, &shape)?;
         if comm.size() > 1 {
+            // One pass per rank on its own max, then the sums of exp re-based
+            // on the reduced max before they are added up.
+            let mut local_max = dev.alloc_zeros::<f32>(self.tokens)?;
+            local::ce_stats(
+                stream,
+                logits,
+                labels,
+                &mut row_max,
+                Some(&mut local_max),
+                &mut sums,
+                &shape,
+            )?;
             comm.all_reduce_in_place(stream, &mut row_max, ReduceOp::Max)?;
-        }
-        local::ce_stats(stream, logits, labels, &row_max, &mut sums, &shape)?;
-        if comm.size() > 1 {
+            local::ce_rescale(stream, &mut sums, &row_max, &local_max, self.tokens)?;
             comm.all_reduce_in_place(stream, &mut sums, ReduceOp::Sum)?;
+        } else {
+            local::ce_stats(
+                stream,
+                logits,
+                labels,
+                &mut row_max,
+                None,
+                &mut sums,
+                &shape,
+            )?;
         }
         local::ce_loss(stream, labels, &row_max, &sums, loss, &shape)?;
         Ok(CrossEntropySaved {

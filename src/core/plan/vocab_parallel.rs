@@ -1,9 +1,11 @@
 //! Launch plans of the vocab-parallel embedding and cross-entropy kernels
 //! (`cuda/vocab_parallel.cu`): elementwise work grid-strides over at most
 //! [`MAX_BLOCKS`] blocks; per-row work (a token's logits, a vocab row's
-//! gradient) takes one block of [`THREADS`] per row.
+//! gradient) takes one block of [`THREADS`] per row; the embedding
+//! backward's bitonic sort of its keys is [`sort_steps`].
 
 use crate::core::LaunchConfig;
+use alloc::vec::Vec;
 
 /// Threads per block.
 pub const THREADS: u32 = 256;
@@ -24,6 +26,55 @@ pub fn per_row(rows: usize) -> LaunchConfig {
     LaunchConfig::linear(rows.min(MAX_GRID_X) as u32, THREADS)
 }
 
+/// Keys one block of the embedding backward's sort holds in shared memory
+/// (`VP_SORT_TILE` of `cuda/vocab_parallel.cu`).
+pub const SORT_TILE: usize = 2048;
+
+/// Keys the embedding backward sorts for `tokens` ids: the next power of two
+/// (at least 1). `None` on overflow.
+pub fn sort_len(tokens: usize) -> Option<usize> {
+    tokens.max(1).checked_next_power_of_two()
+}
+
+/// One launch of the bitonic sort over `n` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortStep {
+    /// `ftn_vocab_embed_sort_tile`: `k == 0` every stage up to the tile,
+    /// else stage `k`'s strides below the tile; one block per tile.
+    Tile { k: usize, cfg: LaunchConfig },
+    /// `ftn_vocab_embed_sort_step`: stage `k`, stride `j >= SORT_TILE`.
+    Global {
+        k: usize,
+        j: usize,
+        cfg: LaunchConfig,
+    },
+}
+
+/// The launches that sort `n` keys (`n` a power of two): the tiles, then for
+/// each longer stage its global strides and one tile pass. 1 launch up to
+/// [`SORT_TILE`] keys; O(log^2 (n / tile)) launches beyond.
+pub fn sort_steps(n: usize) -> Vec<SortStep> {
+    debug_assert!(n.is_power_of_two());
+    let tile = n.min(SORT_TILE);
+    let tiles = LaunchConfig::linear((n / tile) as u32, THREADS);
+    let mut steps = alloc::vec![SortStep::Tile { k: 0, cfg: tiles }];
+    let mut k = 2 * tile;
+    while k <= n {
+        let mut j = k / 2;
+        while j >= tile {
+            steps.push(SortStep::Global {
+                k,
+                j,
+                cfg: grid_stride(n / 2),
+            });
+            j /= 2;
+        }
+        steps.push(SortStep::Tile { k, cfg: tiles });
+        k *= 2;
+    }
+    steps
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -34,5 +85,26 @@ mod tests {
         assert_eq!(grid_stride(257).grid[0], 2);
         assert_eq!(grid_stride(usize::MAX / 2).grid[0] as usize, MAX_BLOCKS);
         assert_eq!(per_row(7).grid[0], 7);
+    }
+
+    #[test]
+    fn sort_plan() {
+        assert_eq!(sort_len(0), Some(1));
+        assert_eq!(sort_len(37), Some(64));
+        assert_eq!(sort_len(usize::MAX), None);
+        assert_eq!(sort_steps(64).len(), 1);
+        // 8192 keys = 4 tiles: stage 4096 (1 global stride + tile), stage
+        // 8192 (2 global strides + tile).
+        let s = sort_steps(8192);
+        assert_eq!(s.len(), 1 + 2 + 3);
+        assert!(matches!(
+            s[3],
+            SortStep::Global {
+                k: 8192,
+                j: 4096,
+                ..
+            }
+        ));
+        assert!(matches!(s[5], SortStep::Tile { k: 8192, .. }));
     }
 }

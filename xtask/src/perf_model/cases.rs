@@ -511,8 +511,9 @@ fn adam(params: u64) -> Case {
         backward: true,
         phases: vec![phase(
             "ftn_adam",
-            anchor("adam.cu", "adam_visit(", "float u = (m / bc1)", 4),
-            Elems::Fixed(1.0),
+            // The vector loop: 4 elements per thread, 128-bit p, m, v.
+            anchor("adam.cu", "void adam_elem(", "float u = (m * k.rbc1)", 16),
+            Elems::Fixed(4.0),
             cfg,
             n,
             bytes,
@@ -528,21 +529,18 @@ fn adam(params: u64) -> Case {
 fn cross_entropy(tokens: u64, vocab: u64) -> Vec<Case> {
     let n = (tokens * vocab) as f64;
     let e = BF16 as f64;
+    // Both kernels: one block per token row, 128-bit loads (the row is
+    // aligned: vocab shards are multiples of 128 columns).
     let rows = plan::vocab_parallel::per_row(tokens as usize);
-    let grid = plan::vocab_parallel::grid_stride((tokens * vocab) as usize);
-    let mut max = phase(
-        "ftn_vocab_ce_max_bf16",
-        anchor("vocab_parallel.cu", "void vocab_ce_max(", "m = fmaxf(m", 2),
-        Elems::PerLoadedBytes(e),
-        rows,
-        n,
-        e,
-        e,
-    );
-    max.one_round_per_block = false;
+    // One pass (online softmax): the logits are read once.
     let stats = phase(
         "ftn_vocab_ce_stats_bf16",
-        anchor("vocab_parallel.cu", "void vocab_ce_stats(", "se += expf", 2),
+        anchor(
+            "vocab_parallel.cu",
+            "void vp_fold(",
+            "st.s += __expf(x[u][k] - mx)",
+            16,
+        ),
         Elems::PerLoadedBytes(e),
         rows,
         n,
@@ -553,12 +551,12 @@ fn cross_entropy(tokens: u64, vocab: u64) -> Vec<Case> {
         "ftn_vocab_ce_bwd_bf16",
         anchor(
             "vocab_parallel.cu",
-            "void vocab_ce_bwd(",
-            "float v = expf",
-            2,
+            "void vp_ce_grad(",
+            "fmaf(__expf(v[u][k] - m)",
+            16,
         ),
-        Elems::Fixed(1.0),
-        grid,
+        Elems::PerLoadedBytes(e),
+        rows,
         n,
         2.0 * e,
         e,
@@ -568,7 +566,7 @@ fn cross_entropy(tokens: u64, vocab: u64) -> Vec<Case> {
             family: "vocab CE",
             name: format!("fwd {tokens}x{vocab}"),
             backward: false,
-            phases: vec![max, stats],
+            phases: vec![stats],
             floor_bytes: n * e,
             bench_bytes: n * e,
             measured: None,
@@ -585,6 +583,51 @@ fn cross_entropy(tokens: u64, vocab: u64) -> Vec<Case> {
             target: true,
         },
     ]
+}
+
+/// The embedding backward (overwrite, the dense fp32 gradient shard): the
+/// sort of the token keys (O(T log^2 T) over 8 bytes per token, L2-resident:
+/// not modelled), then one block per shard row: the segment loop reads each
+/// of this shard's dy rows once (bf16) and every row of dweight is written
+/// once (fp32). Floor: rows * hidden * 4 + tokens * hidden * 2 bytes (ids
+/// and keys aside).
+fn embedding_backward(rows: u64, hidden: u64, tokens: u64) -> Case {
+    let e = BF16 as f64;
+    let cfg = plan::vocab_parallel::per_row(rows as usize);
+    let dw = (rows * hidden) as f64;
+    let dy = (tokens * hidden) as f64;
+    let file = "vocab_parallel.cu";
+    let within = "void vp_embed_bwd_row(";
+    // The token loop: one 128-bit dy load per 8 columns and token.
+    let sum = phase(
+        "ftn_vocab_embed_bwd_bf16",
+        anchor(file, within, "acc[k] += d[k]", 16),
+        Elems::PerLoadedBytes(e),
+        cfg,
+        dy,
+        e,
+        e,
+    );
+    // The column loop around it: two 128-bit fp32 stores per 8 columns.
+    let store = phase(
+        "ftn_vocab_embed_bwd_bf16",
+        anchor(file, within, "ftn_store<float, F>(dw + h + f", 16),
+        Elems::Fixed(8.0),
+        cfg,
+        dw,
+        4.0,
+        0.0,
+    );
+    Case {
+        family: "embedding",
+        name: format!("bwd {rows}x{hidden}, {tokens} tokens"),
+        backward: true,
+        phases: vec![sum, store],
+        floor_bytes: dw * 4.0 + dy * e,
+        bench_bytes: dw * 4.0 + dy * e,
+        measured: None,
+        target: true,
+    }
 }
 
 fn copy(bytes: u64) -> Case {
@@ -639,5 +682,6 @@ pub fn all() -> Vec<Case> {
     v.push(adam(1 << 28));
     v.extend(cross_entropy(8192, 50304));
     v.extend(cross_entropy(8192, 131072));
+    v.push(embedding_backward(50304, 4096, 8192));
     v
 }
