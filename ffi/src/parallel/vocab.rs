@@ -334,7 +334,7 @@ unsafe fn ce_fwd_t<T: FloatElement, I: TokenId>(
 
 /// Per-token loss `loss` (fp32 `[tokens]`) of this rank's `logits`
 /// (`[tokens, shard_vocab]`) and the replicated `labels` (`[tokens]`; ids
-/// of the padded vocabulary). Every rank calls it (three all-reduces).
+/// of the padded vocabulary). Every rank calls it (two all-reduces, MAX then SUM; none with one rank).
 /// `*saved` receives the statistics the backward needs (a new handle; free
 /// it with `ftn_cross_entropy_saved_destroy`).
 /// A label outside `[0, V)` is not an error (labels are device data, not
