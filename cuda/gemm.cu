@@ -174,10 +174,7 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
                                          j * 16 + (lane >> 4) * 8);
           }
         }
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-          for (int j = 0; j < NI; ++j) ftn_mma_m16n8k16<T>(acc[i][j], af[i], bf[j], acc[i][j]);
+        ftn_mma_tile_m16n8k16<T>(acc, af, bf);  // acc[i][j] += af[i] * bf[j]
       }
     }
     ftn_mma_batch_end();  // acc holds the results from here on

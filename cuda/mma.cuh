@@ -10,6 +10,9 @@
 //
 //   ftn_mma_m16n8k16<T>(d[4], a[4], b[2], c[4])  T = __half or __nv_bfloat16;
 //       d = a(16x16, row) * b(16x8, col) + c, fp32; d may alias c
+//   ftn_mma_tile_m16n8k16<T>(acc[MI][NI][4], a[MI][4], b[NI][2])  a warp's
+//       tile: acc[i][j] += a[i] * b[j] for all i, j (i outer), the same
+//       mma.sync ops as that loop; on the emulator, one recorded op in a batch
 //   ftn_ldmatrix_x{1,2,4}[_trans](r, row)        row: this lane's row address
 //       in shared memory (16-byte aligned; lanes 8i..8i+7 -> matrix i)
 //   ftn_cp_async_16(smem, gmem, src_bytes)       copies src_bytes in [0, 16]
@@ -57,6 +60,15 @@ template <> struct FtnMmaType<__nv_bfloat16> {
 template <typename T>
 FTN_DEVICE void ftn_mma_m16n8k16(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
   FtnMmaType<T>::mma(d, a, b, c);
+}
+
+template <typename T, int MI, int NI>
+FTN_DEVICE void ftn_mma_tile_m16n8k16(float (&acc)[MI][NI][4], const uint32_t (&a)[MI][4],
+                                      const uint32_t (&b)[NI][2]) {
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j) FtnMmaType<T>::mma(acc[i][j], a[i], b[j], acc[i][j]);
 }
 
 FTN_DEVICE void ftn_ldmatrix_x4(uint32_t *r, const void *row) {
@@ -114,6 +126,12 @@ FTN_DEVICE void ftn_mma_m16n8k16(float *d, const uint32_t *a, const uint32_t *b,
                                  FTN_CALLER_LOC) {
   ::ftn_emu::mma_m16n8k16(FtnMmaIsBf16<T>::value, d, a, b, c, ftn_loc.file_name(),
                           ftn_loc.line());
+}
+template <typename T, int MI, int NI>
+FTN_DEVICE void ftn_mma_tile_m16n8k16(float (&acc)[MI][NI][4], const uint32_t (&a)[MI][4],
+                                      const uint32_t (&b)[NI][2] FTN_CALLER_LOC) {
+  ::ftn_emu::mma_tile_m16n8k16(FtnMmaIsBf16<T>::value, MI, NI, &acc[0][0][0], &a[0][0], &b[0][0],
+                               ftn_loc.file_name(), ftn_loc.line());
 }
 FTN_DEVICE void ftn_ldmatrix_x4(uint32_t *r, const void *row FTN_CALLER_LOC) {
   ::ftn_emu::ldmatrix(4, false, r, row, ftn_loc.file_name(), ftn_loc.line());

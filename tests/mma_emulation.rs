@@ -55,6 +55,11 @@ fn mma_m16n8k16_fragments() {
 }
 
 #[test]
+fn mma_tile_matches_single_mma_ops() {
+    run("mma_tile");
+}
+
+#[test]
 fn cp_async_zero_fill() {
     run("cp_async_zero_fill");
 }

@@ -651,6 +651,12 @@ void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const 
 // Operands are registers (no addresses to check).
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line);
+// A warp tile of mma.sync ops, in place: for i < mi, j < ni (i outer),
+// acc[i][j] = a[i] * b[j] + acc[i][j], with acc float[mi][ni][4], a
+// uint32_t[mi][4], b uint32_t[ni][2] (1 <= mi, ni <= 8). Exactly the mi * ni
+// mma_m16n8k16 calls in that order; inside a batch, one recorded op.
+void mma_tile_m16n8k16(bool bf16, unsigned mi, unsigned ni, float *acc, const uint32_t *a,
+                       const uint32_t *b, const char *file, unsigned line);
 // ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 (full warp); `row`
 // is this lane's row address (lanes 8i..8i+7 give matrix i's rows). Each
 // lane whose address is used checks it: 16-byte aligned, and 16 bytes inside

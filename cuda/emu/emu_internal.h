@@ -103,11 +103,16 @@ struct BatchOp {
   unsigned line;
   const char *file;
 };
-enum : uint8_t { kOpMma = 1, kOpLdmatrix = 2 };
+// kOpMmaTile: a warp tile of mma.sync ops (ftn_mma_tile_m16n8k16); param =
+// mi << 4 | ni, trans = bf16 inputs.
+enum : uint8_t { kOpMma = 1, kOpLdmatrix = 2, kOpMmaTile = 3 };
 constexpr unsigned kBatchCap = 64;
 // 32-bit words of captured operands a lane may hold per recorded op (an mma
-// capturing A, B and C: 4 + 2 + 4).
+// capturing A, B and C: 4 + 2 + 4), on average: the capture area holds
+// kBatchCap * kBatchCapWords words per lane. Every op reserves its worst
+// case (Warp::batch_rw), so all lanes agree on when the area is full.
 constexpr unsigned kBatchCapWords = 10;
+constexpr unsigned kBatchCapTotal = kBatchCap * kBatchCapWords;
 
 struct WarpSlot {  // one pending warp rendezvous
   int op;
@@ -144,6 +149,7 @@ struct Warp {
   std::unique_ptr<BatchOp[]> batch_desc;
   uint16_t batch_n[32] = {};
   uint16_t batch_w[32] = {};
+  uint16_t batch_rw[32] = {};  // words reserved: the sum of each op's worst case
   uint32_t batch_pending = 0;
   uint32_t batch_nd = 0;
   bool batch_bad = false;
@@ -157,6 +163,7 @@ struct Warp {
 inline void batch_reset(Warp &wp) {
   std::memset(wp.batch_n, 0, sizeof wp.batch_n);
   std::memset(wp.batch_w, 0, sizeof wp.batch_w);
+  std::memset(wp.batch_rw, 0, sizeof wp.batch_rw);
   wp.batch_pending = wp.batch_nd = 0;
   wp.batch_bad = false;
 }

@@ -28,6 +28,7 @@
 // with its own (unspecified) internal precision, so results can differ from
 // the GPU in the last bits of fp32 -- far below the fp16/bf16 tolerances.
 #include <cstring>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -86,12 +87,11 @@ void mma_put_b(TileF &x, unsigned lane, const uint32_t *b) {
     x[c0 + 8 * r + 1][g] = hi_f32<BF16>(b[r]);
   }
 }
+// (c0, c1) and (c2, c3) are adjacent in D's rows: two 8-byte moves.
 void mma_put_c(TileF &x, unsigned lane, const float *c) {
   const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
-  x[g][c0] = c[0];
-  x[g][c0 + 1] = c[1];
-  x[g + 8][c0] = c[2];
-  x[g + 8][c0 + 1] = c[3];
+  std::memcpy(&x[g][c0], c, 8);
+  std::memcpy(&x[g + 8][c0], c + 2, 8);
 }
 template <bool BF16>
 void mma_put(MmaTile &x, unsigned lane, const uint32_t *a, const uint32_t *b, const float *c) {
@@ -103,10 +103,8 @@ void mma_put(MmaTile &x, unsigned lane, const uint32_t *a, const uint32_t *b, co
 
 void mma_take(const TileF &x, unsigned lane, float *d) {
   const unsigned g = lane >> 2, c0 = 2 * (lane & 3);
-  d[0] = x[g][c0];
-  d[1] = x[g][c0 + 1];
-  d[2] = x[g + 8][c0];
-  d[3] = x[g + 8][c0 + 1];
+  std::memcpy(d, &x[g][c0], 8);
+  std::memcpy(d + 2, &x[g + 8][c0], 8);
 }
 
 // D = C + A * B: each D[m][n] is C[m][n] + p_0 + ... + p_15 (p_k = A[m][k] *
@@ -253,21 +251,21 @@ template <unsigned words>
   return words == 2 ? x[0] == ~0ull : (x[0] & x[words / 2 - 1]) == ~0ull;
 }
 
-// The rows of an ldmatrix, M[i][r] = lane (8i + r)'s 16 bytes; each lane's
-// registers per the PTX fragment layout (g = l >> 2, t = l & 3).
-void ldmatrix_fragments(int count, bool trans, const unsigned char *const *rows, unsigned lane,
-                        uint32_t *r) {
-  const int g = int(lane >> 2), t = int(lane & 3);
-  for (int i = 0; i < count; ++i) {
-    uint16_t lo, hi;
-    if (trans) {
-      std::memcpy(&lo, rows[8 * i + 2 * t] + 2 * g, 2);
-      std::memcpy(&hi, rows[8 * i + 2 * t + 1] + 2 * g, 2);
-    } else {
-      std::memcpy(&lo, rows[8 * i + g] + 4 * t, 2);
-      std::memcpy(&hi, rows[8 * i + g] + 4 * t + 2, 2);
-    }
-    r[i] = uint32_t(lo) | (uint32_t(hi) << 16);
+// An ldmatrix for the whole warp: M[i][r] = lane (8i + r)'s 16-byte row
+// (eight 16-bit elements), transposed first for .trans; then lane l = 4g + t
+// takes elements 2t, 2t+1 of row g of each matrix as one register (the PTX
+// fragment layout; for .trans that is rows 2t, 2t+1 of column g).
+void ldmatrix_warp(int count, bool trans, const unsigned char *const *rows, void *const *dst) {
+  alignas(16) uint16_t M[4][8][8];
+  for (int i = 0; i < count; ++i)
+    for (int r = 0; r < 8; ++r) std::memcpy(M[i][r], rows[8 * i + r], 16);
+  if (trans)
+    for (int i = 0; i < count; ++i)
+      for (int r = 0; r < 8; ++r)
+        for (int c = r + 1; c < 8; ++c) std::swap(M[i][r][c], M[i][c][r]);
+  for (unsigned l = 0; l < 32; ++l) {
+    uint32_t *r = static_cast<uint32_t *>(dst[l]);
+    for (int i = 0; i < count; ++i) std::memcpy(&r[i], &M[i][l >> 2][2 * (l & 3)], 4);
   }
 }
 
@@ -301,6 +299,18 @@ void ldmatrix_fragments(int count, bool trans, const unsigned char *const *rows,
   }
   ++wp.batch_pending;
   return wp.batch_ops[lane * kBatchCap + i];
+}
+
+void flush_collective(unsigned mask, void *const *);
+
+// Reserves `words` of the lane's capture area for its next op (the op's
+// worst case, so every lane of the warp takes the same decisions); when they
+// would not fit, the warp's batch is flushed first.
+[[gnu::always_inline]] inline void reserve_words(detail::Warp &wp, unsigned lane, unsigned words,
+                                                 const char *file, unsigned line) {
+  if (__builtin_expect(wp.batch_rw[lane] + words > detail::kBatchCapTotal, 0))
+    detail::warp_collective(0xFFFFFFFFu, &flush_collective, nullptr, file, line);
+  wp.batch_rw[lane] = uint16_t(wp.batch_rw[lane] + words);
 }
 
 [[gnu::always_inline]] inline uint32_t *cap_slot(detail::Warp &wp, unsigned lane,
@@ -347,6 +357,7 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
   const unsigned lane = w.cur->pub.linear & 31u;
   if (w.cur->in_mma_batch) {
     detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
+    reserve_words(wp, lane, 10, file, line);
     detail::LaneOp &o = record(wp, lane, detail::kOpMma, bf16, 0, file, line);
     o.a = capture<4>(wp, lane, a);
     o.b = capture<2>(wp, lane, b);
@@ -363,6 +374,56 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
     mma_put<false>(x, lane, a, b, c);
   detail::warp_collective(0xFFFFFFFFu, &mma_collective, &x, file, line);
   mma_take(x.d, lane, d);  // d may alias c: read only now
+}
+
+namespace {
+// How many of `chunks` chunks of `words` 32-bit words at p read as in flight.
+template <unsigned words>
+unsigned poison_chunks(const uint32_t *p, unsigned chunks) {
+  unsigned n = 0;
+  for (unsigned i = 0; i < chunks; ++i) n += all_poison<words>(p + i * words);
+  return n;
+}
+}  // namespace
+
+void mma_tile_m16n8k16(bool bf16, unsigned mi, unsigned ni, float *acc, const uint32_t *a,
+                       const uint32_t *b, const char *file, unsigned line) {
+  if (mi < 1 || mi > 8 || ni < 1 || ni > 8)
+    detail::fail(detail::strprintf("mma tile at %s:%u: %ux%u mma tiles, expected 1..8 each",
+                                   file, line, mi, ni));
+  detail::Worker &w = *detail::tl_worker;
+  auto one_by_one = [&] {
+    for (unsigned i = 0; i < mi; ++i)
+      for (unsigned j = 0; j < ni; ++j) {
+        float *d = acc + 4 * (i * ni + j);
+        mma_m16n8k16(bf16, d, a + 4 * i, b + 2 * j, d, file, line);
+      }
+  };
+  if (!w.cur->in_mma_batch) return one_by_one();
+  const unsigned lane = w.cur->pub.linear & 31u;
+  detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
+  // One op reads each operand array through one pointer: all of it in
+  // flight (read at the flush), or none (captured now). A mix -- some
+  // fragments produced in this batch, some not -- is recorded op by op.
+  const unsigned pa = poison_chunks<4>(a, mi), pb = poison_chunks<2>(b, ni);
+  const unsigned pc = poison_chunks<4>(reinterpret_cast<const uint32_t *>(acc), mi * ni);
+  if ((pa != 0 && pa != mi) || (pb != 0 && pb != ni) || (pc != 0 && pc != mi * ni))
+    return one_by_one();
+  reserve_words(wp, lane, 4 * mi + 2 * ni + 4 * mi * ni, file, line);
+  detail::LaneOp &o = record(wp, lane, detail::kOpMmaTile, uint8_t(mi << 4 | ni), bf16, file,
+                             line);
+  auto take = [&](const void *p, unsigned words, bool in_flight) -> const void * {
+    if (in_flight) return p;
+    uint32_t *cap = cap_slot(wp, lane, words);
+    std::memcpy(cap, p, 4 * words);
+    return cap;
+  };
+  o.a = take(a, 4 * mi, pa != 0);
+  o.b = take(b, 2 * ni, pb != 0);
+  o.c = take(acc, 4 * mi * ni, pc != 0);
+  o.dst = acc;
+  std::memset(acc, 0xFF, 4 * sizeof(float) * mi * ni);
+  flush_if_full(wp, lane, file, line);
 }
 
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
@@ -382,6 +443,7 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
   detail::Worker &w = *detail::tl_worker;
   if (w.cur->in_mma_batch) {
     detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
+    reserve_words(wp, lane, 4, file, line);
     detail::LaneOp &o =
         record(wp, lane, detail::kOpLdmatrix, uint8_t(count), trans, file, line);
     o.a = nullptr;
@@ -472,6 +534,41 @@ struct MmaOperandCache {
     for (unsigned l = 0; l < 32; ++l) mma_take(x.d, l, static_cast<float *>(ops[l]->dst));
   }
 };
+
+// A recorded warp tile (kOpMmaTile): each A and B fragment converted once,
+// then the mi * ni products in the order the lanes' loop would issue them.
+template <bool BF16>
+void run_mma_tile(unsigned mi, unsigned ni, const detail::LaneOp *const *ops) {
+  struct Scratch {
+    alignas(32) TileA a[8];
+    alignas(32) TileF b[8];
+    alignas(32) TileF c, d;
+  };
+  static thread_local Scratch s;  // 20 KiB: not on a fiber's stack
+  for (unsigned i = 0; i < mi; ++i)
+    for (unsigned l = 0; l < 32; ++l)
+      mma_put_a<BF16>(s.a[i], l, static_cast<const uint32_t *>(ops[l]->a) + 4 * i);
+  for (unsigned j = 0; j < ni; ++j)
+    for (unsigned l = 0; l < 32; ++l)
+      mma_put_b<BF16>(s.b[j], l, static_cast<const uint32_t *>(ops[l]->b) + 2 * j);
+  for (unsigned i = 0; i < mi; ++i)
+    for (unsigned j = 0; j < ni; ++j) {
+      const unsigned off = 4 * (i * ni + j);
+      for (unsigned l = 0; l < 32; ++l)
+        mma_put_c(s.c, l, static_cast<const float *>(ops[l]->c) + off);
+      mma_compute(s.a[i], s.b[j], s.c, s.d);
+      for (unsigned l = 0; l < 32; ++l) mma_take(s.d, l, static_cast<float *>(ops[l]->dst) + off);
+    }
+}
+
+
+const char *op_name(const detail::BatchOp &o) {
+  switch (o.kind) {
+    case detail::kOpMma: return "mma.sync";
+    case detail::kOpMmaTile: return "an mma tile";
+    default: return "ldmatrix";
+  }
+}
 }  // namespace
 
 namespace detail {
@@ -492,9 +589,8 @@ void mma_batch_flush(Worker &w, unsigned wi) {
     const BatchOp &d = wp.batch_desc[wp.bad_index], &o = wp.bad_op;
     fail(strprintf("mma batch of warp %u: op %u is %s at %s:%u on lane %u but %s at %s:%u on "
                    "lane %u (lanes must issue the same tensor-core ops)",
-                   wi, unsigned(wp.bad_index), d.kind == kOpMma ? "mma.sync" : "ldmatrix",
-                   d.file, d.line, unsigned(d.lane), o.kind == kOpMma ? "mma.sync" : "ldmatrix",
-                   o.file, o.line, unsigned(o.lane)));
+                   wi, unsigned(wp.bad_index), op_name(d), d.file, d.line, unsigned(d.lane),
+                   op_name(o), o.file, o.line, unsigned(o.lane)));
   }
   for (size_t i = 0; i < n; ++i) {
     const BatchOp &o0 = wp.batch_desc[i];
@@ -505,12 +601,21 @@ void mma_batch_flush(Worker &w, unsigned wi) {
         cache.run<true>(x, lane_ops);
       else
         cache.run<false>(x, lane_ops);
+    } else if (o0.kind == kOpMmaTile) {
+      const LaneOp *lane_ops[32];
+      for (unsigned l = 0; l < 32; ++l) lane_ops[l] = &op(l, i);
+      if (o0.trans)
+        run_mma_tile<true>(o0.param >> 4, o0.param & 15u, lane_ops);
+      else
+        run_mma_tile<false>(o0.param >> 4, o0.param & 15u, lane_ops);
     } else {
       const unsigned char *rows[32];
-      for (int l = 0; l < 32; ++l) rows[l] = static_cast<const unsigned char *>(op(l, i).a);
-      for (unsigned l = 0; l < 32; ++l)
-        ldmatrix_fragments(o0.param, o0.trans != 0, rows, l,
-                           static_cast<uint32_t *>(op(l, i).dst));
+      void *dst[32];
+      for (int l = 0; l < 32; ++l) {
+        rows[l] = static_cast<const unsigned char *>(op(l, i).a);
+        dst[l] = op(l, i).dst;
+      }
+      ldmatrix_warp(o0.param, o0.trans != 0, rows, dst);
     }
   }
   batch_reset(wp);

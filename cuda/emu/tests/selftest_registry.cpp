@@ -43,6 +43,7 @@
   X(ldmatrix_misaligned)            \
   X(mma_m16n8k16)                   \
   X(mma_batch_misuse)               \
+  X(mma_tile)                       \
   X(cp_async_zero_fill)             \
   X(strict_vector_alignment)        \
   X(strict_ldmatrix_shared)         \

@@ -4,6 +4,7 @@
 // layout, written here per register (independently of mma_emu.cpp's
 // per-element formulas); cp.async zero-fill; misaligned ldmatrix fails loudly.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "../../mma.cuh"
@@ -22,6 +23,16 @@ struct MmaParams {
   const float *c;  // [16][8]
   float *out;      // [32 lanes][4]
   int batch;       // 1: inside a batch; 2: also chain D = A*B + D twice more
+};
+// A 3x2 warp tile of mma ops: ftn_mma_tile_m16n8k16 against the same
+// products issued one by one (checked against the PTX layouts above).
+struct MmaTileParams {
+  int bf16;
+  int mode;  // 0: no batch; 1: batch; 2: batch, tile twice (the second reads
+             // in-flight accumulators); 3: batch, one accumulator in flight
+             // before the tile (a mix: recorded op by op)
+  float *tile_out;  // [32 lanes][3][2][4]
+  float *ref_out;   // the same, from single mma ops
 };
 struct CpParams {
   const uint16_t *src;
@@ -112,6 +123,58 @@ FTN_KERNEL(st_mma, MmaParams, p) {
   }
   if (p.batch) ftn_mma_batch_end();
   for (int i = 0; i < 4; ++i) p.out[lane * 4 + i] = d[i] == c[i] ? d[i] : NAN;
+}
+
+template <typename T>
+__device__ void mma_tile_case(const MmaTileParams &p) {
+  const unsigned lane = threadIdx.x;
+  constexpr int MI = 3, NI = 2;
+  uint32_t a[MI][4], b[NI][2];
+  float acc[MI][NI][4], ref[MI][NI][4];
+  auto word = [&](unsigned salt) {  // two finite inputs in [-2, 2) per word
+    uint32_t w = 0;
+    for (int h = 0; h < 2; ++h) {
+      const float v = float(((lane * 131u + salt * 7919u + unsigned(h) * 31u) * 2654435761u) >> 26) /
+                          16.0f - 2.0f;
+      const uint16_t bits = p.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
+                                   : __half_as_ushort(__float2half_rn(v));
+      w |= uint32_t(bits) << (16 * h);
+    }
+    return w;
+  };
+  for (int i = 0; i < MI; ++i)
+    for (int r = 0; r < 4; ++r) a[i][r] = word(unsigned(i * 4 + r));
+  for (int j = 0; j < NI; ++j)
+    for (int r = 0; r < 2; ++r) b[j][r] = word(unsigned(100 + j * 2 + r));
+  for (int i = 0; i < MI; ++i)
+    for (int j = 0; j < NI; ++j)
+      for (int e = 0; e < 4; ++e)
+        acc[i][j][e] = ref[i][j][e] = float(int(lane) - 16 + i * 8 + j * 4 + e) / 8.0f;
+  const int reps = p.mode == 2 ? 2 : 1;
+  if (p.mode != 0) ftn_mma_batch_begin();
+  if (p.mode == 3) {  // acc[1][0] in flight, the others not
+    ftn_mma_m16n8k16<T>(acc[1][0], a[1], b[0], acc[1][0]);
+    ftn_mma_m16n8k16<T>(ref[1][0], a[1], b[0], ref[1][0]);
+  }
+  for (int rep = 0; rep < reps; ++rep) {
+    ftn_mma_tile_m16n8k16<T>(acc, a, b);
+    for (int i = 0; i < MI; ++i)
+      for (int j = 0; j < NI; ++j) ftn_mma_m16n8k16<T>(ref[i][j], a[i], b[j], ref[i][j]);
+  }
+  if (p.mode != 0) ftn_mma_batch_end();
+  for (int i = 0; i < MI; ++i)
+    for (int j = 0; j < NI; ++j)
+      for (int e = 0; e < 4; ++e) {
+        p.tile_out[((lane * MI + i) * NI + j) * 4 + e] = acc[i][j][e];
+        p.ref_out[((lane * MI + i) * NI + j) * 4 + e] = ref[i][j][e];
+      }
+}
+
+FTN_KERNEL(st_mma_tile, MmaTileParams, p) {
+  if (p.bf16)
+    mma_tile_case<__nv_bfloat16>(p);
+  else
+    mma_tile_case<__half>(p);
 }
 
 FTN_KERNEL(st_cp_async, CpParams, p) {
@@ -212,6 +275,19 @@ void test_mma_batch_misuse() {
   LAUNCH_FAILS(st_mma_batch_misuse, p, dim3(1), dim3(32), 0, "exited inside an mma batch");
   p.batch = 3;
   LAUNCH_FAILS(st_mma_batch_misuse, p, dim3(1), dim3(32), 0, "the warp diverged");
+}
+
+void test_mma_tile() {
+  for (int bf16 : {0, 1})
+    for (int mode : {0, 1, 2, 3}) {
+      std::vector<float> tile(32 * 24, -1.0f), ref(32 * 24, -2.0f);
+      MmaTileParams p{bf16, mode, tile.data(), ref.data()};
+      LAUNCH_OK(st_mma_tile, p, dim3(1), dim3(32), 0, 1);
+      for (size_t i = 0; i < tile.size(); ++i)
+        CHECK(std::memcmp(&tile[i], &ref[i], 4) == 0 && !std::isnan(tile[i]),
+              "bf16 %d mode %d: element %zu (lane %zu) is %.9g from the tile, %.9g one by one",
+              bf16, mode, i, i / 24, double(tile[i]), double(ref[i]));
+    }
 }
 
 void test_cp_async_zero_fill() {
