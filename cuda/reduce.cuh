@@ -17,11 +17,21 @@ struct FtnSumOp {
   static FTN_DEVICE float identity() { return 0.0f; }
 };
 
+// On the emulator, one warp rendezvous computing the same butterfly
+// (cuda/emu/warp.cpp) instead of five: bitwise the same results.
+#if defined(__CUDACC__)
 template <class Op> FTN_DEVICE float ftn_warp_allreduce(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
+#else
+template <class Op>
+FTN_DEVICE float ftn_warp_allreduce(float v,
+                                    std::source_location ftn_loc = std::source_location::current()) {
+  return ::ftn_emu::warp_allreduce_f32(v, &Op::apply, ftn_loc.file_name(), ftn_loc.line());
+}
+#endif
 
 // Every thread of the block gets the reduction of each of the N values v[i],
 // through one pair of barriers for all N. `red` holds 32 floats per value

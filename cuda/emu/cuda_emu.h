@@ -651,6 +651,10 @@ void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const 
 // Operands are registers (no addresses to check).
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line);
+// ftn_warp_allreduce (cuda/reduce.cuh) in one rendezvous instead of five
+// shuffles: the full warp's xor butterfly, lane l combining op(own value,
+// lane l ^ off's) for off = 16, 8, 4, 2, 1, exactly as the shuffles would.
+float warp_allreduce_f32(float v, float (*op)(float, float), const char *file, unsigned line);
 // A warp tile of mma.sync ops, in place: for i < mi, j < ni (i outer),
 // acc[i][j] = a[i] * b[j] + acc[i][j], with acc float[mi][ni][4], a
 // uint32_t[mi][4], b uint32_t[ni][2] (1 <= mi, ni <= 8). Exactly the mi * ni

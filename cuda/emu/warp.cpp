@@ -16,7 +16,7 @@ const char *warp_op_name(int op) {
       "__shfl_sync",       "__shfl_up_sync",    "__shfl_down_sync",  "__shfl_xor_sync",
       "__ballot_sync",     "__any_sync",        "__all_sync",        "__syncwarp",
       "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync",
-      "__reduce_or_sync",  "__reduce_xor_sync", "warp collective (mma/ldmatrix)",
+      "__reduce_or_sync",  "__reduce_xor_sync", "warp collective (mma, ldmatrix, ftn_warp_allreduce)",
       "__activemask"};
   return op >= 0 && op < kWarpOpCount ? names[op] : "warp op";
 }
@@ -248,3 +248,42 @@ void warp_lane_exited(Worker &w, Thread &t) {
 }
 
 }  // namespace ftn_emu::detail
+
+namespace ftn_emu {
+namespace {
+// One lane's part of warp_allreduce_f32: its value in, the result out.
+struct AllreduceLane {
+  float v;
+  float (*op)(float, float);
+};
+
+// The xor butterfly of ftn_warp_allreduce (cuda/reduce.cuh), all lanes at
+// once: at each step lane l computes op(own, lane l ^ off's), as its
+// __shfl_xor_sync would give it, so every lane's result is bitwise the same
+// as with five shuffles.
+void allreduce_collective(unsigned mask, void *const *data) {
+  if (mask != 0xFFFFFFFFu)
+    detail::fail(detail::strprintf("ftn_warp_allreduce needs the full warp, got mask 0x%08x", mask));
+  float (*op)(float, float) = static_cast<AllreduceLane *>(data[0])->op;
+  float v[32];
+  for (unsigned l = 0; l < 32; ++l) {
+    const AllreduceLane &x = *static_cast<AllreduceLane *>(data[l]);
+    if (x.op != op)
+      detail::fail("ftn_warp_allreduce: lanes of one warp meet with different operations");
+    v[l] = x.v;
+  }
+  for (unsigned off = 16; off > 0; off >>= 1) {
+    float n[32];
+    for (unsigned l = 0; l < 32; ++l) n[l] = op(v[l], v[l ^ off]);
+    std::memcpy(v, n, sizeof v);
+  }
+  for (unsigned l = 0; l < 32; ++l) static_cast<AllreduceLane *>(data[l])->v = v[l];
+}
+}  // namespace
+
+float warp_allreduce_f32(float v, float (*op)(float, float), const char *file, unsigned line) {
+  AllreduceLane me{v, op};
+  detail::warp_collective(0xFFFFFFFFu, &allreduce_collective, &me, file, line);
+  return me.v;
+}
+}  // namespace ftn_emu

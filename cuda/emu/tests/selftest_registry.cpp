@@ -24,6 +24,7 @@
   X(ballot_any_all)                 \
   X(syncwarp)                       \
   X(warp_reduce)                    \
+  X(warp_allreduce)                 \
   X(atomics_many_blocks)            \
   X(atomic_cas_spin)                \
   X(half_conversions)               \

@@ -2,8 +2,11 @@
 // 32/16/8/4/2 (expected values from the CUDA programming guide's description,
 // written per segment, independent of the runtime's PTX formula), shuffles of
 // every supported value type, ballot/any/all, __syncwarp and __reduce_*.
+#include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "../../reduce.cuh"
 #include "selftest.h"
 
 namespace {
@@ -227,4 +230,46 @@ void test_warp_reduce() {
     CHECK(o[4] == 0xFFFFFFFFu, "or");
     CHECK(o[5] == 0u, "xor");  // 0^1^...^31 = 0
   }
+}
+
+// ftn_warp_allreduce (cuda/reduce.cuh: one emulator rendezvous) against the
+// five __shfl_xor_sync steps it stands for, bitwise on every lane, for sums
+// whose rounding depends on the order and for max with -0.0/+0.0 and NaN-free
+// ties; and a block of 16 threads (no full warp) must fail loudly.
+namespace {
+struct AllreduceParams {
+  float *out;  // per lane: sum via allreduce, sum via shuffles, max, max
+};
+}  // namespace
+
+FTN_KERNEL(st_warp_allreduce, AllreduceParams, p) {
+  const unsigned l = threadIdx.x % 32;
+  // Full 24-bit mantissas in [1, 8): the rounding of their fp32 sum depends
+  // on the order of the additions.
+  const float v = 1.0f + 7.0f * float(((l + 1u) * 2654435761u) >> 8) / 16777216.0f;
+  const float w = (l & 1) ? -0.0f : 0.0f;
+  float shfl_sum = v, shfl_max = w;
+  for (int off = 16; off > 0; off >>= 1) {
+    shfl_sum = FtnSumOp::apply(shfl_sum, __shfl_xor_sync(0xFFFFFFFFu, shfl_sum, off));
+    shfl_max = FtnMaxOp::apply(shfl_max, __shfl_xor_sync(0xFFFFFFFFu, shfl_max, off));
+  }
+  float *o = p.out + 4 * threadIdx.x;
+  o[0] = ftn_warp_allreduce<FtnSumOp>(v);
+  o[1] = shfl_sum;
+  o[2] = ftn_warp_allreduce<FtnMaxOp>(w);
+  o[3] = shfl_max;
+}
+
+void test_warp_allreduce() {
+  std::vector<float> out(4 * 64, 1.0f);
+  AllreduceParams p{out.data()};
+  LAUNCH_OK(st_warp_allreduce, p, dim3(1), dim3(64), 0, 1);
+  for (unsigned t = 0; t < 64; ++t) {
+    const float *o = &out[4 * t];
+    CHECK(std::memcmp(&o[0], &o[1], 4) == 0, "thread %u: sum %.9g, shuffles %.9g", t,
+          double(o[0]), double(o[1]));
+    CHECK(std::memcmp(&o[2], &o[3], 4) == 0, "thread %u: max %g, shuffles %g", t, double(o[2]),
+          double(o[3]));
+  }
+  LAUNCH_FAILS(st_warp_allreduce, p, dim3(1), dim3(16), 0, "do not exist");
 }
