@@ -153,26 +153,25 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
       const T *sb = sa + Tile::A_ELEMS;
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
-#pragma unroll
-        for (int i = 0; i < MI; ++i) {
-          if constexpr (A_K_MAJOR) {
-            ftn_ldmatrix_x4(af[i], sa + (wm0 + i * 16 + (lane & 15)) * SLDA + kk + (lane >> 4) * 8);
-          } else {
-            ftn_ldmatrix_x4_trans(af[i], sa + (kk + (lane >> 4) * 8 + (lane & 7)) * SLDA + wm0 +
-                                             i * 16 + ((lane >> 3) & 1) * 8);
-          }
+        // A: MI x4 loads, 16 rows (or columns) apart; B: NI/2 x4 loads, each
+        // giving the fragments of n-tiles 2j (b0, b1) and 2j+1 (b0, b1).
+        if constexpr (A_K_MAJOR) {
+          ftn_ldmatrix_x4_seq<MI, false>(&af[0][0],
+                                         sa + (wm0 + (lane & 15)) * SLDA + kk + (lane >> 4) * 8,
+                                         16 * SLDA);
+        } else {
+          ftn_ldmatrix_x4_seq<MI, true>(
+              &af[0][0], sa + (kk + (lane >> 4) * 8 + (lane & 7)) * SLDA + wm0 + ((lane >> 3) & 1) * 8,
+              16);
         }
-#pragma unroll
-        for (int j = 0; j < NI / 2; ++j) {
-          // r[0..3] = fragments of n-tiles 2j (b0, b1) and 2j+1 (b0, b1).
-          uint32_t *r = &bf[2 * j][0];
-          if constexpr (B_K_MAJOR) {
-            ftn_ldmatrix_x4(r, sb + (wn0 + j * 16 + (lane >> 4) * 8 + (lane & 7)) * SLDB + kk +
-                                   ((lane >> 3) & 1) * 8);
-          } else {
-            ftn_ldmatrix_x4_trans(r, sb + (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * SLDB + wn0 +
-                                         j * 16 + (lane >> 4) * 8);
-          }
+        if constexpr (B_K_MAJOR) {
+          ftn_ldmatrix_x4_seq<NI / 2, false>(
+              &bf[0][0], sb + (wn0 + (lane >> 4) * 8 + (lane & 7)) * SLDB + kk + ((lane >> 3) & 1) * 8,
+              16 * SLDB);
+        } else {
+          ftn_ldmatrix_x4_seq<NI / 2, true>(
+              &bf[0][0], sb + (kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * SLDB + wn0 + (lane >> 4) * 8,
+              16);
         }
         ftn_mma_tile_m16n8k16<T>(acc, af, bf);  // acc[i][j] += af[i] * bf[j]
       }

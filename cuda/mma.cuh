@@ -15,6 +15,9 @@
 //       mma.sync ops as that loop; on the emulator, one recorded op in a batch
 //   ftn_ldmatrix_x{1,2,4}[_trans](r, row)        row: this lane's row address
 //       in shared memory (16-byte aligned; lanes 8i..8i+7 -> matrix i)
+//   ftn_ldmatrix_x4_seq<N, TRANS>(r, row0, step)  N x4 loads: the i-th from
+//       row0 + i * step (elements of row0's type) into r[4i .. 4i + 4); on
+//       the emulator one recorded op in a batch
 //   ftn_cp_async_16(smem, gmem, src_bytes)       copies src_bytes in [0, 16]
 //       and zero-fills the rest of the 16 bytes; both addresses 16-aligned
 //   ftn_cp_async_commit(), ftn_cp_async_wait<N>() (at most N groups pending)
@@ -102,6 +105,17 @@ FTN_DEVICE void ftn_ldmatrix_x1_trans(uint32_t *r, const void *row) {
                : "r"(ftn_smem_addr(row)));
 }
 
+template <int N, bool TRANS, typename T>
+FTN_DEVICE void ftn_ldmatrix_x4_seq(uint32_t *r, const T *row0, ptrdiff_t step) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if constexpr (TRANS)
+      ftn_ldmatrix_x4_trans(r + 4 * i, row0 + i * step);
+    else
+      ftn_ldmatrix_x4(r + 4 * i, row0 + i * step);
+  }
+}
+
 FTN_DEVICE void ftn_cp_async_16(void *smem, const void *gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ftn_smem_addr(smem)),
                "l"(gmem), "r"(src_bytes)
@@ -132,6 +146,11 @@ FTN_DEVICE void ftn_mma_tile_m16n8k16(float (&acc)[MI][NI][4], const uint32_t (&
                                       const uint32_t (&b)[NI][2] FTN_CALLER_LOC) {
   ::ftn_emu::mma_tile_m16n8k16(FtnMmaIsBf16<T>::value, MI, NI, &acc[0][0][0], &a[0][0], &b[0][0],
                                ftn_loc.file_name(), ftn_loc.line());
+}
+template <int N, bool TRANS, typename T>
+FTN_DEVICE void ftn_ldmatrix_x4_seq(uint32_t *r, const T *row0, ptrdiff_t step FTN_CALLER_LOC) {
+  ::ftn_emu::ldmatrix_x4_seq(N, TRANS, r, row0, step * ptrdiff_t(sizeof(T)), ftn_loc.file_name(),
+                             ftn_loc.line());
 }
 FTN_DEVICE void ftn_ldmatrix_x4(uint32_t *r, const void *row FTN_CALLER_LOC) {
   ::ftn_emu::ldmatrix(4, false, r, row, ftn_loc.file_name(), ftn_loc.line());

@@ -55,6 +55,11 @@ fn mma_m16n8k16_fragments() {
 }
 
 #[test]
+fn ldmatrix_x4_seq_matches_single_loads() {
+    run("ldmatrix_seq");
+}
+
+#[test]
 fn mma_tile_matches_single_mma_ops() {
     run("mma_tile");
 }

@@ -667,6 +667,12 @@ void mma_tile_m16n8k16(bool bf16, unsigned mi, unsigned ni, float *acc, const ui
 // the block's shared memory.
 void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *file,
               unsigned line);
+// n ldmatrix.x4[.trans] in a row (1 <= n <= 8): the i-th reads this lane's
+// row at row0 + i * step_bytes into r[4i .. 4i + 4). The same as n ldmatrix
+// calls, with the same checks on every address; inside a batch, one
+// recorded op.
+void ldmatrix_x4_seq(unsigned n, bool trans, uint32_t *r, const void *row0, ptrdiff_t step_bytes,
+                     const char *file, unsigned line);
 // The emulator's mma batch (cuda/mma.cuh ftn_mma_batch_begin/end; no-ops
 // on a GPU): between begin and end, mma.sync and ldmatrix record their
 // operands and return without a warp rendezvous; their destination

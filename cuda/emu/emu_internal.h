@@ -105,7 +105,8 @@ struct BatchOp {
 };
 // kOpMmaTile: a warp tile of mma.sync ops (ftn_mma_tile_m16n8k16); param =
 // mi << 4 | ni, trans = bf16 inputs.
-enum : uint8_t { kOpMma = 1, kOpLdmatrix = 2, kOpMmaTile = 3 };
+// kOpLdmatrixSeq: n ldmatrix.x4 (ftn_ldmatrix_x4_seq); param = n, trans.
+enum : uint8_t { kOpMma = 1, kOpLdmatrix = 2, kOpMmaTile = 3, kOpLdmatrixSeq = 4 };
 constexpr unsigned kBatchCap = 64;
 // 32-bit words of captured operands a lane may hold per recorded op (an mma
 // capturing A, B and C: 4 + 2 + 4), on average: the capture area holds

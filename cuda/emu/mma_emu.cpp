@@ -465,6 +465,39 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
   std::memcpy(r, me.r, sizeof(uint32_t) * size_t(count));
 }
 
+void ldmatrix_x4_seq(unsigned n, bool trans, uint32_t *r, const void *row0, ptrdiff_t step_bytes,
+                     const char *file, unsigned line) {
+  if (n < 1 || n > 8)
+    detail::fail(detail::strprintf("ldmatrix sequence at %s:%u: %u loads, expected 1..8", file,
+                                   line, n));
+  const unsigned char *row = static_cast<const unsigned char *>(row0);
+  detail::Worker &w = *detail::tl_worker;
+  if (!w.cur->in_mma_batch) {
+    for (unsigned i = 0; i < n; ++i) ldmatrix(4, trans, r + 4 * i, row + i * step_bytes, file, line);
+    return;
+  }
+  const unsigned lane = w.cur->pub.linear & 31u;
+  for (unsigned i = 0; i < n; ++i) {  // every lane's rows are used by .x4
+    const unsigned char *ri = row + i * step_bytes;
+    check_aligned(ri, 16, "ldmatrix row address", file, line);
+    if (!in_shared(ri, 16))
+      detail::fail(detail::strprintf(
+          "ldmatrix at %s:%u: row address %p (lane %u, load %u of %u) is not in the block's "
+          "shared memory (ldmatrix reads .shared)",
+          file, line, static_cast<const void *>(ri), lane, i, n));
+    if (w.racecheck) detail::race_access(w, ri, 16, false, __builtin_return_address(0));
+  }
+  detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
+  reserve_words(wp, lane, 4 * n, file, line);
+  detail::LaneOp &o = record(wp, lane, detail::kOpLdmatrixSeq, uint8_t(n), trans, file, line);
+  uint32_t *cap = cap_slot(wp, lane, 4 * n);  // the rows as they are now
+  for (unsigned i = 0; i < n; ++i) std::memcpy(cap + 4 * i, row + i * step_bytes, 16);
+  o.a = cap;
+  o.dst = r;
+  std::memset(r, 0xFF, 16 * size_t(n));
+  flush_if_full(wp, lane, file, line);
+}
+
 void mma_batch_begin(const char *file, unsigned line) {
   detail::Thread &t = *detail::tl_worker->cur;
   if (t.in_mma_batch)
@@ -566,6 +599,7 @@ const char *op_name(const detail::BatchOp &o) {
   switch (o.kind) {
     case detail::kOpMma: return "mma.sync";
     case detail::kOpMmaTile: return "an mma tile";
+    case detail::kOpLdmatrixSeq: return "an ldmatrix sequence";
     default: return "ldmatrix";
   }
 }
@@ -608,6 +642,16 @@ void mma_batch_flush(Worker &w, unsigned wi) {
         run_mma_tile<true>(o0.param >> 4, o0.param & 15u, lane_ops);
       else
         run_mma_tile<false>(o0.param >> 4, o0.param & 15u, lane_ops);
+    } else if (o0.kind == kOpLdmatrixSeq) {
+      const unsigned char *rows[32];
+      void *dst[32];
+      for (unsigned k = 0; k < o0.param; ++k) {
+        for (int l = 0; l < 32; ++l) {
+          rows[l] = static_cast<const unsigned char *>(op(l, i).a) + 16 * k;
+          dst[l] = static_cast<uint32_t *>(op(l, i).dst) + 4 * k;
+        }
+        ldmatrix_warp(4, o0.trans != 0, rows, dst);
+      }
     } else {
       const unsigned char *rows[32];
       void *dst[32];

@@ -45,6 +45,7 @@
   X(mma_m16n8k16)                   \
   X(mma_batch_misuse)               \
   X(mma_tile)                       \
+  X(ldmatrix_seq)                   \
   X(cp_async_zero_fill)             \
   X(strict_vector_alignment)        \
   X(strict_ldmatrix_shared)         \

@@ -61,6 +61,32 @@ FTN_KERNEL(st_ldmatrix, LdmParams, p) {
   for (int i = 0; i < 4; ++i) p.out[lane * 4 + i] = r[i];
 }
 
+// ftn_ldmatrix_x4_seq<2> against two ldmatrix.x4 calls (checked against the
+// PTX layout above), in and out of a batch, plain and .trans.
+FTN_KERNEL(st_ldmatrix_seq, LdmParams, p) {
+  FTN_SHARED(uint16_t, tile, [8 * 8 * 24]);  // 8 matrices, rows padded to 48 bytes
+  const unsigned lane = threadIdx.x;
+  for (unsigned i = lane; i < 8 * 8 * 8; i += 32) {
+    const int mat = int(i / 64), row = int(i / 8 % 8), col = int(i % 8);
+    tile[(mat * 8 + row) * 24 + col] = ldm_value(mat, row, col);
+  }
+  __syncwarp();
+  const uint16_t *row = &tile[((lane >> 3) * 8 + (lane & 7)) * 24];
+  uint32_t seq[8], one[8];
+  if (p.batch) ftn_mma_batch_begin();
+  if (p.trans) {
+    ftn_ldmatrix_x4_seq<2, true>(seq, row, 4 * 8 * 24);
+    ftn_ldmatrix_x4_trans(one, row);
+    ftn_ldmatrix_x4_trans(one + 4, row + 4 * 8 * 24);
+  } else {
+    ftn_ldmatrix_x4_seq<2, false>(seq, row, 4 * 8 * 24);
+    ftn_ldmatrix_x4(one, row);
+    ftn_ldmatrix_x4(one + 4, row + 4 * 8 * 24);
+  }
+  if (p.batch) ftn_mma_batch_end();
+  for (int i = 0; i < 8; ++i) p.out[lane * 8 + i] = seq[i] == one[i] ? seq[i] : 0xBAD0BAD0u;
+}
+
 FTN_KERNEL(st_ldmatrix_misaligned, LdmParams, p) {
   FTN_SHARED(uint16_t, tile, [8 * 16]);
   const unsigned lane = threadIdx.x;
@@ -275,6 +301,24 @@ void test_mma_batch_misuse() {
   LAUNCH_FAILS(st_mma_batch_misuse, p, dim3(1), dim3(32), 0, "exited inside an mma batch");
   p.batch = 3;
   LAUNCH_FAILS(st_mma_batch_misuse, p, dim3(1), dim3(32), 0, "the warp diverged");
+}
+
+void test_ldmatrix_seq() {
+  for (int trans : {0, 1})
+    for (int batch : {0, 1}) {
+      std::vector<uint32_t> out(32 * 8, 0xDEADBEEFu);
+      LdmParams p{4, trans, out.data(), batch};
+      LAUNCH_OK(st_ldmatrix_seq, p, dim3(1), dim3(32), 0, 1);
+      for (int lane = 0; lane < 32; ++lane)
+        for (int i = 0; i < 8; ++i) {
+          const int g = lane / 4, t = lane % 4, m = i;  // register i: matrix i
+          const uint16_t lo = trans ? ldm_value(m, 2 * t, g) : ldm_value(m, g, 2 * t);
+          const uint16_t hi = trans ? ldm_value(m, 2 * t + 1, g) : ldm_value(m, g, 2 * t + 1);
+          const uint32_t want = uint32_t(lo) | uint32_t(hi) << 16;
+          CHECK(out[lane * 8 + i] == want, "trans %d batch %d lane %d reg %d: 0x%08x want 0x%08x",
+                trans, batch, lane, i, out[lane * 8 + i], want);
+        }
+    }
 }
 
 void test_mma_tile() {
