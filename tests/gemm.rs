@@ -10,15 +10,14 @@
 mod common;
 mod gemm_harness;
 
-use common::{devices, to_f64, Rng};
-use gemm_harness::{run_case, Case};
+use common::{assert_close, devices, to_f64, Rng};
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::core::plan::gemm::GemmTile;
 use ferrotron::ops::gemm::{Aux, BiasGrad, Epilogue, Gemm, GemmInputs};
-use ferrotron::ops::gemm_provider::GemmProvider;
 use ferrotron::ops::Gelu;
-use ferrotron::reference::gemm::{self as oracle, Mat, Problem};
+use ferrotron::reference::gemm as oracle;
 use ferrotron::{Device, DeviceBuffer};
+use gemm_harness::{run_case, Case};
 use half::{bf16, f16};
 
 /// 1, primes, non-multiples of 8/16/32/64/128, one exact multiple.

@@ -35,14 +35,23 @@ const L2_PROMOTION_128B: i32 = 2;
 const OOB_FILL_ZERO: i32 = 0;
 
 /// Encodes `m` for a kernel on `device`; `op` names the caller in errors.
-pub(crate) fn encode_tiled(device: &Device, op: &'static str, m: &TiledMap) -> Result<FtnTensorMap> {
+pub(crate) fn encode_tiled(
+    device: &Device,
+    op: &'static str,
+    m: &TiledMap,
+) -> Result<FtnTensorMap> {
     let rank = m.dims.len();
     if rank == 0 || rank > 5 || m.strides.len() + 1 != rank || m.boxes.len() != rank {
         return Err(Error::invalid(
             op,
             "tensor map",
             "rank 1..=5 with rank-1 strides and rank box sizes",
-            format!("{} dims, {} strides, {} boxes", rank, m.strides.len(), m.boxes.len()),
+            format!(
+                "{} dims, {} strides, {} boxes",
+                rank,
+                m.strides.len(),
+                m.boxes.len()
+            ),
         ));
     }
     let mut map = FtnTensorMap { opaque: [0; 16] };
@@ -151,11 +160,15 @@ fn driver_encode() -> Result<EncodeTiled> {
         // SAFETY: loading the NVIDIA driver library runs its initialisers only.
         let lib = unsafe { libloading::Library::new("libcuda.so.1") }
             .or_else(|_| unsafe { libloading::Library::new("libcuda.so") })
-            .map_err(|e| format!("the NVIDIA driver library (libcuda.so) could not be loaded: {e}"))?;
+            .map_err(|e| {
+                format!("the NVIDIA driver library (libcuda.so) could not be loaded: {e}")
+            })?;
         // SAFETY: the symbol has this C signature in every driver since CUDA 12.0.
         let f = unsafe { lib.get::<EncodeTiled>(b"cuTensorMapEncodeTiled\0") }
             .map(|s| *s)
-            .map_err(|e| format!("the driver has no cuTensorMapEncodeTiled (CUDA >= 12.0 needed): {e}"))?;
+            .map_err(|e| {
+                format!("the driver has no cuTensorMapEncodeTiled (CUDA >= 12.0 needed): {e}")
+            })?;
         Ok((lib, f))
     });
     match found {

@@ -707,8 +707,14 @@ impl Gemm {
             gelu: gelu.code(),
             aligned: aligned as u32,
         };
-        let (choice, a_op, b_op) =
-            self.kernel_choice_at(stream.device(), es, inputs.a.addr(), &la, inputs.b.addr(), &lb)?;
+        let (choice, a_op, b_op) = self.kernel_choice_at(
+            stream.device(),
+            es,
+            inputs.a.addr(),
+            &la,
+            inputs.b.addr(),
+            &lb,
+        )?;
         if !measuring {
             sm90::log_once(&key, &choice);
         }

@@ -58,7 +58,12 @@ impl GemmKernel {
             "auto" | "" => Ok(GemmKernel::Auto),
             "mma" => Ok(GemmKernel::Mma),
             "wgmma" | "sm90" => Ok(GemmKernel::Wgmma),
-            _ => Err(Error::invalid(OP, ENV_KERNEL, "auto, mma, wgmma or sm90", s)),
+            _ => Err(Error::invalid(
+                OP,
+                ENV_KERNEL,
+                "auto, mma, wgmma or sm90",
+                s,
+            )),
         }
     }
 
@@ -220,7 +225,10 @@ pub(crate) fn log_once(key: &super::gemm_provider::GemmKey, c: &KernelChoice) {
         return;
     }
     let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
-    if logged.get_or_insert_with(HashSet::new).insert((*key, c.kernel)) {
+    if logged
+        .get_or_insert_with(HashSet::new)
+        .insert((*key, c.kernel))
+    {
         eprintln!(
             "[ferrotron] gemm [{key}] ferrotron kernel {} ({:?})",
             c.kernel.name(),
@@ -341,8 +349,14 @@ mod tests {
             op(256, 64, 64, 64, 0),
             op(256, 64, 64, 64, 64 * 63),
         ] {
-            assert!(eligible(64, 64, 64, 2, 2, &ok, &bad, false).is_err(), "{bad:?}");
-            assert!(eligible(64, 64, 64, 2, 2, &bad, &ok, false).is_err(), "{bad:?}");
+            assert!(
+                eligible(64, 64, 64, 2, 2, &ok, &bad, false).is_err(),
+                "{bad:?}"
+            );
+            assert!(
+                eligible(64, 64, 64, 2, 2, &bad, &ok, false).is_err(),
+                "{bad:?}"
+            );
         }
         // One batch entry: the stride is not used.
         assert!(eligible(64, 64, 64, 1, 2, &op(256, 64, 64, 64, 0), &ok, false).is_ok());
@@ -357,7 +371,10 @@ mod tests {
         let c = choose(GemmKernel::Auto, Some(GemmKernel::Wgmma), &dev, Ok(()));
         assert_eq!((c.kernel, c.reason), (GemmKernel::Wgmma, KernelReason::Env));
         let c = choose(GemmKernel::Mma, Some(GemmKernel::Wgmma), &dev, Ok(()));
-        assert_eq!((c.kernel, c.reason), (GemmKernel::Mma, KernelReason::Requested));
+        assert_eq!(
+            (c.kernel, c.reason),
+            (GemmKernel::Mma, KernelReason::Requested)
+        );
         let c = choose(GemmKernel::Wgmma, None, &dev, Err("why"));
         assert_eq!(
             (c.kernel, c.reason),

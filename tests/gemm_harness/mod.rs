@@ -28,6 +28,9 @@ pub struct Case {
     /// Added to every leading dimension; added to every batch stride.
     pub pad: usize,
     pub extra: usize,
+    /// Leading dimensions rounded up to a multiple of this (1: none), e.g.
+    /// 8 for the 16-byte rows TMA needs.
+    pub ld_align: usize,
     /// Batch stride 0 for B (one B for every batch entry).
     pub broadcast_b: bool,
     pub tile: Option<GemmTile>,
@@ -54,6 +57,7 @@ impl Case {
             store_pre: false,
             pad: 0,
             extra: 0,
+            ld_align: 1,
             broadcast_b: false,
             tile: None,
             fast: true,
@@ -70,8 +74,9 @@ fn stored(
     batch: usize,
     pad: usize,
     extra: usize,
+    align: usize,
 ) -> (usize, usize, usize) {
-    let ld = cols + pad;
+    let ld = (cols + pad).next_multiple_of(align.max(1));
     let stride = rows * ld + extra;
     (ld, stride, (batch * stride).max(1))
 }
@@ -82,13 +87,13 @@ pub fn run_case<T: FloatElement, O: FloatElement>(dev: &Device, cs: Case) {
     let (m, n, k, batch) = (cs.m, cs.n, cs.k, cs.batch);
     let (ra, ca) = if cs.ta { (k, m) } else { (m, k) };
     let (rb, cb) = if cs.tb { (n, k) } else { (k, n) };
-    let (lda, sa, la) = stored(ra, ca, batch, cs.pad, cs.extra);
-    let (ldb, mut sb, mut lb) = stored(rb, cb, batch, cs.pad, cs.extra);
+    let (lda, sa, la) = stored(ra, ca, batch, cs.pad, cs.extra, cs.ld_align);
+    let (ldb, mut sb, mut lb) = stored(rb, cb, batch, cs.pad, cs.extra, cs.ld_align);
     if cs.broadcast_b {
         sb = 0;
         lb = (rb * ldb).max(1);
     }
-    let (ldd, sd, ld_len) = stored(m, n, batch, cs.pad, cs.extra);
+    let (ldd, sd, ld_len) = stored(m, n, batch, cs.pad, cs.extra, cs.ld_align);
     let (a, af) = rng.tensor::<T>(la, 1.0);
     let (b, bf) = rng.tensor::<T>(lb, 1.0);
     let (bias, biasf) = rng.tensor::<T>(n, 1.0);
@@ -113,7 +118,7 @@ pub fn run_case<T: FloatElement, O: FloatElement>(dev: &Device, cs: Case) {
     let mut pre_out = dev.alloc_zeros::<O>(ld_len).unwrap();
     stream.fill_bytes(&mut pre_out, 0xFF).unwrap();
 
-    let explicit = cs.pad != 0 || cs.extra != 0;
+    let explicit = cs.pad != 0 || cs.extra != 0 || cs.ld_align > 1;
     let some = |v: usize| explicit.then_some(v);
     let op = Gemm::new(m, n, k)
         .provider(GemmProvider::Ferrotron)
@@ -220,4 +225,3 @@ pub fn run_case<T: FloatElement, O: FloatElement>(dev: &Device, cs: Case) {
         );
     }
 }
-
