@@ -24,7 +24,7 @@ check() {
   if grep -E "[1-9][0-9]* bytes (spill (stores|loads)|stack frame)" "$work/$name.ptxas"; then
     echo "check_sm90.sh: FAIL: spills or a stack frame in $src" >&2; fail=1
   fi
-  awk '/Compiling entry function/ { k = $6 } /Used [0-9]+ registers/ { print "sm_90a " k ": " $5 " registers" }' \
+  awk '/Compiling entry function/ { k = $7; gsub("\047", "", k) } /Used [0-9]+ registers/ { print "sm_90a " k ": " $5 " registers" }' \
     "$work/$name.ptxas"
   cuobjdump -sass "$work/$name.cubin" >"$work/$name.sass"
   local op n
