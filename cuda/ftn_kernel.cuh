@@ -9,6 +9,9 @@
 //       argument is `const Params p` (a struct from cuda/params/ferrotron_kernels.h)
 //   FTN_KERNEL_BOUNDED(name, Params, p, MAX) { }   same, with __launch_bounds__
 //       (MAX); the emulator fails a launch with more threads than MAX
+//   FTN_KERNEL_GRID_CONSTANT(name, Params, p, MAX) { }  same, with the argument
+//       __grid_constant__ (its address is the parameter space's, as TMA
+//       tensor maps in it need; cuda/gemm_sm90.cu)
 //   FTN_SHARED(T, name, [N][M]...)                 static shared array
 //   FTN_DYNAMIC_SHARED(T, name)                    `T *name` = dynamic shared
 //   FTN_ASSERT(cond)                               device assert: fails the
@@ -31,6 +34,7 @@
   ftn_kernel_decl name Params;      \
   void ftn_scan_##name(const Params p)
 #define FTN_KERNEL_BOUNDED(name, Params, p, max_threads) FTN_KERNEL(name, Params, p)
+#define FTN_KERNEL_GRID_CONSTANT(name, Params, p, max_threads) FTN_KERNEL(name, Params, p)
 #define FTN_SHARED(T, name, dims) T name dims
 #define FTN_DYNAMIC_SHARED(T, name) T *name
 #define FTN_ASSERT(cond)
@@ -50,6 +54,8 @@
 #define FTN_KERNEL(name, Params, p) extern "C" __global__ void name(const Params p)
 #define FTN_KERNEL_BOUNDED(name, Params, p, max_threads) \
   extern "C" __global__ void __launch_bounds__(max_threads) name(const Params p)
+#define FTN_KERNEL_GRID_CONSTANT(name, Params, p, max_threads) \
+  extern "C" __global__ void __launch_bounds__(max_threads, 1) name(const __grid_constant__ Params p)
 #define FTN_SHARED(T, name, dims) __shared__ T name dims
 #define FTN_DYNAMIC_SHARED(T, name)                             \
   extern __shared__ __align__(16) unsigned char ftn_dyn_smem_raw[]; \
@@ -66,6 +72,9 @@
 #else  // the CPU emulator
 
 #include "emu/cuda_emu.h"
+// The emulator's argument is already a reference to the launch's copy.
+#define FTN_KERNEL_GRID_CONSTANT(name, Params, p, max_threads) \
+  FTN_KERNEL_BOUNDED(name, Params, p, max_threads)
 
 #endif
 

@@ -28,6 +28,7 @@
 // The bias gradient is a deterministic two-stage column sum
 // (ftn_gemm_column_partials_* here, then ftn_column_sum_partials_*).
 #include "ftn_dtype.cuh"
+#include "gemm_epilogue.cuh"
 #include "gelu.cuh"
 #include "mma.cuh"
 
@@ -84,19 +85,6 @@ FTN_DEVICE void gemm_load_slice(T *s, const T *g, int64_t ld, int64_t rows_total
       for (int e = 0; e < 8; ++e) dst[e] = e < n ? src[e] : ftn_from_float<T>(0.0f);
     }
   }
-}
-
-template <typename O>
-FTN_DEVICE float gemm_epilogue(const FtnGemmParams &p, float acc, const O *c,
-                               O *aux, int64_t row, int64_t col) {
-  float v = p.alpha * acc;
-  if (p.beta != 0.0f) v += p.beta * ftn_to_float(c[row * p.ldc + col]);
-  if (p.epilogue == FTN_GEMM_EPI_DGELU) {
-    const float x = ftn_to_float(aux[row * p.ld_aux + col]);
-    return v * (p.gelu == FTN_GELU_ERF ? ftn_gelu_grad<FTN_GELU_ERF>(x)
-                                       : ftn_gelu_grad<FTN_GELU_TANH>(x));
-  }
-  return v;
 }
 
 template <typename T, typename O, typename Tile, bool A_K_MAJOR, bool B_K_MAJOR>
@@ -194,15 +182,7 @@ FTN_DEVICE void gemm_main(const FtnGemmParams &p, T *smem) {
           const int64_t row = m0 + wm0 + i * 16 + g + 8 * (e >> 1);
           const int64_t col = n0 + wn0 + j * 8 + 2 * t + (e & 1);
           if (row >= p.m || col >= p.n) continue;
-          float v = gemm_epilogue<O>(p, acc[i][j][e], C, aux, row, col);
-          if (p.epilogue == FTN_GEMM_EPI_BIAS || p.epilogue == FTN_GEMM_EPI_BIAS_GELU) {
-            if (bias != nullptr) v += ftn_to_float(bias[col]);
-          }
-          if (p.epilogue == FTN_GEMM_EPI_BIAS_GELU) {
-            if (aux != nullptr) aux[row * p.ld_aux + col] = ftn_from_float<O>(v);
-            v = p.gelu == FTN_GELU_ERF ? ftn_gelu<FTN_GELU_ERF>(v) : ftn_gelu<FTN_GELU_TANH>(v);
-          }
-          D[row * p.ldd + col] = ftn_from_float<O>(v);
+          gemm_store<T, O>(p, acc[i][j][e], D, C, aux, bias, row, col);
         }
     __syncthreads();  // the next batch entry reuses the stages
   }

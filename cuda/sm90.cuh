@@ -15,6 +15,7 @@
 //   ftn_wgmma_fence(), ftn_wgmma_commit(), ftn_wgmma_wait<K>()
 //   ftn_mbar_init / _arrive / _arrive_expect_tx / _try_wait_parity / _wait
 //   ftn_tma_load_2d(smem, tmap, x, y, bar)       completes bytes on bar
+//   ftn_tma_load_3d(smem, tmap, x, y, z, bar)    the same for a rank-3 map
 //   ftn_fence_proxy_async(), ftn_setmaxnreg_inc<R>() / _dec<R>()
 #ifndef FTN_SM90_CUH
 #define FTN_SM90_CUH
@@ -176,6 +177,14 @@ FTN_DEVICE void ftn_tma_load_2d(void *smem, const void *tmap, int32_t x, int32_t
       "l"(tmap), "r"(x), "r"(y), "r"(ftn_sm90_smem(bar))
       : "memory");
 }
+FTN_DEVICE void ftn_tma_load_3d(void *smem, const void *tmap, int32_t x, int32_t y, int32_t z,
+                                uint64_t *bar) {
+  FTN_SM90_ASM(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(ftn_sm90_smem(smem)),
+      "l"(tmap), "r"(x), "r"(y), "r"(z), "r"(ftn_sm90_smem(bar))
+      : "memory");
+}
 #undef FTN_SM90_ASM
 
 #else  // the CPU emulator
@@ -251,6 +260,12 @@ FTN_DEVICE void ftn_tma_load_2d(void *smem, const void *tmap, int32_t x, int32_t
                                 uint64_t *bar FTN_CALLER_LOC) {
   const int32_t c[2] = {x, y};
   ::ftn_emu::tma_load(smem, tmap, c, 2, bar, ftn_loc.file_name(), ftn_loc.line());
+}
+
+FTN_DEVICE void ftn_tma_load_3d(void *smem, const void *tmap, int32_t x, int32_t y, int32_t z,
+                                uint64_t *bar FTN_CALLER_LOC) {
+  const int32_t c[3] = {x, y, z};
+  ::ftn_emu::tma_load(smem, tmap, c, 3, bar, ftn_loc.file_name(), ftn_loc.line());
 }
 
 #endif

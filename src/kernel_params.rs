@@ -23,6 +23,12 @@ pub const FTN_GEMM_EPI_NONE: u32 = 0;
 pub const FTN_GEMM_EPI_BIAS: u32 = 1;
 pub const FTN_GEMM_EPI_BIAS_GELU: u32 = 2;
 pub const FTN_GEMM_EPI_DGELU: u32 = 3;
+pub const FTN_GEMM_SM90_BM: u32 = 128;
+pub const FTN_GEMM_SM90_BN: u32 = 128;
+pub const FTN_GEMM_SM90_BK: u32 = 64;
+pub const FTN_GEMM_SM90_STAGES: u32 = 4;
+pub const FTN_GEMM_SM90_THREADS: u32 = 384;
+pub const FTN_GEMM_SM90_SMEM_BYTES: u32 = 132352;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FtnBiasGeluFwdParams {
@@ -787,6 +793,47 @@ const _: () = {
         [::core::mem::offset_of!(FtnColumnPartialsParams, ld) - 32usize];
     ["Offset of field: FtnColumnPartialsParams::rows_per_chunk"]
         [::core::mem::offset_of!(FtnColumnPartialsParams, rows_per_chunk) - 40usize];
+};
+#[repr(C)]
+#[repr(align(64))]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnTensorMap {
+    pub opaque: [u64; 16usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnTensorMap"][::core::mem::size_of::<FtnTensorMap>() - 128usize];
+    ["Alignment of FtnTensorMap"][::core::mem::align_of::<FtnTensorMap>() - 64usize];
+    ["Offset of field: FtnTensorMap::opaque"]
+        [::core::mem::offset_of!(FtnTensorMap, opaque) - 0usize];
+};
+#[repr(C)]
+#[repr(align(64))]
+#[derive(Debug, Copy, Clone)]
+pub struct FtnGemmSm90Params {
+    pub tmap_a: FtnTensorMap,
+    pub tmap_b: FtnTensorMap,
+    pub g: FtnGemmParams,
+    pub tiles_m: i64,
+    pub tiles_n: i64,
+    pub group_m: i64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of FtnGemmSm90Params"][::core::mem::size_of::<FtnGemmSm90Params>() - 512usize];
+    ["Alignment of FtnGemmSm90Params"][::core::mem::align_of::<FtnGemmSm90Params>() - 64usize];
+    ["Offset of field: FtnGemmSm90Params::tmap_a"]
+        [::core::mem::offset_of!(FtnGemmSm90Params, tmap_a) - 0usize];
+    ["Offset of field: FtnGemmSm90Params::tmap_b"]
+        [::core::mem::offset_of!(FtnGemmSm90Params, tmap_b) - 128usize];
+    ["Offset of field: FtnGemmSm90Params::g"]
+        [::core::mem::offset_of!(FtnGemmSm90Params, g) - 256usize];
+    ["Offset of field: FtnGemmSm90Params::tiles_m"]
+        [::core::mem::offset_of!(FtnGemmSm90Params, tiles_m) - 448usize];
+    ["Offset of field: FtnGemmSm90Params::tiles_n"]
+        [::core::mem::offset_of!(FtnGemmSm90Params, tiles_n) - 456usize];
+    ["Offset of field: FtnGemmSm90Params::group_m"]
+        [::core::mem::offset_of!(FtnGemmSm90Params, group_m) - 464usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

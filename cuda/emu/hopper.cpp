@@ -327,6 +327,9 @@ void tma_load(void *dst, const void *tmap, const int32_t *coords, int rank, uint
   race_mark_pending(w, dst, bytes, true);
   hb(w).tma.push_back(TmaCopy{static_cast<char *>(dst), std::move(data), shared_off(w, bar),
                               file, line});
+  // Threads already parked on this barrier (e.g. consumer warps that waited
+  // before the producer issued) re-poll, and their wait lands the copy.
+  wake_async(w);
 }
 
 // -------------------------------------------------------------------- wgmma

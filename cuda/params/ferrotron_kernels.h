@@ -23,6 +23,7 @@
 #include "multi_tensor.h"
 #include "adam.h"
 #include "gemm.h"
+#include "gemm_sm90.h"
 #include "copy.h"
 #include "vocab_parallel.h"
 #include "dropout.h"

@@ -19,8 +19,14 @@ mod buffer;
 mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::cublaslt;
+/// The targets the embedded fatbins were built for (`FTN_CUDA_ARCHS`).
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_archs() -> &'static str {
+    cuda::CUDA_ARCHS
+}
 mod emu;
 mod stream;
+pub(crate) mod tensor_map;
 mod view;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,6 +166,25 @@ impl Device {
             DeviceImpl::Emu(e) => e.name(),
             #[cfg(feature = "cuda")]
             DeviceImpl::Cuda(c) => c.name(),
+        }
+    }
+
+    /// A GPU's compute capability `(major, minor)`; `None` on the emulator.
+    pub fn compute_capability(&self) -> Option<(u32, u32)> {
+        match &self.inner.imp {
+            DeviceImpl::Emu(_) => None,
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => Some(c.compute_capability()),
+        }
+    }
+
+    /// A GPU's streaming multiprocessors; on the emulator, its worker
+    /// threads (what runs blocks concurrently there).
+    pub fn multiprocessor_count(&self) -> u32 {
+        match &self.inner.imp {
+            DeviceImpl::Emu(e) => e.workers(),
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => c.multiprocessor_count(),
         }
     }
 

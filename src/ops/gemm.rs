@@ -37,6 +37,8 @@ use crate::core::{DType, Element, Result};
 use crate::kernel_params::{FtnColumnPartialsParams, FtnColumnSumParams, FtnGemmParams};
 use crate::kernels::{self, Kernel};
 use crate::ops::gemm_provider::{self as provider, GemmKey, GemmProvider, Provider, Selection};
+use crate::ops::gemm_sm90::{self as sm90, KernelChoice, Operand};
+pub use crate::ops::gemm_sm90::{GemmKernel, KernelReason};
 use crate::ops::Gelu;
 use crate::{Device, Error};
 
@@ -98,6 +100,9 @@ pub struct Gemm {
     /// applies when this is Auto; Auto with `tile` or `fast_path = false`
     /// set is ferrotron). See [`Gemm::selection`].
     pub provider: GemmProvider,
+    /// Which of ferrotron's kernels (default Auto: `FTN_GEMM_KERNEL`, else
+    /// wgmma on an sm_90 GPU and mma elsewhere). See [`Gemm::kernel_choice`].
+    pub kernel: GemmKernel,
 }
 
 /// One operand's stored layout, validated.
@@ -217,7 +222,90 @@ impl Gemm {
             tile: None,
             fast_path: true,
             provider: GemmProvider::Auto,
+            kernel: GemmKernel::Auto,
         }
+    }
+    pub fn kernel(self, kernel: GemmKernel) -> Self {
+        Gemm { kernel, ..self }
+    }
+
+    /// The stored layouts of A and B (validated) and the elements each
+    /// buffer must hold.
+    fn operand_layouts(&self) -> Result<((Layout, usize), (Layout, usize))> {
+        let (m, n, k, batch) = (self.m, self.n, self.k, self.batch);
+        let (ra, ca) = if self.trans_a { (k, m) } else { (m, k) };
+        let (rb, cb) = if self.trans_b { (n, k) } else { (k, n) };
+        let a = layout(
+            "a",
+            "lda",
+            "stride_a",
+            ra,
+            ca,
+            batch,
+            self.lda,
+            self.stride_a,
+            false,
+        )?;
+        let b = layout(
+            "b",
+            "ldb",
+            "stride_b",
+            rb,
+            cb,
+            batch,
+            self.ldb,
+            self.stride_b,
+            false,
+        )?;
+        Ok((a, b))
+    }
+
+    /// Which of ferrotron's kernels runs this GEMM with operands `a` and `b`
+    /// when ferrotron is the provider ([`Gemm::selection`]), and why: see
+    /// [`crate::ops::gemm_sm90`]. `FTN_LOG=1` also prints it on first use.
+    pub fn kernel_choice<T: FloatElement>(
+        &self,
+        device: &Device,
+        a: &dyn DeviceRead<T>,
+        b: &dyn DeviceRead<T>,
+    ) -> Result<KernelChoice> {
+        let ((la, _), (lb, _)) = self.operand_layouts()?;
+        self.kernel_choice_at(device, T::DTYPE.size(), a.addr(), &la, b.addr(), &lb)
+            .map(|(c, _, _)| c)
+    }
+
+    fn kernel_choice_at(
+        &self,
+        device: &Device,
+        es: usize,
+        a_addr: u64,
+        la: &Layout,
+        b_addr: u64,
+        lb: &Layout,
+    ) -> Result<(KernelChoice, Operand, Operand)> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let (ra, ca) = if self.trans_a { (k, m) } else { (m, k) };
+        let (rb, cb) = if self.trans_b { (n, k) } else { (k, n) };
+        let op = |addr, rows, cols, l: &Layout| Operand {
+            addr,
+            rows,
+            cols,
+            ld: l.ld,
+            stride: l.stride,
+        };
+        let (a, b) = (op(a_addr, ra, ca, la), op(b_addr, rb, cb, lb));
+        let ok = sm90::eligible(
+            m,
+            n,
+            k,
+            self.batch,
+            es,
+            &a,
+            &b,
+            self.tile.is_some() || !self.fast_path,
+        );
+        let c = sm90::choose(self.kernel, GemmKernel::from_env()?, device, ok);
+        Ok((c, a, b))
     }
     pub fn provider(self, provider: GemmProvider) -> Self {
         Gemm { provider, ..self }
@@ -386,28 +474,7 @@ impl Gemm {
         let (m, n, k, batch) = (self.m, self.n, self.k, self.batch);
         let (ra, ca) = if self.trans_a { (k, m) } else { (m, k) };
         let (rb, cb) = if self.trans_b { (n, k) } else { (k, n) };
-        let (la, need_a) = layout(
-            "a",
-            "lda",
-            "stride_a",
-            ra,
-            ca,
-            batch,
-            self.lda,
-            self.stride_a,
-            false,
-        )?;
-        let (lb, need_b) = layout(
-            "b",
-            "ldb",
-            "stride_b",
-            rb,
-            cb,
-            batch,
-            self.ldb,
-            self.stride_b,
-            false,
-        )?;
+        let ((la, need_a), (lb, need_b)) = self.operand_layouts()?;
         let (ld, need_d) = layout(
             "d",
             "ldd",
@@ -603,14 +670,6 @@ impl Gemm {
                 Err(e) => return Err(e),
             }
         }
-        let p = plan::plan(m as u64, n as u64, batch as u64, self.tile).ok_or_else(|| {
-            Error::invalid(
-                OP,
-                "m, n",
-                "at most 2^31-1 output tiles",
-                format!("{m}x{n}"),
-            )
-        })?;
         let es = T::DTYPE.size();
         let al = |addr: u64, l: &Layout, rows: usize| {
             addr % 16 == 0
@@ -648,6 +707,28 @@ impl Gemm {
             gelu: gelu.code(),
             aligned: aligned as u32,
         };
+        let (choice, a_op, b_op) = self.kernel_choice_at(
+            stream.device(),
+            es,
+            inputs.a.addr(),
+            &la,
+            inputs.b.addr(),
+            &lb,
+        )?;
+        if !measuring {
+            sm90::log_once(&key, &choice);
+        }
+        if choice.kernel == GemmKernel::Wgmma {
+            return sm90::launch(stream, params, &a_op, &b_op, T::DTYPE, O::DTYPE);
+        }
+        let p = plan::plan(m as u64, n as u64, batch as u64, self.tile).ok_or_else(|| {
+            Error::invalid(
+                OP,
+                "m, n",
+                "at most 2^31-1 output tiles",
+                format!("{m}x{n}"),
+            )
+        })?;
         stream.launch(gemm_kernel(p.tile, T::DTYPE, O::DTYPE)?, p.cfg, params)
     }
 }

@@ -7,6 +7,7 @@ pub mod copy;
 pub mod dropout;
 pub mod gemm;
 pub mod gemm_provider;
+pub mod gemm_sm90;
 pub mod layernorm;
 pub mod multi_tensor;
 pub mod softmax;

@@ -26,6 +26,8 @@ mod fatbins {
     include!(concat!(env!("OUT_DIR"), "/fatbins.rs"));
 }
 
+pub(crate) use fatbins::CUDA_ARCHS;
+
 fn driver_err(what: &str, e: DriverError) -> Error {
     Error::Backend {
         backend: "cuda",
@@ -51,6 +53,9 @@ unsafe impl Send for LoadedFunction {}
 pub(crate) struct CudaDevice {
     ctx: Arc<CudaContext>,
     name: String,
+    /// Compute capability (major, minor) and SM count, read once.
+    capability: (u32, u32),
+    sms: u32,
     modules: Mutex<HashMap<&'static str, LoadedModule>>,
     functions: Mutex<HashMap<&'static str, LoadedFunction>>,
     mem: Arc<MemoryManager>,
@@ -100,12 +105,22 @@ impl CudaDevice {
         let name = ctx
             .name()
             .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let capability = ctx
+            .compute_capability()
+            .map(|(a, b)| (a.max(0) as u32, b.max(0) as u32))
+            .map_err(|e| driver_err("reading the compute capability", e))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| driver_err("reading the SM count", e))?
+            .max(1) as u32;
         let mem = Arc::new(MemoryManager::new(&ctx)?);
         let upload = CudaStreamHandle::new(&ctx, &mem)?;
         let readback = CudaStreamHandle::new(&ctx, &mem)?;
         let dev = CudaDevice {
             ctx,
             name,
+            capability,
+            sms,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             mem,
@@ -130,6 +145,14 @@ impl CudaDevice {
 
     pub fn name(&self) -> String {
         self.name.clone()
+    }
+
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.capability
+    }
+
+    pub fn multiprocessor_count(&self) -> u32 {
+        self.sms
     }
 
     pub fn synchronize(&self) -> Result<()> {

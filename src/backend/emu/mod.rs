@@ -43,6 +43,10 @@ impl EmuDevice {
         format!("CPU emulator ({} worker threads)", self.workers)
     }
 
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+
     pub fn new_stream(&self) -> EmuStream {
         let s = EmuStream::spawn(self.workers);
         let mut list = self.streams.lock().unwrap_or_else(|p| p.into_inner());

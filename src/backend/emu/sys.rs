@@ -20,3 +20,23 @@ extern "C" {
     pub fn ftn_emu_f32_to_bf16_bits(x: f32) -> u16;
     pub fn ftn_emu_bf16_bits_to_f32(b: u16) -> f32;
 }
+
+extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    pub fn ftn_emu_tensor_map_encode_tiled(
+        map: *mut crate::kernel_params::FtnTensorMap,
+        dtype: c_int,
+        rank: u32,
+        global_address: *mut c_void,
+        global_dim: *const u64,
+        global_strides: *const u64,
+        box_dim: *const u32,
+        element_strides: *const u32,
+        interleave: c_int,
+        swizzle: c_int,
+        l2_promotion: c_int,
+        oob_fill: c_int,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+}

@@ -1,6 +1,7 @@
-//! Plans for the tensor-core GEMM (`cuda/gemm.cu`): which block tile, the
-//! grid, and the pipeline's dynamic shared memory. Depends only on the shape
-//! and on whether the operands allow 16-byte `cp.async` copies.
+//! Plans for the tensor-core GEMMs: `cuda/gemm.cu` (mma.sync; which block
+//! tile, the grid, and the pipeline's dynamic shared memory, from the shape
+//! alone) and `cuda/gemm_sm90.cu` (wgmma + TMA; a persistent grid of at most
+//! one block per SM over 128x128 tiles, [`plan_sm90`]).
 
 use super::div_ceil;
 use crate::core::launch::LaunchConfig;
@@ -98,6 +99,47 @@ pub fn plan(m: u64, n: u64, batch: u64, force: Option<GemmTile>) -> Option<GemmP
     })
 }
 
+/// Output tile of the Hopper kernel (`FTN_GEMM_SM90_BM` x `_BN`).
+pub const SM90_TILE: (u64, u64) = (
+    crate::kernel_params::FTN_GEMM_SM90_BM as u64,
+    crate::kernel_params::FTN_GEMM_SM90_BN as u64,
+);
+/// Rasterisation: m-tiles per group (blocks running at once share A and B
+/// slices through L2).
+pub const SM90_GROUP_M: u64 = 8;
+
+/// The Hopper kernel's launch: `grid.x` persistent blocks walking
+/// `tiles_m * tiles_n * batch` tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90Plan {
+    pub cfg: LaunchConfig,
+    pub tiles_m: u64,
+    pub tiles_n: u64,
+    pub group_m: u64,
+}
+
+/// The plan for `batch` GEMMs with `[m, n]` outputs (all >= 1) on a device
+/// with `sms` multiprocessors, or `None` when the tile count reaches 2^31
+/// (the kernel's scheduler counts tiles in 32 bits).
+pub fn plan_sm90(m: u64, n: u64, batch: u64, sms: u32) -> Option<Sm90Plan> {
+    let (bm, bn) = SM90_TILE;
+    let (tiles_m, tiles_n) = (div_ceil(m, bm), div_ceil(n, bn));
+    let tiles = tiles_m.checked_mul(tiles_n)?.checked_mul(batch)?;
+    if tiles == 0 || tiles > i32::MAX as u64 {
+        return None;
+    }
+    Some(Sm90Plan {
+        cfg: LaunchConfig {
+            grid: [tiles.min(sms.max(1) as u64) as u32, 1, 1],
+            block: [crate::kernel_params::FTN_GEMM_SM90_THREADS, 1, 1],
+            dynamic_smem_bytes: crate::kernel_params::FTN_GEMM_SM90_SMEM_BYTES,
+        },
+        tiles_m,
+        tiles_n,
+        group_m: SM90_GROUP_M.min(tiles_m),
+    })
+}
+
 /// Rows per chunk and chunk count of the two-stage column sum (bias
 /// gradient): about 512 chunks of at least 64 rows, from `rows` alone, so the
 /// result is bitwise reproducible for a shape.
@@ -146,6 +188,20 @@ mod tests {
         );
         // Too many tiles for grid.x.
         assert!(plan(u32::MAX as u64 * 64, u32::MAX as u64 * 64, 1, None).is_none());
+    }
+
+    #[test]
+    fn sm90_plan() {
+        // 4 stages x 32 KiB + alignment slack + barriers; fits 227 KiB.
+        let p = plan_sm90(1000, 300, 3, 132).unwrap();
+        assert_eq!(p.cfg.dynamic_smem_bytes, 4 * 32768 + 1024 + 256);
+        assert_eq!((p.tiles_m, p.tiles_n, p.group_m), (8, 3, 8));
+        assert_eq!(p.cfg.grid, [72, 1, 1]);
+        assert!(DeviceLimits::SM90.check("k", &p.cfg).is_ok());
+        let p = plan_sm90(8192, 8192, 1, 132).unwrap();
+        assert_eq!((p.cfg.grid[0], p.group_m), (132, 8));
+        assert_eq!(plan_sm90(17, 1, 1, 132).unwrap().group_m, 1);
+        assert!(plan_sm90(1 << 20, 1 << 20, 1 << 10, 132).is_none());
     }
 
     #[test]
