@@ -8,6 +8,7 @@
 //! run (a device-to-device copy of x: read + write).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrotron::core::plan;
 use ferrotron::ops::{LayerNorm, RmsNorm};
 use ferrotron::{BackendKind, Device};
 use half::bf16;
@@ -67,8 +68,12 @@ fn bench(c: &mut Criterion) {
                     stream.synchronize().unwrap();
                 })
             });
-            // Backward with parameter gradients: dx pass (3n) + param pass (2n).
-            g.throughput(Throughput::Bytes((5 * n * es + 8 * rows) as u64));
+            // Backward with parameter gradients: what it moves. Fused (warp
+            // and block paths up to 9216): one pass, 3n; otherwise the dx
+            // pass (3n) + the parameter pass (2n).
+            let fused = plan::layernorm::fused_backward(rows as u64, hidden as u64, es, true, true);
+            let passes = if fused.is_some() { 3 } else { 5 };
+            g.throughput(Throughput::Bytes((passes * n * es + 8 * rows) as u64));
             g.bench_function(BenchmarkId::new("ln_backward", &shape), |b| {
                 b.iter(|| {
                     ln.backward(

@@ -20,7 +20,8 @@
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it).
 // Block and global launches use a 2-D grid, one row per block (no row loop:
-// the compiler would hoist every gamma/beta load out of it and spill).
+// the compiler would hoist every gamma/beta load out of it and spill; the
+// fused backward's chunk loop hides its pointers from the optimiser).
 // With 16-byte-aligned pointers and cols % (16 / sizeof(T)) == 0 every access
 // is one 128-bit load/store (`vec` > 1); otherwise scalar accesses.
 // ptxas (sm_80, sm_90a): zero spills in every kernel.
@@ -32,16 +33,21 @@
 // Backward, input gradient: reads dy and x (2*rows*cols*sizeof(T)) and
 //   8*rows bytes of statistics, writes dx (rows*cols*sizeof(T)). The global
 //   path reads dy and x twice.
-// Backward, parameter gradients (deterministic, no float atomics): stage one
+// Backward with parameter gradients (deterministic, no float atomics):
+//   warp and block paths (cols <= 9216): fused. One block per chunk of
+//   rows_per_chunk rows (>= 32, ~1024 chunks) computes dx and adds dy*xhat
+//   and dy of every column to fp32 accumulators in shared memory (each
+//   column owned by one thread), then writes the chunk's partials
+//   [chunks, cols] (ftn_layernorm_bwd_fused_*): reads 2*rows*cols*sizeof(T),
+//   writes rows*cols*sizeof(T) + 2*chunks*cols*4 bytes, i.e. the 3n floor
+//   plus ~8 bytes per column per 32+ rows.
+//   global path and block rows > 9216: stage one
 //   (ftn_layernorm_param_grad_*) re-reads dy and x column-wise, each thread
 //   owning `vec` adjacent columns of a chunk of rows, and writes fp32 partial
-//   sums per chunk: 2*rows*cols*sizeof(T) + 2*chunks*cols*4 bytes. Stage two
-//   (ftn_layernorm_column_sum_*) sums the chunks in a fixed order:
+//   sums per chunk: 2*rows*cols*sizeof(T) + 2*chunks*cols*4 bytes; the row
+//   kernel then writes dx: ~5*rows*cols*sizeof(T) in all.
+//   Stage two (ftn_layernorm_column_sum_*) sums the chunks in a fixed order:
 //   reads 2*chunks*cols*4, writes 2*cols*sizeof(T) bytes.
-//   So the whole backward moves ~5*rows*cols*sizeof(T) against a fused floor
-//   of 3*rows*cols*sizeof(T): accumulating dgamma/dbeta in registers inside
-//   the row kernels would need two more register copies of the row and
-//   spills on the block path; a fused variant is future work.
 #include "reduce.cuh"
 #include "vec.cuh"
 
@@ -51,11 +57,40 @@ constexpr int kWarpItems = 32;   // fp32 values per lane in the warp path
 constexpr int kWarpRows = 4;     // rows (warps) per block in the warp path
 constexpr int kBlockItems = 24;  // fp32 values per thread in the block path
 constexpr int kBlockThreads = 512;  // most threads of a block-path block
+constexpr int kFusedBlockThreads = 384;  // most threads of a fused block-path block
 
 // The row of a block-per-row launch: grid (x, y) covers x*y >= rows rows,
 // one per block. (No grid-stride loop: the compiler would hoist every
 // gamma/beta load out of it and spill.) A block past the end exits whole.
 FTN_DEVICE int64_t block_row() { return (int64_t)blockIdx.y * gridDim.x + blockIdx.x; }
+
+// Hides a pointer's value from the optimiser, so that loads through it in a
+// row loop are not hoisted out of the loop (every gamma value of the tile
+// held across rows: registers the tile cannot spare). A no-op emulated.
+template <typename P>
+FTN_DEVICE void ftn_ln_opaque(P *&ptr) {
+#if defined(__CUDACC__)
+  asm volatile("" : "+l"(ptr));
+#else
+  (void)ptr;
+#endif
+}
+
+FTN_DEVICE void ftn_ln_opaque_int(int &v) {
+#if defined(__CUDACC__)
+  asm volatile("" : "+r"(v));
+#else
+  (void)v;
+#endif
+}
+
+// A compiler-only memory fence: no memory access moves across it (nothing
+// is emitted). A no-op emulated.
+FTN_DEVICE void ftn_ln_fence() {
+#if defined(__CUDACC__)
+  asm volatile("" ::: "memory");
+#endif
+}
 
 // Sums over the row group: a warp (WARP) or the whole block (reduce.cuh; a
 // fixed order, so deterministic). red: 64 floats of shared memory (block).
@@ -148,6 +183,13 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
   const T *beta = rms ? nullptr : static_cast<const T *>(p.beta);
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    // Block path: gamma and beta one chunk at a time (no memory access
+    // moves across the fence), not all hoisted next to the row's registers:
+    // 92 -> 86 registers on sm_90a, 2 blocks per SM at hidden 8192 (sm_80's
+    // ptxas spills 12 bytes with it in f16, so not there).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    if constexpr (!WARP) ftn_ln_fence();
+#endif
     if (col < n) {
       float g[V], b[V];
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
@@ -244,34 +286,96 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
 
 // --------------------------------------------------------------- backward
 
-template <typename T, int V, int ITEMS, bool WARP>
-FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, int64_t row, int t, int G,
-                               float *red) {
+// Adds V values to V fp32 accumulators in shared memory (16-byte aligned
+// when V > 1): 128-bit accesses.
+template <int V>
+FTN_DEVICE void acc_add(float *acc, const float *v) {
+  if constexpr (V == 1) {
+    acc[0] += v[0];
+  } else {
+    static_assert(V % 4 == 0, "accumulator width");
+#pragma unroll
+    for (int h = 0; h < V; h += 4) {
+      float a[4];
+      ftn_load<float, 4>(acc + h, a);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a[k] += v[h + k];
+      ftn_store<float, 4>(acc + h, a);
+    }
+  }
+}
+
+// One row held in registers by a group of G threads, as fwd_row_cached.
+// ACC: also adds dy * xhat and dy of each of the thread's columns to
+// acc_g[col] and acc_b[col] (fp32, shared memory, owned by this thread).
+template <typename T, int V, int ITEMS, bool WARP, bool ACC = false>
+FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, int64_t row, int t,
+                               int G, float *red, float *acc_g = nullptr,
+                               float *acc_b = nullptr) {
   constexpr int C = ITEMS / V;
   const int n = (int)p.cols;  // <= 32 * kWarpItems or blockDim.x * kBlockItems
   const T *x = static_cast<const T *>(p.x) + row * p.cols;
   const T *dy = static_cast<const T *>(p.dy) + row * p.cols;
   T *dx = static_cast<T *>(p.dx) + row * p.cols;
-  const T *gamma = static_cast<const T *>(p.gamma);
   const bool rms = p.kind == FTN_NORM_RMS;
   const float mean = rms ? 0.0f : p.mean[row];
   const float rstd = p.rstd[row];
   float xh[ITEMS];  // xhat
   float gh[ITEMS];  // dxhat = dy * g
   float s1 = 0.0f, s2 = 0.0f;
+  if constexpr (!ACC) {
 #pragma unroll
-  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
-    if (col < n) {
-      float g[V];
-      ftn_load<T, V>(x + col, xh + c * V);
-      ftn_load<T, V>(dy + col, gh + c * V);
-      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      if (col < n) {
+        float g[V];
+        ftn_load<T, V>(x + col, xh + c * V);
+        ftn_load<T, V>(dy + col, gh + c * V);
+        load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        xh[c * V + k] = (xh[c * V + k] - mean) * rstd;
-        gh[c * V + k] *= g[k];
-        s1 += gh[c * V + k];
-        s2 += gh[c * V + k] * xh[c * V + k];
+        for (int k = 0; k < V; ++k) {
+          xh[c * V + k] = (xh[c * V + k] - mean) * rstd;
+          gh[c * V + k] *= g[k];
+          s1 += gh[c * V + k];
+          s2 += gh[c * V + k] * xh[c * V + k];
+        }
+      }
+    }
+  } else {
+    // x and dy first; then the accumulators one chunk at a time and only
+    // then gamma (memory fences keep the compiler from hoisting every
+    // accumulator and gamma load next to the row's: the tile would spill).
+#pragma unroll
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      if (col < n) {
+        ftn_load<T, V>(x + col, xh + c * V);
+        ftn_load<T, V>(dy + col, gh + c * V);
+#pragma unroll
+        for (int k = 0; k < V; ++k) xh[c * V + k] = (xh[c * V + k] - mean) * rstd;
+      }
+    }
+#pragma unroll
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      ftn_ln_fence();
+      if (col < n) {
+        float pg[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) pg[k] = gh[c * V + k] * xh[c * V + k];
+        acc_add<V>(acc_g + col, pg);
+        acc_add<V>(acc_b + col, gh + c * V);
+      }
+    }
+    ftn_ln_fence();
+#pragma unroll
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      if (col < n) {
+        float g[V];
+        load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          gh[c * V + k] *= g[k];
+          s1 += gh[c * V + k];
+          s2 += gh[c * V + k] * xh[c * V + k];
+        }
       }
     }
   }
@@ -296,7 +400,8 @@ FTN_DEVICE void bwd_warp(const FtnLayerNormBwdParams &p) {
   const int lane = threadIdx.x & 31u;
   for (int64_t row = (int64_t)blockIdx.x * kWarpRows + (threadIdx.x >> 5); row < p.rows;
        row += (int64_t)gridDim.x * kWarpRows) {
-    bwd_row_cached<T, V, kWarpItems, true>(p, row, lane, 32, nullptr);
+    bwd_row_cached<T, V, kWarpItems, true>(p, static_cast<const T *>(p.gamma), row, lane, 32,
+                                           nullptr);
   }
 }
 
@@ -304,7 +409,109 @@ template <typename T, int V>
 FTN_DEVICE void bwd_block(const FtnLayerNormBwdParams &p, float *red) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.cols <= (int64_t)blockDim.x * kBlockItems);
   const int64_t row = block_row();
-  if (row < p.rows) bwd_row_cached<T, V, kBlockItems, false>(p, row, threadIdx.x, blockDim.x, red);
+  if (row < p.rows) {
+    bwd_row_cached<T, V, kBlockItems, false>(p, static_cast<const T *>(p.gamma), row, threadIdx.x,
+                                             blockDim.x, red);
+  }
+}
+
+// ------------------------------------------ fused backward: dx + partials
+// Block b (block_row()) handles the chunk of rows [b*R, min((b+1)*R, rows)),
+// R = rows_per_chunk, and writes the chunk's parameter-gradient partials
+//   partial_gamma[b, c] = sum over its rows of dy * xhat,
+//   partial_beta[b, c]  = sum over its rows of dy   (if not NULL),
+// each in row order (the warp path: every warp sums rows w, w + 4, ... in
+// order, then the warps' sums are added in warp order), so the partials
+// depend on the shape only. The accumulators are fp32 in shared memory,
+// every column owned by one thread of its row group (no barrier until the
+// flush); ftn_layernorm_column_sum_* then sums the chunks in a fixed order.
+
+// Zeroes the accumulators of thread t's columns (the *_row_cached layout).
+template <int V, int ITEMS>
+FTN_DEVICE void acc_zero(float *acc_g, float *acc_b, int n, int t, int G) {
+  constexpr int C = ITEMS / V;
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if (col < n) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc_g[col + k] = acc_b[col + k] = 0.0f;
+    }
+  }
+}
+
+// Writes the chunk's partials: the sum over `slabs` accumulator slabs (each
+// [2][stride]: gamma then beta) in slab order.
+FTN_DEVICE void flush_partials(const FtnLayerNormBwdParams &p, int64_t chunk, const float *acc,
+                               int slabs, int64_t stride) {
+  __syncthreads();
+  const int64_t n = p.cols;
+  float *pg = p.partial_gamma + chunk * n;
+  float *pb = p.partial_beta == nullptr ? nullptr : p.partial_beta + chunk * n;
+  for (int64_t col = threadIdx.x; col < n; col += blockDim.x) {
+    float g = acc[col], b = acc[stride + col];
+    for (int w = 1; w < slabs; ++w) {
+      g += acc[2 * w * stride + col];
+      b += acc[(2 * w + 1) * stride + col];
+    }
+    pg[col] = g;
+    if (pb != nullptr) pb[col] = b;
+  }
+}
+
+// The chunk's rows [r0, r1); false when the block has no chunk (whole block).
+FTN_DEVICE bool chunk_rows(const FtnLayerNormBwdParams &p, int64_t chunk, int64_t &r0,
+                           int64_t &r1) {
+  r0 = chunk * p.rows_per_chunk;
+  r1 = r0 + p.rows_per_chunk < p.rows ? r0 + p.rows_per_chunk : p.rows;
+  return r0 < p.rows;
+}
+
+// acc: [kWarpRows][2][32 * kWarpItems] (static shared memory, 32 KiB).
+template <typename T, int V>
+FTN_DEVICE void bwd_fused_warp(const FtnLayerNormBwdParams &p, float *acc) {
+  constexpr int S = 32 * kWarpItems;
+  FTN_ASSERT(blockDim.x == 32 * kWarpRows && p.cols <= S && p.partial_gamma != nullptr &&
+             p.rows_per_chunk >= 1);
+  const int64_t chunk = block_row();
+  int64_t r0, r1;
+  if (!chunk_rows(p, chunk, r0, r1)) return;
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  float *ag = acc + 2 * w * S, *ab = ag + S;
+  acc_zero<V, kWarpItems>(ag, ab, (int)p.cols, lane, 32);
+#pragma unroll 1
+  for (int64_t row = r0 + w; row < r1; row += kWarpRows) {
+    const T *gamma = static_cast<const T *>(p.gamma);
+    ftn_ln_opaque(gamma);
+    bwd_row_cached<T, V, kWarpItems, true, true>(p, gamma, row, lane, 32, nullptr, ag, ab);
+  }
+  flush_partials(p, chunk, acc, kWarpRows, S);
+}
+
+// acc: [2][cols] (dynamic shared memory, 8 * cols bytes).
+template <typename T, int V>
+FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, float *acc) {
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.cols <= (int64_t)blockDim.x * kBlockItems &&
+             p.partial_gamma != nullptr && p.rows_per_chunk >= 1);
+  const int64_t chunk = block_row();
+  int64_t r0, r1;
+  if (!chunk_rows(p, chunk, r0, r1)) return;
+  float *ag = acc, *ab = acc + p.cols;
+  acc_zero<V, kBlockItems>(ag, ab, (int)p.cols, threadIdx.x, blockDim.x);
+#pragma unroll 1
+  for (int64_t row = r0; row < r1; ++row) {
+    // Opaque per row: nothing derived from them is kept across rows (156
+    // -> 127 registers on sm_90a; sm_80 spilled without).
+    const T *gamma = static_cast<const T *>(p.gamma);
+    float *g_acc = ag, *b_acc = ab;
+    int t = threadIdx.x, G = blockDim.x;
+    ftn_ln_opaque(gamma);
+    ftn_ln_opaque(g_acc);
+    ftn_ln_opaque(b_acc);
+    ftn_ln_opaque_int(t);
+    ftn_ln_opaque_int(G);
+    bwd_row_cached<T, V, kBlockItems, false, true>(p, gamma, row, t, G, red, g_acc, b_acc);
+  }
+  flush_partials(p, chunk, acc, 1, p.cols);
 }
 
 // Two passes over dy and x: the two row sums, then dx.
@@ -410,6 +617,8 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   if (out == nullptr) return;  // the whole block: this gradient is not wanted
   float s = 0.0f;
   if (c < p.cols) {
+    // Unrolled: the loads issue ahead, the adds stay in chunk order.
+#pragma unroll 8
     for (int64_t k = threadIdx.y; k < p.chunks; k += blockDim.y) s += partial[k * p.cols + c];
   }
   red[threadIdx.y][threadIdx.x] = s;
@@ -452,6 +661,16 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_block_##suffix, FtnLayerNormBwdParams, p, kBlockThreads) {      \
     FTN_SHARED(float, red, [64]);                                                             \
     FTN_LN_VEC_DISPATCH(bwd_block, T, p, red);                                                \
+  }                                                                                           \
+  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_warp_##suffix, FtnLayerNormBwdParams, p, 128) {  \
+    FTN_SHARED(float, acc, [kWarpRows * 2 * 32 * kWarpItems]);                                \
+    FTN_LN_VEC_DISPATCH(bwd_fused_warp, T, p, acc);                                           \
+  }                                                                                           \
+  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_block_##suffix, FtnLayerNormBwdParams, p,        \
+                     kFusedBlockThreads) {                                                    \
+    FTN_SHARED(float, red, [64]);                                                             \
+    FTN_DYNAMIC_SHARED(float, acc);                                                           \
+    FTN_LN_VEC_DISPATCH(bwd_fused_block, T, p, red, acc);                                     \
   }                                                                                           \
   FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_global_##suffix, FtnLayerNormBwdParams, p, 1024) {     \
     FTN_SHARED(float, red, [64]);                                                             \

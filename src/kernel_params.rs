@@ -279,10 +279,13 @@ pub struct FtnLayerNormBwdParams {
     pub zero_centered_gamma: u32,
     pub vec: u32,
     pub reserved: u32,
+    pub partial_gamma: *mut f32,
+    pub partial_beta: *mut f32,
+    pub rows_per_chunk: i64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of FtnLayerNormBwdParams"][::core::mem::size_of::<FtnLayerNormBwdParams>() - 80usize];
+    ["Size of FtnLayerNormBwdParams"][::core::mem::size_of::<FtnLayerNormBwdParams>() - 104usize];
     ["Alignment of FtnLayerNormBwdParams"]
         [::core::mem::align_of::<FtnLayerNormBwdParams>() - 8usize];
     ["Offset of field: FtnLayerNormBwdParams::dx"]
@@ -309,6 +312,12 @@ const _: () = {
         [::core::mem::offset_of!(FtnLayerNormBwdParams, vec) - 72usize];
     ["Offset of field: FtnLayerNormBwdParams::reserved"]
         [::core::mem::offset_of!(FtnLayerNormBwdParams, reserved) - 76usize];
+    ["Offset of field: FtnLayerNormBwdParams::partial_gamma"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, partial_gamma) - 80usize];
+    ["Offset of field: FtnLayerNormBwdParams::partial_beta"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, partial_beta) - 88usize];
+    ["Offset of field: FtnLayerNormBwdParams::rows_per_chunk"]
+        [::core::mem::offset_of!(FtnLayerNormBwdParams, rows_per_chunk) - 96usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -514,6 +514,21 @@ fn norms_block_path_rows_spill_into_grid_y() {
     }
 }
 
+#[test]
+fn norms_fused_backward_chunks_spill_into_grid_y() {
+    lower_caps();
+    for dev in devices("norms_fused_backward_chunks_spill_into_grid_y", 2) {
+        // 200 rows: 7 chunks of 32 (the last of 8), grid x 4 (the cap), y 2;
+        // block 7 is idle.
+        for hidden in [64u64, 1032] {
+            let f = plan::layernorm::fused_backward(200, hidden, 4, true, true).unwrap();
+            assert_eq!((f.chunks, f.cfg.grid), (7, [4, 2, 1]));
+        }
+        norm_case::<f32>(&dev, 200, 64, false);
+        norm_case::<bf16>(&dev, 200, 1032, true);
+    }
+}
+
 // ---------------------------------------------------------------------- GEMM
 
 /// `batch` contiguous GEMMs `[m, k] x [k, n]` (B transposed when `tb`) with

@@ -188,7 +188,9 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
         c.zero_centered,
         c.rms,
     );
-    let run_bwd = || {
+    // `grads`: also dgamma (and dbeta), which takes the fused kernels (dx
+    // and the chunk partials in one pass) where the row path has them.
+    let run_bwd = |grads: bool| {
         let mut dx = poisoned::<T>(&stream, n);
         let mut dg = poisoned::<T>(&stream, c.hidden);
         let mut db = poisoned::<T>(&stream, c.hidden);
@@ -203,7 +205,7 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
                     &rstd,
                     gamma.map(|b| b as _),
                     &mut dx,
-                    Some(&mut dg),
+                    grads.then_some(&mut dg),
                 )
                 .unwrap();
         } else {
@@ -218,8 +220,8 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
                     &rstd,
                     gamma.map(|b| b as _),
                     &mut dx,
-                    Some(&mut dg),
-                    Some(&mut db),
+                    grads.then_some(&mut dg),
+                    grads.then_some(&mut db),
                 )
                 .unwrap();
         }
@@ -230,7 +232,8 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
             db.to_host().unwrap(),
         )
     };
-    let (dx, dg, db) = run_bwd();
+    let (dx, dg, db) = run_bwd(true);
+    let (dx_only, _, _) = run_bwd(false);
     // dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)) cancels for
     // tiny rows (hidden = 1: RMSNorm's dx is ~eps/x^2 of its first term), so
     // its error is measured against the larger of ||dx|| and ||rstd*g*dy||.
@@ -248,12 +251,6 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
         })
         .sum::<f64>()
         .sqrt();
-    let dx_num: f64 = to_f64(&dx)
-        .iter()
-        .zip(&rb.dx)
-        .map(|(a, b)| (a - b) * (a - b))
-        .sum::<f64>()
-        .sqrt();
     let dx_den = rb
         .dx
         .iter()
@@ -261,12 +258,21 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
         .sum::<f64>()
         .sqrt()
         .max(first_term);
-    let dx_err = dx_num / dx_den;
-    assert!(
-        dx_err <= tolerance(T::DTYPE),
-        "dx {what}: relative error {dx_err:e} > {:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})",
-        tolerance(T::DTYPE)
-    );
+    // dx with the parameter gradients (fused kernels) and without (dx only).
+    for (which, dx) in [("with dgamma", &dx), ("alone", &dx_only)] {
+        let dx_num: f64 = to_f64(dx)
+            .iter()
+            .zip(&rb.dx)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f64>()
+            .sqrt();
+        let dx_err = dx_num / dx_den;
+        assert!(
+            dx_err <= tolerance(T::DTYPE),
+            "dx ({which}) {what}: relative error {dx_err:e} > {:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})",
+            tolerance(T::DTYPE)
+        );
+    }
     assert_close(
         &format!("dgamma {what}"),
         T::DTYPE,
@@ -289,7 +295,7 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
         );
     }
     // Deterministic parameter gradients: bitwise identical on a second run.
-    let (_, dg2, db2) = run_bwd();
+    let (_, dg2, db2) = run_bwd(true);
     let bytes = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
     assert!(
         bytes(&dg) == bytes(&dg2),
@@ -451,12 +457,59 @@ fn block_path_launch_widths() {
     }
 }
 
-/// Many rows: several parameter-gradient chunks and a multi-block warp grid.
+/// Many rows: several parameter-gradient chunks and a multi-block warp grid
+/// (the fused warp path: 1100 rows are 35 chunks of 32, the last of 12; 600
+/// rows 19, the last of 24).
 #[test]
 fn many_rows_several_chunks() {
+    use ferrotron::core::plan::layernorm as plan;
+    let f = plan::fused_backward(1100, 40, 2, true, true).unwrap();
+    assert_eq!((f.path, f.chunks), (plan::RowPath::Warp, 35));
+    assert_eq!(
+        plan::fused_backward(600, 72, 4, true, false)
+            .unwrap()
+            .chunks,
+        19
+    );
     for dev in devices("many_rows_several_chunks", 2) {
         run_case::<bf16>(&dev, Case::new(1100, 40, false));
         run_case::<f32>(&dev, Case::new(600, 72, true));
+    }
+}
+
+/// The fused block path (dx and the partials of chunks of rows, one block
+/// each) with several chunks, the last one partial: 70 rows are chunks of
+/// 32, 32 and 6. At its widest row (`FUSED_BLOCK_MAX_HIDDEN`, 384 threads)
+/// and one column past it (the unfused parameter-gradient kernels), vector
+/// and scalar access, both kinds.
+#[test]
+fn fused_block_path_several_chunks() {
+    use ferrotron::core::plan::layernorm::{self as plan, RowPath, FUSED_BLOCK_MAX_HIDDEN};
+    let wide = FUSED_BLOCK_MAX_HIDDEN as usize;
+    let f = plan::fused_backward(70, 2056, 2, true, true).unwrap();
+    assert_eq!(
+        (f.path, f.chunks, f.rows_per_chunk),
+        (RowPath::Block, 3, 32)
+    );
+    assert_eq!(
+        plan::fused_backward(40, wide as u64, 4, true, true)
+            .unwrap()
+            .cfg
+            .block[0],
+        384
+    );
+    assert!(plan::fused_backward(40, wide as u64 + 8, 4, true, true).is_none());
+    for dev in devices("fused_block_path_several_chunks", 5) {
+        run_case::<bf16>(&dev, Case::new(70, 2056, false));
+        run_case::<f32>(&dev, Case::new(70, 1025, true));
+        let scalar = Case {
+            vectorize: false,
+            zero_centered: true,
+            ..Case::new(70, 1030, false)
+        };
+        run_case::<f16>(&dev, scalar);
+        run_case::<f32>(&dev, Case::new(40, wide, false));
+        run_case::<bf16>(&dev, Case::new(40, wide + 8, true));
     }
 }
 

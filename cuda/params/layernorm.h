@@ -34,7 +34,14 @@ typedef struct FtnLayerNormFwdParams {
  * and dxhat = dy * g,
  *   LayerNorm dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
  *   RMSNorm   dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
- * dx may alias dy. Kernels ftn_layernorm_bwd_{warp,block,global}_{dtype}. */
+ * dx may alias dy. Kernels ftn_layernorm_bwd_{warp,block,global}_{dtype}
+ * (dx only: the partial_* and rows_per_chunk fields are ignored).
+ * Fused, ftn_layernorm_bwd_fused_{warp,block}_{dtype}: dx and, for every
+ * chunk k of rows_per_chunk rows (one block each, grid x * y >= chunks),
+ *   partial_gamma[k, c] = sum over the chunk of dy[r, c] * xhat[r, c],
+ *   partial_beta[k, c]  = sum over the chunk of dy[r, c]   (if not NULL),
+ * in a fixed order (deterministic); the block path takes 8 * cols bytes of
+ * dynamic shared memory. */
 typedef struct FtnLayerNormBwdParams {
   void *dx;          /* [rows, cols] */
   const void *dy;    /* [rows, cols] */
@@ -48,6 +55,9 @@ typedef struct FtnLayerNormBwdParams {
   uint32_t zero_centered_gamma; /* 0 or 1 */
   uint32_t vec;                 /* elements per 128-bit access, or 1 */
   uint32_t reserved;            /* 0 */
+  float *partial_gamma;         /* [chunks, cols] fp32 (fused kernels) */
+  float *partial_beta;          /* [chunks, cols] fp32 or NULL (fused kernels) */
+  int64_t rows_per_chunk;       /* >= 1 (fused kernels) */
 } FtnLayerNormBwdParams;
 
 /* Backward, stage one of the parameter gradients: for every chunk k of

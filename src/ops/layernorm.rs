@@ -100,6 +100,21 @@ fn bwd_kernel(d: DType, path: RowPath) -> Result<&'static Kernel<FtnLayerNormBwd
     }
 }
 
+/// The fused backward kernel (dx and the parameter-gradient partials) of a
+/// row path that has one.
+fn fused_bwd_kernel(d: DType, path: RowPath) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
+    match path {
+        RowPath::Warp => kernels::LAYERNORM_BWD_FUSED_WARP.for_dtype(d),
+        RowPath::Block => kernels::LAYERNORM_BWD_FUSED_BLOCK.for_dtype(d),
+        RowPath::Global => Err(Error::invalid(
+            LN_BWD,
+            "path",
+            "a row path with a fused backward",
+            "global",
+        )),
+    }
+}
+
 /// What LayerNorm and RMSNorm share.
 #[derive(Clone, Copy)]
 struct Norm {
@@ -241,58 +256,13 @@ impl Norm {
         let gamma_addr = gamma.map_or(0, |b| b.addr());
         let aligned = all_aligned16(&[dy.addr(), x.addr(), dx.addr(), gamma_addr]);
         let (rows, hidden, es) = (self.rows as u64, self.hidden as u64, T::DTYPE.size());
-
-        // Parameter gradients first: they read dy, which dx may not alias
-        // here (Rust borrows), but keeping this order costs nothing.
-        if dgamma.is_some() || dbeta.is_some() {
-            let pg =
-                plan::param_grads(rows, hidden, es, self.vectorize && aligned, dbeta.is_some());
-            let part = validate::elements(op, pg.chunks as usize, self.hidden)?;
-            let count = if dbeta.is_some() { 2 } else { 1 };
-            let bytes = part.checked_mul(4 * count).ok_or_else(|| {
-                Error::invalid(op, "hidden", "a workspace that fits", self.hidden)
-            })?;
-            let ws = stream.workspace(bytes)?;
-            let partial_beta = if dbeta.is_some() {
-                ws + part as u64 * 4
-            } else {
-                0
-            };
-            let params = FtnLayerNormParamGradParams {
-                partial_gamma: ws as *mut f32,
-                partial_beta: partial_beta as *mut f32,
-                dy: dy.addr() as *const _,
-                x: x.addr() as *const _,
-                mean: mean_addr as *const f32,
-                rstd: rstd.addr() as *const f32,
-                rows: self.rows as i64,
-                cols: self.hidden as i64,
-                rows_per_chunk: pg.rows_per_chunk as i64,
-                kind: self.kind(),
-                vec: pg.vec,
-            };
-            stream.launch(
-                kernels::LAYERNORM_PARAM_GRAD.for_dtype(T::DTYPE)?,
-                pg.cfg,
-                params,
-            )?;
-            let sum = FtnLayerNormColumnSumParams {
-                dgamma: dgamma.map_or(0, |g| g.addr()) as *mut _,
-                dbeta: dbeta.map_or(0, |b| b.addr()) as *mut _,
-                partial_gamma: ws as *const f32,
-                partial_beta: partial_beta as *const f32,
-                chunks: pg.chunks as i64,
-                cols: self.hidden as i64,
-            };
-            stream.launch(
-                kernels::LAYERNORM_COLUMN_SUM.for_dtype(T::DTYPE)?,
-                pg.reduce_cfg,
-                sum,
-            )?;
-        }
-
-        let p = plan::rows(rows, hidden, es, self.vectorize && aligned);
-        let params = FtnLayerNormBwdParams {
+        let vectorize = self.vectorize && aligned;
+        let with_beta = dbeta.is_some();
+        let sums = ColumnSums {
+            dgamma: dgamma.map_or(0, |g| g.addr()),
+            dbeta: dbeta.map_or(0, |b| b.addr()),
+        };
+        let mut params = FtnLayerNormBwdParams {
             dx: dx.addr() as *mut _,
             dy: dy.addr() as *const _,
             x: x.addr() as *const _,
@@ -303,10 +273,106 @@ impl Norm {
             cols: self.hidden as i64,
             kind: self.kind(),
             zero_centered_gamma: self.zero_centered_gamma as u32,
-            vec: p.vec,
+            vec: 1,
             reserved: 0,
+            partial_gamma: core::ptr::null_mut(),
+            partial_beta: core::ptr::null_mut(),
+            rows_per_chunk: 1,
         };
+        if !sums.wanted() {
+            let p = plan::rows(rows, hidden, es, vectorize);
+            params.vec = p.vec;
+            return stream.launch(bwd_kernel(T::DTYPE, p.path)?, p.cfg, params);
+        }
+
+        // dx and the chunks' partials in one pass over dy and x, then the
+        // fixed-order sum of the chunks.
+        if let Some(f) = plan::fused_backward(rows, hidden, es, vectorize, with_beta) {
+            let (pg, pb) = self.partials(op, stream, f.chunks, with_beta)?;
+            params.vec = f.vec;
+            params.partial_gamma = pg as *mut f32;
+            params.partial_beta = pb as *mut f32;
+            params.rows_per_chunk = f.rows_per_chunk as i64;
+            stream.launch(fused_bwd_kernel(T::DTYPE, f.path)?, f.cfg, params)?;
+            return sums.launch::<T>(stream, (pg, pb), f.chunks, hidden, f.reduce_cfg);
+        }
+
+        // No fused kernel for this row path: the parameter gradients re-read
+        // dy and x column-wise (stage one), then dx.
+        let pg = plan::param_grads(rows, hidden, es, vectorize, with_beta);
+        let (wg, wb) = self.partials(op, stream, pg.chunks, with_beta)?;
+        let stage_one = FtnLayerNormParamGradParams {
+            partial_gamma: wg as *mut f32,
+            partial_beta: wb as *mut f32,
+            dy: dy.addr() as *const _,
+            x: x.addr() as *const _,
+            mean: mean_addr as *const f32,
+            rstd: rstd.addr() as *const f32,
+            rows: self.rows as i64,
+            cols: self.hidden as i64,
+            rows_per_chunk: pg.rows_per_chunk as i64,
+            kind: self.kind(),
+            vec: pg.vec,
+        };
+        stream.launch(
+            kernels::LAYERNORM_PARAM_GRAD.for_dtype(T::DTYPE)?,
+            pg.cfg,
+            stage_one,
+        )?;
+        sums.launch::<T>(stream, (wg, wb), pg.chunks, hidden, pg.reduce_cfg)?;
+        let p = plan::rows(rows, hidden, es, vectorize);
+        params.vec = p.vec;
         stream.launch(bwd_kernel(T::DTYPE, p.path)?, p.cfg, params)
+    }
+
+    /// The fp32 partials of `chunks` chunks in the stream's workspace:
+    /// (gamma, beta) addresses, beta 0 unless `with_beta`.
+    fn partials(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+        chunks: u64,
+        with_beta: bool,
+    ) -> Result<(u64, u64)> {
+        let part = validate::elements(op, chunks as usize, self.hidden)?;
+        let count = if with_beta { 2 } else { 1 };
+        let bytes = part
+            .checked_mul(4 * count)
+            .ok_or_else(|| Error::invalid(op, "hidden", "a workspace that fits", self.hidden))?;
+        let ws = stream.workspace(bytes)?;
+        Ok((ws, if with_beta { ws + part as u64 * 4 } else { 0 }))
+    }
+}
+
+/// The parameter-gradient outputs (0: not wanted) and stage two, the
+/// fixed-order sum of the chunks' partials into them.
+struct ColumnSums {
+    dgamma: u64,
+    dbeta: u64,
+}
+
+impl ColumnSums {
+    fn wanted(&self) -> bool {
+        self.dgamma != 0 || self.dbeta != 0
+    }
+
+    fn launch<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        (partial_gamma, partial_beta): (u64, u64),
+        chunks: u64,
+        hidden: u64,
+        cfg: crate::core::launch::LaunchConfig,
+    ) -> Result<()> {
+        let sum = FtnLayerNormColumnSumParams {
+            dgamma: self.dgamma as *mut _,
+            dbeta: self.dbeta as *mut _,
+            partial_gamma: partial_gamma as *const f32,
+            partial_beta: partial_beta as *const f32,
+            chunks: chunks as i64,
+            cols: hidden as i64,
+        };
+        stream.launch(kernels::LAYERNORM_COLUMN_SUM.for_dtype(T::DTYPE)?, cfg, sum)
     }
 }
 
@@ -478,6 +544,9 @@ mod tests {
                 bwd_kernel(d, path).unwrap();
             }
             kernels::LAYERNORM_PARAM_GRAD.for_dtype(d).unwrap();
+            fused_bwd_kernel(d, RowPath::Warp).unwrap();
+            fused_bwd_kernel(d, RowPath::Block).unwrap();
+            assert!(fused_bwd_kernel(d, RowPath::Global).is_err());
             kernels::LAYERNORM_COLUMN_SUM.for_dtype(d).unwrap();
         }
     }

@@ -132,11 +132,85 @@ pub struct ParamGradPlan {
     pub reduce_cfg: LaunchConfig,
 }
 
+/// The fused backward: the row kernel also sums dy * xhat and dy over a
+/// chunk of rows per block and writes the chunk's partials (3n bytes
+/// instead of the 5n of [`param_grads`] + [`rows`]); stage two as in
+/// [`ParamGradPlan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedBwdPlan {
+    pub path: RowPath,
+    /// One block per chunk (grid x * y >= chunks; the block path also asks
+    /// for `8 * hidden` bytes of dynamic shared memory).
+    pub cfg: LaunchConfig,
+    pub vec: u32,
+    pub rows_per_chunk: u64,
+    pub chunks: u64,
+    pub reduce_cfg: LaunchConfig,
+}
+
+/// Minimum rows per chunk of the fused backward, and the chunk count aimed
+/// at: at most `8 * hidden` bytes of fp32 partials per 32 rows (at bf16,
+/// 4 % of the 6 bytes per element the backward moves per 64 rows), and
+/// enough chunks to fill the GPU a few times over.
+pub const FUSED_MIN_ROWS_PER_CHUNK: u64 = 32;
+pub const FUSED_TARGET_CHUNKS: u64 = 1024;
+/// Most threads of a fused block-path block (`kFusedBlockThreads`: the row
+/// loop keeps more registers live than the one-row kernel, 156 on sm_90a).
+pub const FUSED_BLOCK_THREADS: u32 = 384;
+/// Widest row of the fused block path; wider rows take [`param_grads`].
+pub const FUSED_BLOCK_MAX_HIDDEN: u64 = FUSED_BLOCK_THREADS as u64 * BLOCK_ITEMS;
+
+/// Stage two over `chunks` partial rows of `hidden` columns.
+fn column_sum_cfg(hidden: u64, chunks: u64, with_beta: bool) -> LaunchConfig {
+    LaunchConfig {
+        grid: [div_ceil(hidden.max(1), 32) as u32, 1 + with_beta as u32, 1],
+        block: [32, chunks.min(REDUCE_SPLIT) as u32, 1],
+        dynamic_smem_bytes: 0,
+    }
+}
+
+/// The fused backward of a shape, or `None` when its row path has none (the
+/// global path, and block rows wider than [`FUSED_BLOCK_MAX_HIDDEN`]). The
+/// chunking depends on the row count alone, so the partials (and dgamma,
+/// dbeta) are bitwise reproducible for a shape.
+pub fn fused_backward(
+    rows: u64,
+    hidden: u64,
+    elem_size: usize,
+    aligned16: bool,
+    with_beta: bool,
+) -> Option<FusedBwdPlan> {
+    let path = path(hidden);
+    let block = match path {
+        RowPath::Warp => [32 * WARP_ROWS, 1, 1],
+        RowPath::Block if hidden <= FUSED_BLOCK_MAX_HIDDEN => [block_threads(hidden) as u32, 1, 1],
+        _ => return None,
+    };
+    let smem = if path == RowPath::Block {
+        8 * hidden
+    } else {
+        0
+    };
+    let (rows_per_chunk, chunks) = row_chunks(rows, FUSED_MIN_ROWS_PER_CHUNK, FUSED_TARGET_CHUNKS);
+    Some(FusedBwdPlan {
+        path,
+        cfg: LaunchConfig {
+            grid: row_grid(chunks),
+            block,
+            dynamic_smem_bytes: smem as u32,
+        },
+        vec: vec_width(hidden, elem_size, aligned16),
+        rows_per_chunk,
+        chunks,
+        reduce_cfg: column_sum_cfg(hidden, chunks, with_beta),
+    })
+}
+
 /// Minimum rows per chunk, and the chunk count aimed at.
 pub const MIN_ROWS_PER_CHUNK: u64 = 16;
 pub const TARGET_CHUNKS: u64 = 256;
 /// Threads that split the chunks of one column in stage two, at most.
-pub const REDUCE_SPLIT: u64 = 8;
+pub const REDUCE_SPLIT: u64 = 32;
 /// Threads of a stage-one block at most.
 pub const PARAM_GRAD_THREADS: u64 = 256;
 
@@ -162,11 +236,7 @@ pub fn param_grads(
         vec,
         rows_per_chunk,
         chunks,
-        reduce_cfg: LaunchConfig {
-            grid: [div_ceil(hidden.max(1), 32) as u32, 1 + with_beta as u32, 1],
-            block: [32, chunks.min(REDUCE_SPLIT) as u32, 1],
-            dynamic_smem_bytes: 0,
-        },
+        reduce_cfg: column_sum_cfg(hidden, chunks, with_beta),
     }
 }
 
@@ -276,6 +346,51 @@ mod tests {
             }
         }
         assert_eq!(param_grads(9, 9, 4, true, false).reduce_cfg.grid[1], 1);
+    }
+
+    #[test]
+    fn fused_backward_plans_cover_every_chunk() {
+        for &h in HIDDEN {
+            for &r in &[1u64, 31, 32, 33, 1000, 70_000, 1 << 26] {
+                for es in [2usize, 4] {
+                    let Some(f) = fused_backward(r, h, es, true, true) else {
+                        assert!(path(h) == RowPath::Global || h > FUSED_BLOCK_MAX_HIDDEN);
+                        continue;
+                    };
+                    assert_eq!(f.path, path(h));
+                    assert!(DeviceLimits::SM90.check("k", &f.cfg).is_ok(), "{r}x{h}");
+                    assert!(DeviceLimits::SM90.check("k", &f.reduce_cfg).is_ok());
+                    assert!(f.chunks * f.rows_per_chunk >= r);
+                    assert!((f.chunks - 1) * f.rows_per_chunk < r);
+                    assert!(f.rows_per_chunk >= FUSED_MIN_ROWS_PER_CHUNK);
+                    assert!(f.chunks <= FUSED_TARGET_CHUNKS);
+                    let covered = f.cfg.grid[0] as u64 * f.cfg.grid[1] as u64;
+                    assert!(covered >= f.chunks && covered - f.chunks < f.cfg.grid[0] as u64);
+                    assert_eq!(f.vec, rows(r, h, es, true).vec);
+                    match f.path {
+                        RowPath::Warp => {
+                            assert_eq!(f.cfg.block, [128, 1, 1]);
+                            assert_eq!(f.cfg.dynamic_smem_bytes, 0);
+                        }
+                        RowPath::Block => {
+                            let t = f.cfg.block[0];
+                            assert!(t <= FUSED_BLOCK_THREADS && t as u64 * BLOCK_ITEMS >= h);
+                            assert_eq!(f.cfg.dynamic_smem_bytes as u64, 8 * h);
+                        }
+                        RowPath::Global => unreachable!(),
+                    }
+                    assert_eq!(f.reduce_cfg.block[1] as u64, f.chunks.min(REDUCE_SPLIT));
+                }
+            }
+        }
+        assert!(fused_backward(10, FUSED_BLOCK_MAX_HIDDEN + 1, 2, true, true).is_none());
+        assert!(fused_backward(10, FUSED_BLOCK_MAX_HIDDEN, 2, true, true).is_some());
+        assert!(fused_backward(10, 65536, 2, true, true).is_none());
+        // The chunking depends on the rows only.
+        let a = fused_backward(100_000, 1024, 2, true, true).unwrap();
+        let b = fused_backward(100_000, 4096, 4, false, false).unwrap();
+        assert_eq!((a.rows_per_chunk, a.chunks), (b.rows_per_chunk, b.chunks));
+        assert_eq!(b.reduce_cfg.grid[1], 1);
     }
 
     #[test]

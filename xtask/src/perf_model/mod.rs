@@ -183,7 +183,7 @@ pub fn prepare(inputs: &Inputs, case: &Case) -> Result<Prepared, String> {
             threads: spec.threads,
             blocks: spec.blocks,
             registers: res.registers,
-            smem: res.smem_bytes,
+            smem: res.smem_bytes + spec.dynamic_smem,
             elems_per_round: per_round,
             bytes_per_elem: spec.bytes_per_elem,
             read_bytes_per_elem: spec.read_bytes_per_elem,
