@@ -8,19 +8,27 @@
 // behaviour; PyTorch's unfused path would give uniform 1/sk).
 //
 // Three paths, chosen by src/core/plan/softmax.rs from sk:
-//   warpN  (sk <= 32*N, N in 1..32): one warp per row, each lane keeps its N
-//          values in registers (N is a template argument, so the arrays are
-//          registers, never local memory). Reductions are warp shuffles.
-//          Several rows per block, grid-stride over rows.
-//   block  (sk <= 32*blockDim.x <= 16384, blockDim.x <= 512): one block per
-//          row, 32 values per thread in registers (64 in backward: y and dy),
-//          reductions through 32 floats of shared memory.
-//   long   (any sk): one block per row, two streaming passes. Forward pass 1
-//          keeps an online (max, sum of exp) per thread, merged across the
-//          block; pass 2 re-reads x and writes y. Backward pass 1 forms
-//          sum(dy*y), pass 2 re-reads and writes dx. In place is safe: each
-//          element is read and then written by the same thread in pass 2. The second read of a row
-//          (<= 256 KiB per block for sk = 65536 fp32) is normally an L2 hit.
+//   warpN  (sk <= 32*N, N in 1..32): a warp, or for short rows on the vector
+//          path a group of 16*N/vec lanes (two 128-bit vectors per lane,
+//          several rows per warp), per row; each lane keeps its values in
+//          registers (N is a template argument, so the arrays are registers,
+//          never local memory). Reductions are (group) shuffles. Several rows
+//          per block, grid-stride over rows.
+//   block  (chosen for sk <= 8192; runs sk <= 32*blockDim.x <= 16384,
+//          blockDim.x <= 512): one block per row, 32 values per thread in
+//          registers (64 in backward: y and dy), reductions through 32 floats
+//          of shared memory.
+//   long   (any sk; chosen past 8192): one block per row, two streaming
+//          passes. Forward pass 1 keeps an online (max, sum of exp) per
+//          thread, SM_LONG_UNROLL vectors per step, merged across the block;
+//          pass 2 re-reads x and writes y. Backward pass 1 forms sum(dy*y),
+//          pass 2 re-reads and writes dx. In place is safe: each element is
+//          read and then written by the same thread in pass 2. The second
+//          read of a row (<= 256 KiB per block for sk = 65536 fp32) is
+//          normally an L2 hit.
+// The exponential is the hardware one (sm_exp: ex2.approx.ftz of
+// (v - max) * log2(e)); the warp and block forwards are compiled with and
+// without dropout (the plain copy has no Philox code).
 // With 16-byte-aligned pointers and sk % vec == 0 every access is one 128-bit
 // load/store of vec = 16/sizeof(T) elements (mask: vec bytes); else scalar.
 //
@@ -30,7 +38,7 @@
 //   backward: read y, dy + write dx = 3n|T|.
 //   The long path reads the row twice: 3n|T| forward / 5n|T| backward from
 //   HBM in the worst case (L2 misses), 2n|T| / 3n|T| when the re-read hits L2.
-// FLOPs: ~5 per element plus one expf -> far below the FP32 rate: HBM-bound.
+// FLOPs: ~5 per element plus one exp2 -> far below the FP32 rate: HBM-bound.
 //
 // Attention dropout (Megatron: probs_d = dropout(softmax(...), p)), the same
 // kernels with p.y_dropped / p.drop_threshold set:

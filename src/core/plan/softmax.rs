@@ -23,7 +23,7 @@ pub enum SoftmaxPath {
 
 /// Longest row of the warp path: 32 lanes x 32 values.
 pub const WARP_MAX_COLS: u64 = 32 * 32;
-/// Threads per block of the warp path (4 rows per block); the kernels are
+/// Threads per block of the warp path (4 warps, each 1 to 16 rows); the kernels are
 /// declared with `__launch_bounds__(128)`.
 pub const WARP_THREADS: u32 = 128;
 /// Values each thread of the block path holds (`SM_BLOCK_ITEMS`).
@@ -197,7 +197,7 @@ mod tests {
                                 assert!(
                                     p.cfg.grid[0] as u64 * rows_per_block >= rows
                                         || p.cfg.grid[0] as u64
-                                            == super::grid_caps().grid_stride_blocks
+                                            == crate::core::plan::grid_caps().grid_stride_blocks
                                 );
                             }
                             SoftmaxPath::Block => {
