@@ -8,19 +8,27 @@
 // behaviour; PyTorch's unfused path would give uniform 1/sk).
 //
 // Three paths, chosen by src/core/plan/softmax.rs from sk:
-//   warpN  (sk <= 32*N, N in 1..32): one warp per row, each lane keeps its N
-//          values in registers (N is a template argument, so the arrays are
-//          registers, never local memory). Reductions are warp shuffles.
-//          Several rows per block, grid-stride over rows.
-//   block  (sk <= 32*blockDim.x <= 16384, blockDim.x <= 512): one block per
-//          row, 32 values per thread in registers (64 in backward: y and dy),
-//          reductions through 32 floats of shared memory.
-//   long   (any sk): one block per row, two streaming passes. Forward pass 1
-//          keeps an online (max, sum of exp) per thread, merged across the
-//          block; pass 2 re-reads x and writes y. Backward pass 1 forms
-//          sum(dy*y), pass 2 re-reads and writes dx. In place is safe: each
-//          element is read and then written by the same thread in pass 2. The second read of a row
-//          (<= 256 KiB per block for sk = 65536 fp32) is normally an L2 hit.
+//   warpN  (sk <= 32*N, N in 1..32): a warp, or for short rows on the vector
+//          path a group of 16*N/vec lanes (two 128-bit vectors per lane,
+//          several rows per warp), per row; each lane keeps its values in
+//          registers (N is a template argument, so the arrays are registers,
+//          never local memory). Reductions are (group) shuffles. Several rows
+//          per block, grid-stride over rows.
+//   block  (chosen for sk <= 8192; runs sk <= 32*blockDim.x <= 16384,
+//          blockDim.x <= 512): one block per row, 32 values per thread in
+//          registers (64 in backward: y and dy), reductions through 32 floats
+//          of shared memory.
+//   long   (any sk; chosen past 8192): one block per row, two streaming
+//          passes. Forward pass 1 keeps an online (max, sum of exp) per
+//          thread, SM_LONG_UNROLL vectors per step, merged across the block;
+//          pass 2 re-reads x and writes y. Backward pass 1 forms sum(dy*y),
+//          pass 2 re-reads and writes dx. In place is safe: each element is
+//          read and then written by the same thread in pass 2. The second
+//          read of a row (<= 256 KiB per block for sk = 65536 fp32) is
+//          normally an L2 hit.
+// The exponential is the hardware one (sm_exp: ex2.approx.ftz of
+// (v - max) * log2(e)); the warp and block forwards are compiled with and
+// without dropout (the plain copy has no Philox code).
 // With 16-byte-aligned pointers and sk % vec == 0 every access is one 128-bit
 // load/store of vec = 16/sizeof(T) elements (mask: vec bytes); else scalar.
 //
@@ -30,7 +38,7 @@
 //   backward: read y, dy + write dx = 3n|T|.
 //   The long path reads the row twice: 3n|T| forward / 5n|T| backward from
 //   HBM in the worst case (L2 misses), 2n|T| / 3n|T| when the re-read hits L2.
-// FLOPs: ~5 per element plus one expf -> far below the FP32 rate: HBM-bound.
+// FLOPs: ~5 per element plus one exp2 -> far below the FP32 rate: HBM-bound.
 //
 // Attention dropout (Megatron: probs_d = dropout(softmax(...), p)), the same
 // kernels with p.y_dropped / p.drop_threshold set:
@@ -57,6 +65,7 @@
 #define SM_MASKED_VALUE (-10000.0f)
 #define SM_WARPS_PER_BLOCK 4
 #define SM_BLOCK_ITEMS 32
+#define SM_LONG_UNROLL 3
 
 // The mask of one row: `pad` = its padding-mask row (or null); columns
 // >= `limit` are causal-masked.
@@ -103,9 +112,11 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
       }
     }
   }
+  if (col0 + V > m.limit) {  // the vector holding the causal limit
 #pragma unroll
-  for (int k = 0; k < V; ++k) {
-    if (col0 + k >= m.limit) v[k] = FTN_NEG_INF;
+    for (int k = 0; k < V; ++k) {
+      if (col0 + k >= m.limit) v[k] = FTN_NEG_INF;
+    }
   }
 }
 
@@ -137,35 +148,108 @@ FTN_DEVICE void sm_undrop_grad(const FtnSoftmaxBwdParams &p, int64_t i0, float (
 
 // ---------------------------------------------------------------- forward
 
-// Warp path: lane l holds columns (c*32 + l)*V + k, c < CHUNKS, k < V.
-// Columns fit in 32 bits (sk <= 1024); chunk offsets are compile-time.
-template <typename T, int CHUNKS, int V>
+// Stores inv * v, the probabilities of elements i0 .. i0+V-1, at yr; DROP
+// with yd set: their dropped copy at yd + i0 too (the block kernel passes no
+// yd and makes it from the stored row). The warp and block kernels are
+// compiled with and without dropout, so the plain copy carries no Philox
+// code (the scaling line of each branch is its own, which lets the static
+// model find the plain copy).
+template <typename T, int V, bool DROP>
+FTN_DEVICE void sm_store_probs(const FtnSoftmaxFwdParams &p, T *yr, T *yd, int64_t i0,
+                               const float (&v)[V], float inv) {
+  float o[V];
+  if constexpr (DROP) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) o[k] = v[k] * inv;
+    ftn_store<T, V>(yr, o);
+    if (yd != nullptr) sm_store_dropped<T, V>(p, yd + i0, i0, o);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) o[k] = v[k] * inv;  // y alone
+    ftn_store<T, V>(yr, o);
+  }
+}
+
+// Lanes [g*LANES, (g+1)*LANES) of a warp (LANES a power of two <= 32) all
+// get the reduction of their v; every lane of the warp must call it.
+template <class Op, int LANES> FTN_DEVICE float sm_group_allreduce(float v) {
+#pragma unroll
+  for (int off = LANES / 2; off > 0; off >>= 1) {
+    v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
+  }
+  return v;
+}
+
+// True on every lane of the group when `pred` holds on one of them; every
+// lane of the warp must call it.
+template <int LANES> FTN_DEVICE bool sm_group_any(bool pred) {
+  const uint32_t bits = __ballot_sync(0xffffffffu, pred ? 1 : 0);
+  if constexpr (LANES == 32) {
+    return bits != 0u;
+  } else {
+    const int shift = (int)(threadIdx.x & 31) & ~(LANES - 1);
+    return ((bits >> shift) & ((1u << LANES) - 1u)) != 0u;
+  }
+}
+
+// The exponential of the forward: ex2.approx after one multiply by log2(e)
+// (ex2.approx.ftz, what __expf is without its subnormal fix-up), on d = v - max <= 0 (the subtraction is exact near the max, so
+// folding log2(e) into the scale instead would cost accuracy at large
+// logits). Relative error ~2 ulp of fp32 plus the product's rounding
+// (|d| * 2^-24); results below fp32's normal range flush to 0, exp(-inf) = 0.
+FTN_DEVICE float sm_exp(float d) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d * 1.4426950408889634f));
+  return r;
+#else
+  return __expf(d);  // the emulator: expf
+#endif
+}
+
+// Warp path: a group of LANES lanes holds one row (32 / LANES rows per warp;
+// LANES < 32 for short rows, which keep their 128-bit accesses). Lane l of its group holds columns (c*LANES + l)*V + k,
+// c < CHUNKS, k < V. Columns fit in 32 bits (sk <= 1024); chunk offsets are
+// compile-time. The warp walks its rows together (the shuffles need every
+// lane), a group past the last row computes on nothing and stores nothing.
+template <typename T, int CHUNKS, int V, int LANES, bool DROP>
 FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
-  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "group size");
+  constexpr int RPW = 32 / LANES;  // rows per warp
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * LANES);
   const T *x = static_cast<const T *>(p.x);
   T *y = static_cast<T *>(p.y);
   T *yd = static_cast<T *>(p.y_dropped);
   const int sk = (int)p.sk;
-  const int first = (int)(threadIdx.x & 31) * V;
+  const int lane = (int)(threadIdx.x & 31);
+  const int first = (lane % LANES) * V;
   const int64_t warps = blockDim.x >> 5;
-  for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < p.rows;
-       r += (int64_t)gridDim.x * warps) {
-    const SmRowMask m = sm_row_mask(p, r);
+  const bool padded = p.mask_mode == FTN_SOFTMAX_MASK_PADDING;
+  for (int64_t rw = ((int64_t)blockIdx.x * warps + (threadIdx.x >> 5)) * RPW; rw < p.rows;
+       rw += (int64_t)gridDim.x * warps * RPW) {
+    const int64_t r = rw + lane / LANES;
+    const bool live = r < p.rows;
+    SmRowMask m;
+    if (live) {
+      m = sm_row_mask(p, r);
+    } else {
+      m.pad = nullptr;
+      m.limit = 0;
+    }
     const int limit = (int)m.limit;
     const T *xr = x + r * p.sk + first;
-    T *yr = y + r * p.sk + first;
     const uint8_t *pad = m.pad == nullptr ? nullptr : m.pad + first;
     float v[CHUNKS][V];
     bool any = pad == nullptr;
     float mx = FTN_NEG_INF;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-      const int col0 = first + c * 32 * V;
+      const int col0 = first + c * LANES * V;
       if (col0 < limit) {
-        ftn_load<T, V>(xr + c * 32 * V, v[c]);
+        ftn_load<T, V>(xr + c * LANES * V, v[c]);
         uint8_t mk[V];
         if (pad != nullptr) {
-          ftn_load_bytes<V>(pad + c * 32 * V, mk);
+          ftn_load_bytes<V>(pad + c * LANES * V, mk);
         } else {
 #pragma unroll
           for (int k = 0; k < V; ++k) mk[k] = 0;
@@ -175,7 +259,12 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
           v[c][k] *= p.scale;
           if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
           any |= mk[k] == 0;
-          if (col0 + k >= limit) v[c][k] = FTN_NEG_INF;
+        }
+        if (col0 + V > limit) {  // the vector holding the causal limit
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            if (col0 + k >= limit) v[c][k] = FTN_NEG_INF;
+          }
         }
       } else {
 #pragma unroll
@@ -184,28 +273,26 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
       for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
     }
-    mx = ftn_warp_allreduce<FtnMaxOp>(mx);
-    if (pad != nullptr) any = __any_sync(0xffffffffu, any);
+    mx = sm_group_allreduce<FtnMaxOp, LANES>(mx);
+    if (padded) any = sm_group_any<LANES>(any);
     float sum = 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        v[c][k] = expf(v[c][k] - mx);
+        v[c][k] = sm_exp(v[c][k] - mx);
         sum += v[c][k];
       }
     }
-    sum = ftn_warp_allreduce<FtnSumOp>(sum);
+    sum = sm_group_allreduce<FtnSumOp, LANES>(sum);
     const float inv = any ? 1.0f / sum : 0.0f;
+    if (live) {
+      T *yr = y + r * p.sk + first;
 #pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-      if (first + c * 32 * V < sk) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[c][k] *= inv;
-        ftn_store<T, V>(yr + c * 32 * V, v[c]);
-        if (yd != nullptr) {
-          const int64_t i0 = r * p.sk + first + c * 32 * V;
-          sm_store_dropped<T, V>(p, yd + i0, i0, v[c]);
+      for (int c = 0; c < CHUNKS; ++c) {
+        if (first + c * LANES * V < sk) {
+          sm_store_probs<T, V, DROP>(p, yr + c * LANES * V, yd, r * p.sk + first + c * LANES * V,
+                                     v[c], inv);
         }
       }
     }
@@ -214,7 +301,7 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
 
 // Block path: thread t holds columns (c*blockDim.x + t)*V + k. Columns fit
 // in 32 bits here (sk <= 16384), which keeps the address math in registers.
-template <typename T, int CHUNKS, int V>
+template <typename T, int CHUNKS, int V, bool DROP>
 FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * blockDim.x);
   FTN_SHARED(float, red, [32]);
@@ -249,7 +336,12 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
           v[c][k] *= p.scale;
           if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
           any |= mk[k] == 0;
-          if (col0 + k >= limit) v[c][k] = FTN_NEG_INF;
+        }
+        if (col0 + V > limit) {  // the vector holding the causal limit
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            if (col0 + k >= limit) v[c][k] = FTN_NEG_INF;
+          }
         }
       } else {
 #pragma unroll
@@ -265,7 +357,7 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
     for (int c = 0; c < CHUNKS; ++c) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        v[c][k] = expf(v[c][k] - mx);
+        v[c][k] = sm_exp(v[c][k] - mx);
         sum += v[c][k];
       }
     }
@@ -274,17 +366,14 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int col0 = first + c * stride;
-      if (col0 < sk) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[c][k] *= inv;
-        ftn_store<T, V>(yr + col0, v[c]);
-      }
+      // y only: DROP makes y_dropped below, from the stored row.
+      if (col0 < sk) sm_store_probs<T, V, DROP>(p, yr + col0, nullptr, 0, v[c], inv);
     }
     // Dropout from the stored row (re-read by the thread that wrote it): the
     // 32 values are dead by now, which leaves registers for Philox.
     // Not unrolled: unrolled, the Philox calls of all chunks are interleaved
     // and spill.
-    if (yd != nullptr) {
+    if constexpr (DROP) {
 #pragma unroll 1
       for (int c = 0; c < CHUNKS; ++c) {
         const int col0 = first + c * stride;
@@ -298,8 +387,13 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
   }
 }
 
-// Long path: two streaming passes with an online max/sum.
+// Long path: two streaming passes with an online max/sum. Each thread takes
+// SM_LONG_UNROLL vectors per step, all loaded before any is used (that many
+// 128-bit loads in flight per thread), then the tail one vector at a time.
+// With dropout, pass 2 runs one vector per step (the Philox state of several
+// would spill); the plain pass-2 loop has no dropout code.
 template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFwdParams &p) {
+  constexpr int U = SM_LONG_UNROLL;
   FTN_ASSERT(blockDim.x % 32 == 0);
   FTN_SHARED(float, red, [32]);
   const T *x = static_cast<const T *>(p.x);
@@ -313,31 +407,67 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
     bool any = m.pad == nullptr;
     float tm = FTN_NEG_INF;  // running max of this thread
     float ts = 0.0f;        // running sum of exp(v - tm)
-    for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < m.limit; col0 += step) {
+    int64_t col0 = (int64_t)threadIdx.x * V;
+    for (; col0 + (U - 1) * step < m.limit; col0 += U * step) {
+      float v[U][V];
+#pragma unroll
+      for (int u = 0; u < U; ++u) sm_logits<T, V>(p, xr, m, col0 + u * step, v[u], any);
+      float cm = FTN_NEG_INF;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) cm = fmaxf(cm, v[u][k]);
+      }
+      if (cm > tm) {
+        ts *= sm_exp(tm - cm);  // tm = -inf: ts is 0 and stays 0
+        tm = cm;
+      }
+      // cm > -inf here: the first of the U vectors starts before the limit.
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) ts += sm_exp(v[u][k] - tm);
+      }
+    }
+    for (; col0 < m.limit; col0 += step) {
       float v[V];
       sm_logits<T, V>(p, xr, m, col0, v, any);
-      float cm = v[0];
+      float cm = FTN_NEG_INF;
 #pragma unroll
-      for (int k = 1; k < V; ++k) cm = cm > v[k] ? cm : v[k];
+      for (int k = 0; k < V; ++k) cm = fmaxf(cm, v[k]);
       if (cm == FTN_NEG_INF) continue;  // every column causal-masked
       if (cm > tm) {
-        ts *= expf(tm - cm);  // tm = -inf: ts is 0 and stays 0
+        ts *= sm_exp(tm - cm);
         tm = cm;
       }
 #pragma unroll
-      for (int k = 0; k < V; ++k) ts += expf(v[k] - tm);
+      for (int k = 0; k < V; ++k) ts += sm_exp(v[k] - tm);
     }
     const float mx = ftn_block_allreduce<FtnMaxOp>(tm, red);
-    ts = tm == FTN_NEG_INF ? 0.0f : ts * expf(tm - mx);
+    ts = tm == FTN_NEG_INF ? 0.0f : ts * sm_exp(tm - mx);
     const float sum = ftn_block_allreduce<FtnSumOp>(ts, red);
     const bool any_row = __syncthreads_or(any ? 1 : 0) != 0;
     const float inv = any_row ? 1.0f / sum : 0.0f;
-    for (int64_t col0 = (int64_t)threadIdx.x * V; col0 < p.sk; col0 += step) {
+    bool unused = false;
+    col0 = (int64_t)threadIdx.x * V;
+    if (yd == nullptr) {
+      for (; col0 + (U - 1) * step < p.sk; col0 += U * step) {
+        float v[U][V];
+#pragma unroll
+        for (int u = 0; u < U; ++u) sm_logits<T, V>(p, xr, m, col0 + u * step, v[u], unused);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) v[u][k] = sm_exp(v[u][k] - mx) * inv;
+          ftn_store<T, V>(yr + col0 + u * step, v[u]);
+        }
+      }
+    }
+    for (; col0 < p.sk; col0 += step) {
       float v[V];
-      bool unused = false;
       sm_logits<T, V>(p, xr, m, col0, v, unused);
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[k] = expf(v[k] - mx) * inv;
+      for (int k = 0; k < V; ++k) v[k] = sm_exp(v[k] - mx) * inv;
       ftn_store<T, V>(yr + col0, v);
       if (yd != nullptr) sm_store_dropped<T, V>(p, yd + r * p.sk + col0, r * p.sk + col0, v);
     }
@@ -347,28 +477,36 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
 // ---------------------------------------------------------------- backward
 
 // Rows held in registers: thread `first` column, chunk c at first + c*stride.
-// Shared by the warp path (stride 32*V, rows per warp) and the block path
-// (stride blockDim.x*V, one row per block); columns fit in 32 bits.
-template <typename T, int CHUNKS, int V, bool BLOCK>
+// Shared by the warp path (LANES lanes per row, 32 / LANES rows per warp,
+// stride LANES*V; the warp walks its rows together, as in the forward) and
+// the block path (BLOCK: stride blockDim.x*V, one row per block); columns
+// fit in 32 bits.
+template <typename T, int CHUNKS, int V, bool BLOCK, int LANES = 32>
 FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
+  constexpr int RPW = BLOCK ? 1 : 32 / LANES;
   const T *y = static_cast<const T *>(p.y);
   const T *dy = static_cast<const T *>(p.dy);
   T *dx = static_cast<T *>(p.dx);
   const int sk = (int)p.sk;
-  const int lanes = BLOCK ? (int)blockDim.x : 32;
+  const int lanes = BLOCK ? (int)blockDim.x : LANES;
   const int stride = lanes * V;
-  const int first = (int)(BLOCK ? threadIdx.x : (threadIdx.x & 31)) * V;
-  const int64_t row0 = BLOCK ? (int64_t)blockIdx.x
-                             : (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int64_t row_step = BLOCK ? (int64_t)gridDim.x : (int64_t)gridDim.x * (blockDim.x >> 5);
-  for (int64_t r = row0; r < p.rows; r += row_step) {
+  const int lane = (int)(threadIdx.x & 31);
+  const int first = (int)(BLOCK ? threadIdx.x : (uint32_t)(lane % LANES)) * V;
+  const int64_t row0 =
+      BLOCK ? (int64_t)blockIdx.x
+            : ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RPW;
+  const int64_t row_step =
+      BLOCK ? (int64_t)gridDim.x : (int64_t)gridDim.x * (blockDim.x >> 5) * RPW;
+  for (int64_t rw = row0; rw < p.rows; rw += row_step) {
+    const int64_t r = rw + (BLOCK ? 0 : lane / LANES);
+    const int cols = r < p.rows ? sk : 0;  // a group past the last row: nothing
     const int64_t off = r * p.sk + first;
     float yv[CHUNKS][V];
     float gv[CHUNKS][V];
     float dot = 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-      if (first + c * stride < sk) {
+      if (first + c * stride < cols) {
         ftn_load<T, V>(y + off + c * stride, yv[c]);
         ftn_load<T, V>(dy + off + c * stride, gv[c]);
       } else {
@@ -381,11 +519,11 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
     if constexpr (BLOCK) {
       dot = ftn_block_allreduce<FtnSumOp>(dot, red);
     } else {
-      dot = ftn_warp_allreduce<FtnSumOp>(dot);
+      dot = sm_group_allreduce<FtnSumOp, LANES>(dot);
     }
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-      if (first + c * stride < sk) {
+      if (first + c * stride < cols) {
 #pragma unroll
         for (int k = 0; k < V; ++k) gv[c][k] = p.scale * (gv[c][k] * yv[c][k] - yv[c][k] * dot);
         ftn_store<T, V>(dx + off + c * stride, gv[c]);
@@ -434,11 +572,11 @@ FTN_DEVICE void sm_bwd_rows_dropout(const FtnSoftmaxBwdParams &p) {
   }
 }
 
-template <typename T, int CHUNKS, int V>
+template <typename T, int CHUNKS, int V, int LANES>
 FTN_DEVICE void sm_bwd_warp_impl(const FtnSoftmaxBwdParams &p) {
-  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * 32);
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.sk <= (int64_t)CHUNKS * V * LANES);
   FTN_ASSERT(p.drop_threshold == 0u);
-  sm_bwd_rows<T, CHUNKS, V, false>(p, nullptr);
+  sm_bwd_rows<T, CHUNKS, V, false, LANES>(p, nullptr);
 }
 
 template <typename T, int CHUNKS, int V>
@@ -484,28 +622,49 @@ template <typename T, int V> FTN_DEVICE void sm_bwd_long_impl(const FtnSoftmaxBw
 // p.vec is FtnVec<T>::N (vector path) or 1 (scalar path); the plan sets the
 // vector width only where the path's per-thread count N is a multiple of it.
 
+// The warp and block forwards are compiled with and without dropout: WITH
+// runs when y_dropped is set.
+template <void (*WITH)(const FtnSoftmaxFwdParams &), void (*WITHOUT)(const FtnSoftmaxFwdParams &)>
+FTN_DEVICE void sm_fwd_drop(const FtnSoftmaxFwdParams &p) {
+  if (p.y_dropped != nullptr) {
+    WITH(p);
+  } else {
+    WITHOUT(p);
+  }
+}
+
+// Warp path with N values per lane: N >= 2V: 32 lanes per row, N / V
+// vectors each; N < 2V (short rows): two vectors per lane, 16 * N / V lanes
+// per row (several rows per warp: both loads in flight and the per-row work
+// of reductions and bookkeeping shared by 2V values per lane).
 template <typename T, int N> FTN_DEVICE void sm_fwd_warp(const FtnSoftmaxFwdParams &p) {
   constexpr int V = FtnVec<T>::N;
-  if constexpr (N % V == 0) {
-    if (p.vec == (uint32_t)V) {
-      sm_fwd_warp_impl<T, N / V, V>(p);
-      return;
+  if (p.vec == (uint32_t)V) {
+    if constexpr (N >= 2 * V) {
+      sm_fwd_drop<sm_fwd_warp_impl<T, N / V, V, 32, true>,
+                  sm_fwd_warp_impl<T, N / V, V, 32, false>>(p);
+    } else {
+      sm_fwd_drop<sm_fwd_warp_impl<T, 2, V, 16 * N / V, true>,
+                  sm_fwd_warp_impl<T, 2, V, 16 * N / V, false>>(p);
     }
+    return;
   }
   FTN_ASSERT(p.vec == 1u);
-  sm_fwd_warp_impl<T, N, 1>(p);
+  sm_fwd_drop<sm_fwd_warp_impl<T, N, 1, 32, true>, sm_fwd_warp_impl<T, N, 1, 32, false>>(p);
 }
 
 template <typename T, int N> FTN_DEVICE void sm_bwd_warp(const FtnSoftmaxBwdParams &p) {
   constexpr int V = FtnVec<T>::N;
-  if constexpr (N % V == 0) {
-    if (p.vec == (uint32_t)V) {
-      sm_bwd_warp_impl<T, N / V, V>(p);
-      return;
+  if (p.vec == (uint32_t)V) {
+    if constexpr (N >= 2 * V) {
+      sm_bwd_warp_impl<T, N / V, V, 32>(p);
+    } else {
+      sm_bwd_warp_impl<T, 2, V, 16 * N / V>(p);
     }
+    return;
   }
   FTN_ASSERT(p.vec == 1u);
-  sm_bwd_warp_impl<T, N, 1>(p);
+  sm_bwd_warp_impl<T, N, 1, 32>(p);
 }
 
 template <typename T> FTN_DEVICE void sm_bwd_dropout_warp(const FtnSoftmaxBwdParams &p) {
@@ -522,10 +681,12 @@ template <typename T> FTN_DEVICE void sm_bwd_dropout_warp(const FtnSoftmaxBwdPar
 template <typename T> FTN_DEVICE void sm_fwd_block(const FtnSoftmaxFwdParams &p) {
   constexpr int V = FtnVec<T>::N;
   if (p.vec == (uint32_t)V) {
-    sm_fwd_block_impl<T, SM_BLOCK_ITEMS / V, V>(p);
+    sm_fwd_drop<sm_fwd_block_impl<T, SM_BLOCK_ITEMS / V, V, true>,
+                sm_fwd_block_impl<T, SM_BLOCK_ITEMS / V, V, false>>(p);
   } else {
     FTN_ASSERT(p.vec == 1u);
-    sm_fwd_block_impl<T, SM_BLOCK_ITEMS, 1>(p);
+    sm_fwd_drop<sm_fwd_block_impl<T, SM_BLOCK_ITEMS, 1, true>,
+                sm_fwd_block_impl<T, SM_BLOCK_ITEMS, 1, false>>(p);
   }
 }
 
@@ -559,8 +720,18 @@ template <typename T> FTN_DEVICE void sm_bwd_long(const FtnSoftmaxBwdParams &p) 
   }
 }
 
-#define FTN_STAMP_SOFTMAX_WARP(suffix, T, N)                                              \
-  FTN_KERNEL_BOUNDED(ftn_softmax_fwd_warp##N##_##suffix, FtnSoftmaxFwdParams, p, 128) {   \
+// Launch bounds of the warp kernels: 128 threads; for rows of <= 128 values
+// (N <= 4) also 8 resident blocks (<= 64 registers), which short rows need
+// for enough bytes in flight. The emulator takes the thread count alone.
+#if defined(__CUDACC__)
+#define SM_WARP_BOUNDS(N) 128, ((N) <= 4 ? 8 : 1)
+#else
+#define SM_WARP_BOUNDS(N) 128
+#endif
+
+#define FTN_STAMP_SOFTMAX_WARP(suffix, T, N)                                                  \
+  FTN_KERNEL_BOUNDED(ftn_softmax_fwd_warp##N##_##suffix, FtnSoftmaxFwdParams, p,              \
+                     SM_WARP_BOUNDS(N)) {                                                     \
     sm_fwd_warp<T, N>(p);                                                                 \
   }                                                                                       \
   FTN_KERNEL_BOUNDED(ftn_softmax_bwd_warp##N##_##suffix, FtnSoftmaxBwdParams, p, 128) {   \

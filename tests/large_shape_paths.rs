@@ -186,7 +186,7 @@ fn softmax_case<T: FloatElement>(
     let p = plan::softmax::plan(rows as u64, sk as u64, T::DTYPE.size(), true, Some(path)).unwrap();
     assert_eq!(p.path, path);
     let rows_per_block = match path {
-        SoftmaxPath::Warp => 4,
+        SoftmaxPath::Warp => 4 * p.rows_per_warp as usize,
         _ => 1,
     };
     assert_eq!(p.cfg.grid[0] as u64, CAPS.grid_stride_blocks);
@@ -250,10 +250,11 @@ fn softmax_warp_path_wraps() {
     lower_caps();
     let shape = |b, np, sq, sk| sm_oracle::Shape { b, np, sq, sk };
     for dev in devices("softmax_warp_path_wraps", 4) {
-        // 2 x 2 x 20 = 80 rows: 20 four-row blocks on 3.
+        // 4 x 3 x 20 = 240 rows of 20 (one vector per 4 lanes, 32 rows per
+        // block): 8 blocks on 3.
         softmax_case::<f32>(
             &dev,
-            shape(2, 2, 20, 20),
+            shape(4, 3, 20, 20),
             Mode::Causal,
             SoftmaxPath::Warp,
             true,
@@ -265,10 +266,11 @@ fn softmax_warp_path_wraps() {
             SoftmaxPath::Warp,
             false,
         );
-        // 2 x 3 x 5 = 30 rows of 64 (vector loads), per-batch padding mask.
+        // 2 x 3 x 40 = 240 rows of 64 (vector loads, 32 rows per block),
+        // per-batch padding mask.
         softmax_case::<f16>(
             &dev,
-            shape(2, 3, 5, 64),
+            shape(2, 3, 40, 64),
             Mode::Padding,
             SoftmaxPath::Warp,
             true,

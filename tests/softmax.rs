@@ -259,6 +259,54 @@ fn every_path_on_short_rows() {
     }
 }
 
+/// Short rows on the vector path share a warp (two 128-bit vectors per lane,
+/// 2 to 16 rows per warp): every mode, row counts that leave the last warp
+/// partly empty, and the sk = 128 attention shape. The plan is checked to
+/// take that path for the 16-bit dtypes, so the case cannot drift off it.
+#[test]
+fn short_rows_share_a_warp() {
+    const SK: &[usize] = &[8, 16, 32, 64, 128, 256];
+    let devs = devices("short_rows_share_a_warp", SK.len());
+    for dev in &devs {
+        for &sk in SK {
+            for es in [2usize, 4] {
+                let p = ferrotron::core::plan::softmax::plan(8, sk as u64, es, true, None).unwrap();
+                assert!(
+                    p.path == SoftmaxPath::Warp && p.vec > 1 && (p.rows_per_warp > 1 || es == 4),
+                    "sk {sk}, {es}-byte elements: {p:?}"
+                );
+            }
+            for mode in [
+                Mode::None,
+                Mode::Padding,
+                Mode::PaddingBroadcast,
+                Mode::Causal,
+            ] {
+                // 3 * 7 = 21 rows per matrix: not a multiple of any rows-per-warp.
+                let c = match mode {
+                    Mode::Causal => Case::new(2, 3, sk, sk, mode),
+                    _ => Case::new(2, 3, 7, sk, mode),
+                };
+                run_all_dtypes(dev, &c);
+            }
+        }
+    }
+}
+
+/// The long forward's main loop takes several vectors per thread at once;
+/// causal rows long enough to reach it (scalar: 3 x 512 columns per step),
+/// so the limit falls inside, before and after a step.
+#[test]
+fn long_path_causal_rows_reach_the_unrolled_loop() {
+    for dev in devices("long_path_causal_rows_reach_the_unrolled_loop", 1) {
+        let mut c = Case::new(1, 1, 1700, 1700, Mode::Causal);
+        c.vectorize = false;
+        c.path = Some(SoftmaxPath::Long);
+        run_case::<f32>(&dev, &c);
+        run_case::<bf16>(&dev, &c);
+    }
+}
+
 /// Large logits (up to ~100 after scaling) must not overflow exp, and tiny
 /// ones must not lose the distribution.
 #[test]

@@ -172,6 +172,8 @@ fn dropout_matches_the_oracle_on_every_dtype_path_and_mask() {
             case(2, 2, 3, 33, Mode::Padding, 0.3),
             case(1, 2, 16, 16, Mode::Causal, 0.5),
             case(1, 1, 64, 64, Mode::Causal, 0.2),
+            // Rows of 128: two vectors per lane, several rows per warp.
+            case(2, 2, 5, 128, Mode::Padding, 0.3),
             case(1, 1, 2, 1500, Mode::None, 0.1),
             case(1, 1, 1, 17000, Mode::None, 0.25),
         ];

@@ -17,8 +17,10 @@
  * as exact zeros. y may alias x (in place).
  * Kernels ftn_softmax_fwd_{warp1,warp2,warp4,warp8,warp16,warp32,block,long}_
  * {f32,f16,bf16}: warpN holds N values per lane (sk <= 32*N, 128 threads =
- * 4 rows per block), block holds 32 values per thread (sk <= 32*blockDim.x,
- * blockDim.x <= 512), long (<= 1024 threads) streams the row twice.
+ * 4 warps per block; short rows on the vector path: two vectors per lane,
+ * 16*N/vec lanes per row, several rows per warp), block holds 32 values per
+ * thread (sk <= 32*blockDim.x, blockDim.x <= 512), long (<= 1024 threads)
+ * streams the row twice.
  * Attention dropout: when y_dropped is not NULL, y_dropped[r, c] =
  * keep(i) * drop_scale * y[r, c] is written too (y keeps the undropped
  * probabilities), with i = r * sk + c the row-major element index and keep(i)

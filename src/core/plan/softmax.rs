@@ -14,7 +14,8 @@ use crate::core::launch::LaunchConfig;
 pub enum SoftmaxPath {
     /// One warp per row, the row in registers (`sk <= 1024`).
     Warp,
-    /// One block per row, the row in registers (`sk <= 16384`).
+    /// One block per row, the row in registers (`sk <= 16384`; chosen for
+    /// `sk <= 8192`).
     Block,
     /// One block per row, two streaming passes (any `sk`).
     Long,
@@ -22,7 +23,7 @@ pub enum SoftmaxPath {
 
 /// Longest row of the warp path: 32 lanes x 32 values.
 pub const WARP_MAX_COLS: u64 = 32 * 32;
-/// Threads per block of the warp path (4 rows per block); the kernels are
+/// Threads per block of the warp path (4 warps, each 1 to 16 rows); the kernels are
 /// declared with `__launch_bounds__(128)`.
 pub const WARP_THREADS: u32 = 128;
 /// Values each thread of the block path holds (`SM_BLOCK_ITEMS`).
@@ -33,12 +34,22 @@ pub const BLOCK_MAX_THREADS: u64 = 512;
 pub const BLOCK_MAX_COLS: u64 = BLOCK_ITEMS * BLOCK_MAX_THREADS;
 /// Threads per block of the long path.
 pub const LONG_THREADS: u32 = 512;
+/// Vectors each thread of the long forward loads per step, all before any
+/// is used (`SM_LONG_UNROLL`).
+pub const LONG_UNROLL: u32 = 3;
+
+/// Longest row the block path is chosen for (it can run up to
+/// `BLOCK_MAX_COLS` when forced): past it one block holding the row at ~100
+/// registers per thread is the only block on its SM (16 KiB of bf16 in
+/// flight), while the long path's two passes keep 2 blocks per SM and
+/// several 128-bit loads per thread in flight (the second read an L2 hit).
+pub const BLOCK_CHOSEN_MAX_COLS: u64 = 8192;
 
 /// The path for rows of `sk` columns.
 pub const fn path_for(sk: u64) -> SoftmaxPath {
     if sk <= WARP_MAX_COLS {
         SoftmaxPath::Warp
-    } else if sk <= BLOCK_MAX_COLS {
+    } else if sk <= BLOCK_CHOSEN_MAX_COLS {
         SoftmaxPath::Block
     } else {
         SoftmaxPath::Long
@@ -63,6 +74,10 @@ pub struct Plan {
     pub per_lane: u32,
     /// Elements per 128-bit access, or 1 for the scalar path.
     pub vec: u32,
+    /// Warp path: rows one warp holds at once (`16 * per_lane / vec` lanes
+    /// per row when a row is shorter than two vectors per lane, else 1);
+    /// 1 for the other paths.
+    pub rows_per_warp: u32,
     pub cfg: LaunchConfig,
 }
 
@@ -85,26 +100,37 @@ pub fn plan(
     if sk % vec as u64 != 0 {
         vec = 1;
     }
-    let (per_lane, threads, blocks) = match path {
+    let (per_lane, rows_per_warp, threads, blocks) = match path {
         SoftmaxPath::Warp => {
+            // Both powers of two: with vectors and per_lane < 2 * vec a row
+            // is two vectors on each of 16 * per_lane / vec lanes (the
+            // kernel's sub-warp rows).
             let per_lane = div_ceil(sk, 32).next_power_of_two() as u32;
-            if per_lane % vec != 0 {
-                vec = 1;
-            }
-            let rows_per_block = (WARP_THREADS / 32) as u64;
-            (per_lane, WARP_THREADS, div_ceil(rows, rows_per_block))
+            let rows_per_warp = if vec == 1 || per_lane >= 2 * vec {
+                1
+            } else {
+                2 * vec / per_lane
+            };
+            let rows_per_block = (WARP_THREADS / 32 * rows_per_warp) as u64;
+            (
+                per_lane,
+                rows_per_warp,
+                WARP_THREADS,
+                div_ceil(rows, rows_per_block),
+            )
         }
         SoftmaxPath::Block => {
             let threads =
                 (div_ceil(div_ceil(sk, BLOCK_ITEMS), 32) * 32).clamp(32, BLOCK_MAX_THREADS);
-            (0, threads as u32, rows)
+            (0, 1, threads as u32, rows)
         }
-        SoftmaxPath::Long => (0, LONG_THREADS, rows),
+        SoftmaxPath::Long => (0, 1, LONG_THREADS, rows),
     };
     Some(Plan {
         path,
         per_lane,
         vec,
+        rows_per_warp,
         cfg: LaunchConfig::linear(
             blocks.min(super::grid_caps().grid_stride_blocks) as u32,
             threads,
@@ -122,8 +148,10 @@ mod tests {
         assert_eq!(path_for(1), SoftmaxPath::Warp);
         assert_eq!(path_for(1024), SoftmaxPath::Warp);
         assert_eq!(path_for(1025), SoftmaxPath::Block);
-        assert_eq!(path_for(16384), SoftmaxPath::Block);
-        assert_eq!(path_for(16385), SoftmaxPath::Long);
+        assert_eq!(path_for(8192), SoftmaxPath::Block);
+        assert_eq!(path_for(8193), SoftmaxPath::Long);
+        assert_eq!(path_for(16384), SoftmaxPath::Long);
+        assert!(path_supports(SoftmaxPath::Block, 16384));
         assert_eq!(path_for(1 << 40), SoftmaxPath::Long);
         for sk in [1u64, 33, 1000, 4097, 16385, 65536] {
             for es in [2usize, 4] {
@@ -153,8 +181,24 @@ mod tests {
                             SoftmaxPath::Warp => {
                                 assert!(32 * p.per_lane as u64 >= sk);
                                 assert!(p.per_lane.is_power_of_two() && p.per_lane <= 32);
-                                assert_eq!(p.per_lane % p.vec, 0);
+                                // Either whole vectors per lane, or one
+                                // vector per lane and several rows per warp.
+                                let lanes = 32 / p.rows_per_warp;
+                                let held = if p.rows_per_warp > 1 {
+                                    2 * p.vec
+                                } else {
+                                    p.per_lane
+                                };
+                                assert!(p.per_lane % p.vec == 0 || p.rows_per_warp > 1);
+                                assert_eq!(lanes * held, 32 * p.per_lane);
+                                assert!((lanes as u64) * (held as u64) >= sk);
                                 assert_eq!(t, WARP_THREADS as u64);
+                                let rows_per_block = 4 * p.rows_per_warp as u64;
+                                assert!(
+                                    p.cfg.grid[0] as u64 * rows_per_block >= rows
+                                        || p.cfg.grid[0] as u64
+                                            == crate::core::plan::grid_caps().grid_stride_blocks
+                                );
                             }
                             SoftmaxPath::Block => {
                                 assert!(t * BLOCK_ITEMS >= sk && t <= BLOCK_MAX_THREADS);
@@ -178,11 +222,24 @@ mod tests {
         assert_eq!(plan(4, 128, 2, false, None).unwrap().vec, 1);
         assert_eq!(plan(4, 4097, 2, true, None).unwrap().vec, 1);
         assert_eq!(plan(4, 65536, 2, true, None).unwrap().vec, 8);
-        // 4 values per lane cannot take 8-wide fp16 vectors.
-        let p = plan(4, 128, 2, true, None).unwrap();
-        assert_eq!((p.per_lane, p.vec), (4, 1));
+        // Rows shorter than two 8-wide fp16 vectors per lane: two vectors
+        // on each of 8 lanes, four rows per warp (8 blocks hold 128 rows).
+        let p = plan(128, 128, 2, true, None).unwrap();
+        assert_eq!((p.per_lane, p.vec, p.rows_per_warp), (4, 8, 4));
+        assert_eq!(p.cfg.grid[0], 8);
+        let p = plan(4, 32, 2, true, None).unwrap();
+        assert_eq!((p.per_lane, p.vec, p.rows_per_warp), (1, 8, 16));
+        let p = plan(4, 64, 4, true, None).unwrap();
+        assert_eq!((p.per_lane, p.vec, p.rows_per_warp), (2, 4, 4));
         let p = plan(4, 256, 2, true, None).unwrap();
-        assert_eq!((p.per_lane, p.vec), (8, 8));
+        assert_eq!((p.per_lane, p.vec, p.rows_per_warp), (8, 8, 2));
+        let p = plan(4, 512, 2, true, None).unwrap();
+        assert_eq!((p.per_lane, p.vec, p.rows_per_warp), (16, 8, 1));
+        // Unaligned or not a multiple of the vector: scalar, a row per warp.
+        let p = plan(4, 128, 2, false, None).unwrap();
+        assert_eq!((p.per_lane, p.vec, p.rows_per_warp), (4, 1, 1));
+        let p = plan(4, 100, 2, true, None).unwrap();
+        assert_eq!((p.per_lane, p.vec, p.rows_per_warp), (4, 1, 1));
     }
 
     #[test]

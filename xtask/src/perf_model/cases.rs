@@ -177,16 +177,18 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
     let w = p.vec * BF16 as u32;
     let (fwd, bwd) = match p.path {
         SoftmaxPath::Warp => {
-            let l = p.per_lane as f64;
+            // Values per lane: a row shorter than two vectors per lane is two
+            // vectors on each of fewer lanes (several rows per warp).
+            let l = if p.rows_per_warp > 1 {
+                2 * p.vec
+            } else {
+                p.per_lane
+            } as f64;
             (
                 vec![phase(
                     format!("ftn_softmax_fwd_warp{}_bf16", p.per_lane),
-                    anchor(
-                        "softmax.cu",
-                        "void sm_fwd_warp_impl(",
-                        "for (int64_t r =",
-                        w,
-                    ),
+                    // The copy without dropout (the kernels hold both).
+                    anchor("softmax.cu", "void sm_store_probs(", "// y alone", w),
                     Elems::Fixed(l),
                     p.cfg,
                     n,
@@ -195,7 +197,7 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
                 )],
                 vec![phase(
                     format!("ftn_softmax_bwd_warp{}_bf16", p.per_lane),
-                    anchor("softmax.cu", "void sm_bwd_rows(", "for (int64_t r =", w),
+                    anchor("softmax.cu", "void sm_bwd_rows(", "for (int64_t rw =", w),
                     Elems::Fixed(l),
                     p.cfg,
                     n,
@@ -223,7 +225,7 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
             (
                 vec![mk(
                     "ftn_softmax_fwd_block_bf16",
-                    anchor("softmax.cu", "void sm_fwd_block_impl(", "mx = fmaxf(mx,", w),
+                    anchor("softmax.cu", "void sm_store_probs(", "// y alone", w),
                     2.0 * e,
                     e,
                 )],
@@ -237,22 +239,32 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
         }
         SoftmaxPath::Long => {
             let v = p.vec as f64;
-            let mk = |k: &str, a: Anchor, bytes: f64, reads: f64, l2: f64| {
-                let mut ph = phase(k, a, Elems::Fixed(v), p.cfg, n, bytes, reads);
+            let mk = |k: &str, a: Anchor, per: f64, bytes: f64, reads: f64, l2: f64| {
+                let mut ph = phase(k, a, Elems::Fixed(per), p.cfg, n, bytes, reads);
                 ph.l2_read_bytes_per_elem = l2;
                 ph
             };
+            // The forward takes LONG_UNROLL vectors per step.
+            let u = v * plan::softmax::LONG_UNROLL as f64;
             let fk = "ftn_softmax_fwd_long_bf16";
             let bk = "ftn_softmax_bwd_long_bf16";
             let fw = "void sm_fwd_long_impl(";
             let bw = "void sm_bwd_long_impl(";
             (
                 vec![
-                    mk(fk, anchor("softmax.cu", fw, "ts += expf", w), e, e, 0.0),
+                    mk(
+                        fk,
+                        anchor("softmax.cu", fw, "ts += sm_exp(v[u][k]", w),
+                        u,
+                        e,
+                        e,
+                        0.0,
+                    ),
                     // The second read of the row is an L2 hit: only y goes to DRAM.
                     mk(
                         fk,
-                        anchor("softmax.cu", fw, "v[k] = expf(v[k] - mx)", w),
+                        anchor("softmax.cu", fw, "v[u][k] = sm_exp(v[u][k] - mx)", w),
+                        u,
                         e,
                         0.0,
                         e,
@@ -262,6 +274,7 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
                     mk(
                         bk,
                         anchor("softmax.cu", bw, "dot += yv[k]", w),
+                        v,
                         2.0 * e,
                         2.0 * e,
                         0.0,
@@ -269,6 +282,7 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
                     mk(
                         bk,
                         anchor("softmax.cu", bw, "gv[k] = p.scale", w),
+                        v,
                         e,
                         0.0,
                         2.0 * e,
