@@ -377,6 +377,28 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
 }
 
 namespace {
+[[gnu::noinline, gnu::cold]] void ldmatrix_not_shared(const void *row, unsigned lane, unsigned i,
+                                                      unsigned n, const char *file,
+                                                      unsigned line) {
+  const std::string which = n == 1 ? detail::strprintf("lane %u", lane)
+                                   : detail::strprintf("lane %u, load %u of %u", lane, i, n);
+  detail::fail(detail::strprintf("ldmatrix at %s:%u: row address %p (%s) is not in the block's "
+                                 "shared memory (ldmatrix reads .shared)",
+                                 file, line, row, which.c_str()));
+}
+
+// One lane's row address of an ldmatrix (load i of n): 16-byte aligned and
+// 16 bytes inside the block's shared memory; the read goes to the race check
+// with `ret`, the kernel's return address.
+[[gnu::always_inline]] inline void check_ldmatrix_row(detail::Worker &w, const void *row,
+                                                      unsigned lane, unsigned i, unsigned n,
+                                                      const char *file, unsigned line,
+                                                      void *ret) {
+  check_aligned(row, 16, "ldmatrix row address", file, line);
+  if (!in_shared(row, 16)) ldmatrix_not_shared(row, lane, i, n, file, line);
+  if (w.racecheck) detail::race_access(w, row, 16, false, ret);
+}
+
 // How many of `chunks` chunks of `words` 32-bit words at p read as in flight.
 template <unsigned words>
 unsigned poison_chunks(const uint32_t *p, unsigned chunks) {
@@ -431,14 +453,8 @@ void ldmatrix(int count, bool trans, uint32_t *r, const void *row, const char *f
   const unsigned lane = ftn_emu_tl_thread->linear & 31u;
   const bool used = lane < 8u * unsigned(count);  // lanes whose row address is used
   if (used) {
-    check_aligned(row, 16, "ldmatrix row address", file, line);
-    if (!in_shared(row, 16))
-      detail::fail(detail::strprintf(
-          "ldmatrix at %s:%u: row address %p (lane %u) is not in the block's shared memory "
-          "(ldmatrix reads .shared)",
-          file, line, row, lane));
-    if (detail::tl_worker->racecheck)
-      detail::race_access(*detail::tl_worker, row, 16, false, __builtin_return_address(0));
+    check_ldmatrix_row(*detail::tl_worker, row, lane, 0, 1, file, line,
+                       __builtin_return_address(0));
   }
   detail::Worker &w = *detail::tl_worker;
   if (w.cur->in_mma_batch) {
@@ -479,13 +495,7 @@ void ldmatrix_x4_seq(unsigned n, bool trans, uint32_t *r, const void *row0, ptrd
   const unsigned lane = w.cur->pub.linear & 31u;
   for (unsigned i = 0; i < n; ++i) {  // every lane's rows are used by .x4
     const unsigned char *ri = row + i * step_bytes;
-    check_aligned(ri, 16, "ldmatrix row address", file, line);
-    if (!in_shared(ri, 16))
-      detail::fail(detail::strprintf(
-          "ldmatrix at %s:%u: row address %p (lane %u, load %u of %u) is not in the block's "
-          "shared memory (ldmatrix reads .shared)",
-          file, line, static_cast<const void *>(ri), lane, i, n));
-    if (w.racecheck) detail::race_access(w, ri, 16, false, __builtin_return_address(0));
+    check_ldmatrix_row(w, ri, lane, i, n, file, line, __builtin_return_address(0));
   }
   detail::Warp &wp = w.warps[w.cur->pub.linear >> 5];
   reserve_words(wp, lane, 4 * n, file, line);
