@@ -98,13 +98,7 @@ fn large_tile_edges() {
 
 #[test]
 fn epilogues() {
-    let epis = [
-        Epilogue::Bias,
-        Epilogue::BiasGelu(Gelu::Tanh),
-        Epilogue::BiasGelu(Gelu::Erf),
-        Epilogue::DGelu(Gelu::Tanh),
-        Epilogue::DGelu(Gelu::Erf),
-    ];
+    let epis = gemm_harness::FUSED_EPILOGUES;
     for dev in devices("epilogues", epis.len() * 5) {
         for epi in epis {
             let base = Case {

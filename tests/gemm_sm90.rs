@@ -115,13 +115,7 @@ fn fp32_outputs_and_persistent_tiles() {
 
 #[test]
 fn epilogues() {
-    let epis = [
-        Epilogue::Bias,
-        Epilogue::BiasGelu(Gelu::Tanh),
-        Epilogue::BiasGelu(Gelu::Erf),
-        Epilogue::DGelu(Gelu::Tanh),
-        Epilogue::DGelu(Gelu::Erf),
-    ];
+    let epis = gemm_harness::FUSED_EPILOGUES;
     each_schedule("epilogues", epis.len() * 3, |dev| {
         for (i, epi) in epis.into_iter().enumerate() {
             let base = Case {

@@ -7,8 +7,18 @@ use ferrotron::core::dtype::FloatElement;
 use ferrotron::core::plan::gemm::GemmTile;
 use ferrotron::ops::gemm::{Aux, Epilogue, Gemm, GemmInputs, GemmKernel};
 use ferrotron::ops::gemm_provider::GemmProvider;
+use ferrotron::ops::Gelu;
 use ferrotron::reference::gemm::{self as oracle, Mat, Problem};
 use ferrotron::{Device, DeviceBuffer};
+
+/// Every epilogue that has a bias or a GeLU, each GeLU form once.
+pub const FUSED_EPILOGUES: [Epilogue; 5] = [
+    Epilogue::Bias,
+    Epilogue::BiasGelu(Gelu::Tanh),
+    Epilogue::BiasGelu(Gelu::Erf),
+    Epilogue::DGelu(Gelu::Tanh),
+    Epilogue::DGelu(Gelu::Erf),
+];
 
 #[derive(Clone, Copy, Debug)]
 pub struct Case {

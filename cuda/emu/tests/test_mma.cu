@@ -41,16 +41,22 @@ struct CpParams {
 };
 
 uint16_t ldm_value(int mat, int row, int col) { return uint16_t(1000 + mat * 64 + row * 8 + col); }
+
+// `mats` 8x8 matrices of ldm_value in shared memory, rows padded to 24
+// elements (48 bytes), written by the warp's 32 lanes, then a __syncwarp.
+__device__ void fill_ldm_tile(uint16_t *tile, int mats, unsigned lane) {
+  for (unsigned i = lane; i < unsigned(mats) * 64; i += 32) {
+    const int mat = int(i / 64), row = int(i / 8 % 8), col = int(i % 8);
+    tile[(mat * 8 + row) * 24 + col] = ldm_value(mat, row, col);
+  }
+  __syncwarp();
+}
 }  // namespace
 
 FTN_KERNEL(st_ldmatrix, LdmParams, p) {
   FTN_SHARED(uint16_t, tile, [4 * 8 * 24]);  // 4 matrices, rows padded to 48 bytes
   const unsigned lane = threadIdx.x;
-  for (unsigned i = lane; i < 4 * 8 * 8; i += 32) {
-    const int mat = int(i / 64), row = int(i / 8 % 8), col = int(i % 8);
-    tile[(mat * 8 + row) * 24 + col] = ldm_value(mat, row, col);
-  }
-  __syncwarp();
+  fill_ldm_tile(tile, 4, lane);
   const void *row = &tile[((lane >> 3) * 8 + (lane & 7)) * 24];
   uint32_t r[4] = {0, 0, 0, 0};
   if (p.batch) ftn_mma_batch_begin();
@@ -66,11 +72,7 @@ FTN_KERNEL(st_ldmatrix, LdmParams, p) {
 FTN_KERNEL(st_ldmatrix_seq, LdmParams, p) {
   FTN_SHARED(uint16_t, tile, [8 * 8 * 24]);  // 8 matrices, rows padded to 48 bytes
   const unsigned lane = threadIdx.x;
-  for (unsigned i = lane; i < 8 * 8 * 8; i += 32) {
-    const int mat = int(i / 64), row = int(i / 8 % 8), col = int(i % 8);
-    tile[(mat * 8 + row) * 24 + col] = ldm_value(mat, row, col);
-  }
-  __syncwarp();
+  fill_ldm_tile(tile, 8, lane);
   const uint16_t *row = &tile[((lane >> 3) * 8 + (lane & 7)) * 24];
   uint32_t seq[8], one[8];
   if (p.batch) ftn_mma_batch_begin();
