@@ -150,33 +150,54 @@ FTN_DEVICE int64_t vp_lower_bound(const int64_t *keys, int64_t n, int64_t key) {
   return lo;
 }
 
-// W columns per thread: the 16-byte vector of T (W fp32 = W / 4 float4 of
-// dweight), or 1.
+// One thread's U column groups of W columns (the 16-byte vector of T, or 1),
+// VP_BWD_THREADS * W apart (each warp access contiguous): acc = dweight (when
+// accumulating) or 0, plus dy over the segment's tokens in token order, stored
+// once. W fp32 = W / 4 float4 of dweight per group.
+template <typename T, int W, int U>
+FTN_DEVICE void vp_embed_bwd_cols(const FtnVocabEmbedBwdParams &p, float *dw, int64_t h,
+                                  int64_t lo, int64_t hi) {
+  const T *dy = static_cast<const T *>(p.dy);
+  constexpr int F = W == 1 ? 1 : 4;  // fp32 elements per dweight access
+  constexpr int64_t S = (int64_t)VP_BWD_THREADS * W;
+  float acc[U][W];
+  if (p.accumulate) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int f = 0; f < W; f += F) ftn_load<float, F>(dw + h + u * S + f, acc[u] + f);
+  } else {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[u][k] = 0.0f;
+  }
+  for (int64_t s = lo; s < hi; ++s) {
+    const T *row = dy + (p.sorted[s] & 0xffffffffll) * p.hidden + h;
+    float d[U][W];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ftn_load<T, W>(row + u * S, d[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[u][k] += d[u][k];
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int f = 0; f < W; f += F) ftn_store<float, F>(dw + h + u * S + f, acc[u] + f);
+}
+
+// Row v of dweight: two column groups per thread while both fit (hidden 4096
+// bf16: the whole row in one step of 256 threads), then one.
 template <typename T, int W>
 FTN_DEVICE void vp_embed_bwd_row(const FtnVocabEmbedBwdParams &p, int64_t v, int64_t lo,
                                  int64_t hi) {
-  const T *dy = static_cast<const T *>(p.dy);
   float *dw = p.dweight + v * p.hidden;
-  constexpr int F = W == 1 ? 1 : 4;  // fp32 elements per dweight access
-  for (int64_t h = (int64_t)threadIdx.x * W; h < p.hidden; h += (int64_t)VP_BWD_THREADS * W) {
-    float acc[W];
-    if (p.accumulate) {
-#pragma unroll
-      for (int f = 0; f < W; f += F) ftn_load<float, F>(dw + h + f, acc + f);
-    } else {
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] = 0.0f;
-    }
-    for (int64_t s = lo; s < hi; ++s) {
-      const int64_t t = p.sorted[s] & 0xffffffffll;
-      float d[W];
-      ftn_load<T, W>(dy + t * p.hidden + h, d);
-#pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += d[k];
-    }
-#pragma unroll
-    for (int f = 0; f < W; f += F) ftn_store<float, F>(dw + h + f, acc + f);
-  }
+  constexpr int64_t S = (int64_t)VP_BWD_THREADS * W;
+  int64_t h = (int64_t)threadIdx.x * W;
+  for (; h + S < p.hidden; h += 2 * S) vp_embed_bwd_cols<T, W, 2>(p, dw, h, lo, hi);
+  for (; h < p.hidden; h += S) vp_embed_bwd_cols<T, W, 1>(p, dw, h, lo, hi);
 }
 
 template <typename T>

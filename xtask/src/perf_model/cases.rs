@@ -665,22 +665,23 @@ fn embedding_backward(rows: u64, hidden: u64, tokens: u64) -> Case {
     let dw = (rows * hidden) as f64;
     let dy = (tokens * hidden) as f64;
     let file = "vocab_parallel.cu";
-    let within = "void vp_embed_bwd_row(";
+    let within = "void vp_embed_bwd_cols(";
     // The token loop: one 128-bit dy load per 8 columns and token.
     let sum = phase(
         "ftn_vocab_embed_bwd_bf16",
-        anchor(file, within, "acc[k] += d[k]", 16),
+        anchor(file, within, "acc[u][k] += d[u][k]", 16),
         Elems::PerLoadedBytes(e),
         cfg,
         dy,
         e,
         e,
     );
-    // The column loop around it: two 128-bit fp32 stores per 8 columns.
+    // The column loop around it: two 128-bit fp32 stores per 8 columns, two
+    // groups of 8 columns per thread (hidden 4096: one step per row).
     let store = phase(
         "ftn_vocab_embed_bwd_bf16",
-        anchor(file, within, "ftn_store<float, F>(dw + h + f", 16),
-        Elems::Fixed(8.0),
+        anchor(file, within, "ftn_store<float, F>(dw + h + u * S + f", 16),
+        Elems::Fixed(16.0),
         cfg,
         dw,
         4.0,
