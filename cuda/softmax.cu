@@ -89,10 +89,11 @@ FTN_DEVICE SmRowMask sm_row_mask(const FtnSoftmaxFwdParams &p, int64_t r) {
 
 // Loads the V logits at columns [col0, col0+V) of row `xr` (col0 < sk) and
 // applies scale and mask. `any` is set when a column is not padding-masked.
-template <typename T, int V>
+// LIMIT = false: the caller knows col0 + V <= m.limit (no causal test).
+template <typename T, int V, bool LIMIT = true>
 FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRowMask &m,
                           int64_t col0, float (&v)[V], bool &any) {
-  if (col0 >= m.limit) {
+  if (LIMIT && col0 >= m.limit) {
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] = FTN_NEG_INF;
     return;
@@ -112,7 +113,7 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
       }
     }
   }
-  if (col0 + V > m.limit) {  // the vector holding the causal limit
+  if (LIMIT && col0 + V > m.limit) {  // the vector holding the causal limit
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       if (col0 + k >= m.limit) v[k] = FTN_NEG_INF;
@@ -394,6 +395,11 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
 // would spill); the plain pass-2 loop has no dropout code.
 template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFwdParams &p) {
   constexpr int U = SM_LONG_UNROLL;
+  // Unchecked steps (every vector ends by the causal limit: no per-vector
+  // test) for 16-bit T; fp32 keeps the checked loads (unchecked, it spills
+  // 20 bytes on sm_80 at the 64-register cap).
+  constexpr bool FAST = sizeof(T) < 4;
+  constexpr int END = FAST ? V : 1;  // a step runs while its last vector's END-th column fits
   FTN_ASSERT(blockDim.x % 32 == 0);
   FTN_SHARED(float, red, [32]);
   const T *x = static_cast<const T *>(p.x);
@@ -408,10 +414,12 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
     float tm = FTN_NEG_INF;  // running max of this thread
     float ts = 0.0f;        // running sum of exp(v - tm)
     int64_t col0 = (int64_t)threadIdx.x * V;
-    for (; col0 + (U - 1) * step < m.limit; col0 += U * step) {
+    for (; col0 + (U - 1) * step + END <= m.limit; col0 += U * step) {
       float v[U][V];
 #pragma unroll
-      for (int u = 0; u < U; ++u) sm_logits<T, V>(p, xr, m, col0 + u * step, v[u], any);
+      for (int u = 0; u < U; ++u) {
+        sm_logits<T, V, !FAST>(p, xr, m, col0 + u * step, v[u], any);
+      }
       float cm = FTN_NEG_INF;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -451,10 +459,14 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
     bool unused = false;
     col0 = (int64_t)threadIdx.x * V;
     if (yd == nullptr) {
-      for (; col0 + (U - 1) * step < p.sk; col0 += U * step) {
+      // fp32: up to sk, the columns past the limit masked to -inf (y = 0).
+      const int64_t end = FAST ? m.limit : p.sk;
+      for (; col0 + (U - 1) * step + END <= end; col0 += U * step) {
         float v[U][V];
 #pragma unroll
-        for (int u = 0; u < U; ++u) sm_logits<T, V>(p, xr, m, col0 + u * step, v[u], unused);
+        for (int u = 0; u < U; ++u) {
+          sm_logits<T, V, !FAST>(p, xr, m, col0 + u * step, v[u], unused);
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll

@@ -188,6 +188,10 @@ fn embedding_matches_unsharded_on_tp_1_2_4() {
     // 270 tokens: 512 sort keys in one tile.
     embedding_case::<f32, i32>(2, 130, 300, 270, false, 120);
     embedding_case::<f32, i64>(1, 130, 30, 270, false, 121);
+    // hidden past two column groups of the block: threads take two groups
+    // per step while both fit, then one (fp32: 4 columns a group, bf16: 8).
+    embedding_case::<f32, i32>(2, 130, 2600, 40, false, 122);
+    embedding_case::<bf16, i64>(1, 70, 4104, 40, true, 123);
 }
 
 #[test]
