@@ -1,8 +1,10 @@
 // LayerNorm and RMSNorm, forward and backward, any hidden size (cols >= 1).
 //
-// Statistics are fp32 whatever the storage dtype and always two-pass: the
-// mean first, then the sum of squared deviations from it (never
-// E[x^2] - E[x]^2, which loses everything to cancellation when |mean| >> std).
+// Statistics are fp32 whatever the storage dtype and never E[x^2] - E[x]^2
+// (which loses everything to cancellation when |mean| >> std): two-pass (the
+// mean first, then the sum of squared deviations from it) on the row held in
+// registers; the global forward folds each iteration's mean and squared
+// deviations into running ones with Chan's pairwise update (one pass).
 // Variance is biased (divide by cols); rstd = rsqrt(var + eps). The mean is
 // taken of x - pivot (pivot = the row's first element; exact subtraction for
 // nearby values), so x - mean = (x - pivot) - shift stays accurate to fp32
@@ -18,7 +20,9 @@
 //          more resident blocks per SM); warp shuffles then a shared-memory
 //          step.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
-//          pass re-reads the row from global memory (L2 usually holds it).
+//          pass re-reads the row from global memory (L2 usually holds it);
+//          the forward's statistics in one pass (Chan-merged per-iteration
+//          mean and squared deviations, 4 vectors in flight per thread).
 // Block and global launches use a 2-D grid, one row per block (no row loop:
 // the compiler would hoist every gamma/beta load out of it and spill; the
 // fused backward's chunk loop hides its pointers from the optimiser).
@@ -28,7 +32,7 @@
 //
 // Forward floor: reads rows*cols*sizeof(T), writes rows*cols*sizeof(T) and
 //   8*rows bytes of statistics (gamma/beta: 2*cols*sizeof(T), cached).
-//   The global path reads x three times (twice more from L2 when it fits).
+//   The global path reads x twice (once more from L2 when it fits).
 //   ~10 FLOP per element: HBM-bound.
 // Backward, input gradient: reads dy and x (2*rows*cols*sizeof(T)) and
 //   8*rows bytes of statistics, writes dx (rows*cols*sizeof(T)). The global
@@ -282,7 +286,7 @@ FTN_DEVICE void ln_block_stats(float &n, float &m, float &q, float *red) {
 // 128-bit accesses one thread of the global forward's statistics pass has in
 // flight per iteration (bytes in flight: one per iteration left the SM
 // latency-bound).
-constexpr int kGlobalUnroll = 2;
+constexpr int kGlobalUnroll = 4;
 
 // Two passes over the row. One reads x from DRAM for the statistics: each
 // iteration takes the mean and squared deviations of its U*V values in
@@ -323,8 +327,11 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
           }
         }
       }
-      const int c = in[U - 1] ? U * V : V;  // U == 2: the second may be past the end
-      const float mb = s * (in[U - 1] ? 1.0f / (U * V) : 1.0f / V);  // powers of 2: exact
+      int c = 0;  // values this iteration: U * V but at the row's end
+#pragma unroll
+      for (int u = 0; u < U; ++u) c += in[u] ? V : 0;
+      // U * V a power of 2: the full iterations' mean is exact
+      const float mb = c == U * V ? s * (1.0f / (U * V)) : s / (float)c;
       float qb = 0.0f;
 #pragma unroll
       for (int u = 0; u < U; ++u) {

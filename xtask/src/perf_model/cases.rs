@@ -385,7 +385,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             (
                 vec![
                     {
-                        // The statistics pass: kGlobalUnroll (2) vectors
+                        // The statistics pass: kGlobalUnroll (4) vectors
                         // per iteration.
                         let mut ph = mk(
                             fk,
@@ -394,7 +394,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                             e,
                             0.0,
                         );
-                        ph.elems_per_iter = Elems::Fixed(2.0 * v);
+                        ph.elems_per_iter = Elems::Fixed(4.0 * v);
                         ph
                     },
                     mk(
