@@ -1,8 +1,10 @@
 // LayerNorm and RMSNorm, forward and backward, any hidden size (cols >= 1).
 //
-// Statistics are fp32 whatever the storage dtype and always two-pass: the
-// mean first, then the sum of squared deviations from it (never
-// E[x^2] - E[x]^2, which loses everything to cancellation when |mean| >> std).
+// Statistics are fp32 whatever the storage dtype and never E[x^2] - E[x]^2
+// (which loses everything to cancellation when |mean| >> std): two-pass (the
+// mean first, then the sum of squared deviations from it) on the row held in
+// registers; the global forward folds each iteration's mean and squared
+// deviations into running ones with Chan's pairwise update (one pass).
 // Variance is biased (divide by cols); rstd = rsqrt(var + eps). The mean is
 // taken of x - pivot (pivot = the row's first element; exact subtraction for
 // nearby values), so x - mean = (x - pivot) - shift stays accurate to fp32
@@ -18,7 +20,9 @@
 //          more resident blocks per SM); warp shuffles then a shared-memory
 //          step.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
-//          pass re-reads the row from global memory (L2 usually holds it).
+//          pass re-reads the row from global memory (L2 usually holds it);
+//          the forward's statistics in one pass (Chan-merged per-iteration
+//          mean and squared deviations, 4 vectors in flight per thread).
 // Block and global launches use a 2-D grid, one row per block (no row loop:
 // the compiler would hoist every gamma/beta load out of it and spill; the
 // fused backward's chunk loop hides its pointers from the optimiser).
@@ -28,7 +32,7 @@
 //
 // Forward floor: reads rows*cols*sizeof(T), writes rows*cols*sizeof(T) and
 //   8*rows bytes of statistics (gamma/beta: 2*cols*sizeof(T), cached).
-//   The global path reads x three times (twice more from L2 when it fits).
+//   The global path reads x twice (once more from L2 when it fits).
 //   ~10 FLOP per element: HBM-bound.
 // Backward, input gradient: reads dy and x (2*rows*cols*sizeof(T)) and
 //   8*rows bytes of statistics, writes dx (rows*cols*sizeof(T)). The global
@@ -224,10 +228,76 @@ FTN_DEVICE void fwd_block(const FtnLayerNormFwdParams &p, float *red) {
   if (row < p.rows) fwd_row_cached<T, V, kBlockItems, false>(p, row, threadIdx.x, blockDim.x, red);
 }
 
-// Nothing cached: three passes over the row (mean, squared deviations, y).
+// Chan et al.'s pairwise update: folds the statistics (nb, mb, qb) of a set
+// of values (count, mean, sum of squared deviations from the mean) into
+// (na, ma, qa). Exact in its algebra (no E[x^2] - E[x]^2 cancellation): the
+// squared difference of the two means enters weighted by na * nb / n.
+FTN_DEVICE void ln_merge_stats(float &na, float &ma, float &qa, float nb, float mb, float qb) {
+  if (nb == 0.0f) return;
+  const float nn = na + nb;
+  const float d = mb - ma;
+  const float f = nb / nn;
+  ma += d * f;
+  qa += qb + d * d * (na * f);
+  na = nn;
+}
+
+// Every thread gets the block's statistics, merged in a fixed order (a
+// shfl_down tree in each warp, then one over the warps in warp 0), so
+// bitwise the same on every run. red: 99 floats of shared memory.
+FTN_DEVICE void ln_block_stats(float &n, float &m, float &q, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float nb = __shfl_down_sync(0xffffffffu, n, off);
+    const float mb = __shfl_down_sync(0xffffffffu, m, off);
+    const float qb = __shfl_down_sync(0xffffffffu, q, off);
+    if (lane < off) ln_merge_stats(n, m, q, nb, mb, qb);
+  }
+  if (lane == 0) {
+    red[warp] = n;
+    red[32 + warp] = m;
+    red[64 + warp] = q;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    n = lane < warps ? red[lane] : 0.0f;
+    m = lane < warps ? red[32 + lane] : 0.0f;
+    q = lane < warps ? red[64 + lane] : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float nb = __shfl_down_sync(0xffffffffu, n, off);
+      const float mb = __shfl_down_sync(0xffffffffu, m, off);
+      const float qb = __shfl_down_sync(0xffffffffu, q, off);
+      if (lane < off) ln_merge_stats(n, m, q, nb, mb, qb);
+    }
+    if (lane == 0) {
+      red[96] = n;
+      red[97] = m;
+      red[98] = q;
+    }
+  }
+  __syncthreads();
+  n = red[96];
+  m = red[97];
+  q = red[98];
+}
+
+// 128-bit accesses one thread of the global forward's statistics pass has in
+// flight per iteration (bytes in flight: one per iteration left the SM
+// latency-bound).
+constexpr int kGlobalUnroll = 4;
+
+// Two passes over the row. One reads x from DRAM for the statistics: each
+// iteration takes the mean and squared deviations of its U*V values in
+// registers and folds them into the thread's running statistics
+// (ln_merge_stats), then the block merges the threads' in a fixed order.
+// The other re-reads x (from L2: 1024 threads of a 2-block SM hold 2 rows)
+// and writes y. DRAM: the floor (x read once, y written once).
 template <typename T, int V>
 FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
   FTN_ASSERT(blockDim.x % 32 == 0);
+  constexpr int U = kGlobalUnroll;
   const int64_t n = p.cols;
   const int64_t step = (int64_t)blockDim.x * V;
   const bool rms = p.kind == FTN_NORM_RMS;
@@ -240,29 +310,46 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
     T *y = static_cast<T *>(p.y) + row * n;
     // mean = pivot + shift; x - mean is computed as (x - pivot) - shift.
     const float pivot = rms ? 0.0f : ftn_to_float(x[0]);
-    float shift = 0.0f;
-    if (!rms) {
+    float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;  // of x - pivot, this thread's
+    for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += U * step) {
+      float v[U * V];
+      bool in[U];
       float s = 0.0f;
-      for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
-        float v[V];
-        ftn_load<T, V>(x + col, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) s += v[k] - pivot;
-      }
-      shift = group_sum<false>(s, red) * inv_n;
-    }
-    float q = 0.0f;
-    for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += step) {
-      float v[V];
-      ftn_load<T, V>(x + col, v);
+      for (int u = 0; u < U; ++u) {
+        in[u] = u == 0 || col + u * step < n;
+        if (in[u]) {
+          ftn_load<T, V>(x + col + u * step, v + u * V);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float d = (v[k] - pivot) - shift;
-        q += d * d;
+          for (int k = 0; k < V; ++k) {
+            v[u * V + k] -= pivot;
+            s += v[u * V + k];
+          }
+        }
       }
+      int c = 0;  // values this iteration: U * V but at the row's end
+#pragma unroll
+      for (int u = 0; u < U; ++u) c += in[u] ? V : 0;
+      // U * V a power of 2: the full iterations' mean is exact
+      const float mb = c == U * V ? s * (1.0f / (U * V)) : s / (float)c;
+      float qb = 0.0f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (in[u]) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const float d = v[u * V + k] - mb;
+            qb += d * d;
+          }
+        }
+      }
+      ln_merge_stats(cnt, mean, m2, (float)c, mb, qb);
     }
-    q = group_sum<false>(q, red);
-    const float rstd = rsqrtf(q * inv_n + p.eps);
+    ln_block_stats(cnt, mean, m2, red);
+    // RMSNorm: no centring; the mean square is m2 / n + mean^2 (pivot 0).
+    const float shift = rms ? 0.0f : mean;
+    const float ms = rms ? (m2 * inv_n + mean * mean) : m2 * inv_n;
+    const float rstd = rsqrtf(ms + p.eps);
     if (threadIdx.x == 0) {
       if (p.mean != nullptr) p.mean[row] = pivot + shift;
       if (p.rstd != nullptr) p.rstd[row] = rstd;
@@ -652,7 +739,7 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
     FTN_LN_VEC_DISPATCH(fwd_block, T, p, red);                                                \
   }                                                                                           \
   FTN_KERNEL_BOUNDED(ftn_layernorm_fwd_global_##suffix, FtnLayerNormFwdParams, p, 1024) {     \
-    FTN_SHARED(float, red, [64]);                                                             \
+    FTN_SHARED(float, red, [99]);                                                             \
     FTN_LN_VEC_DISPATCH(fwd_global, T, p, red);                                               \
   }                                                                                           \
   FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_warp_##suffix, FtnLayerNormBwdParams, p, 128) {        \

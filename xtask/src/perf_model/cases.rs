@@ -384,14 +384,19 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             let (fw, bw) = ("void fwd_global(", "void bwd_global(");
             (
                 vec![
-                    mk(
-                        fk,
-                        anchor("layernorm.cu", fw, "s += v[k] - pivot", w),
-                        e,
-                        e,
-                        0.0,
-                    ),
-                    mk(fk, anchor("layernorm.cu", fw, "q += d * d", w), 0.0, 0.0, e),
+                    {
+                        // The statistics pass: kGlobalUnroll (4) vectors
+                        // per iteration.
+                        let mut ph = mk(
+                            fk,
+                            anchor("layernorm.cu", fw, "s += v[u * V + k]", w),
+                            e,
+                            e,
+                            0.0,
+                        );
+                        ph.elems_per_iter = Elems::Fixed(4.0 * v);
+                        ph
+                    },
                     mk(
                         fk,
                         anchor("layernorm.cu", fw, "o[k] = ((v[k] - pivot)", w),
