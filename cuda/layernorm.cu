@@ -14,9 +14,10 @@
 //          grid-stride loop over rows; the row lives in registers (32 fp32
 //          per lane), reductions are shuffles.
 //   block  (cols <= 12288): one block per row, the fewest whole warps that
-//          hold it at <= 24 fp32 per thread in registers (32..512 threads;
+//          hold it at <= 24 values per thread in registers (32..512 threads;
 //          more resident blocks per SM); warp shuffles then a shared-memory
-//          step.
+//          step. The forward keeps the row in its storage type (two bf16/f16
+//          per register) and widens it again in each pass.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it).
 // Block and global launches use a 2-D grid, one row per block (no row loop:
@@ -84,7 +85,7 @@ FTN_DEVICE void ftn_ln_opaque_int(int &v) {
 #endif
 }
 
-// f16 storage (the forward's fence is skipped there).
+// f16 storage (the block forward's fence is skipped there on sm_90a).
 template <typename T> constexpr bool kLnIsHalf = false;
 template <> constexpr bool kLnIsHalf<__half> = true;
 
@@ -249,8 +250,13 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     // Block path: gamma and beta one chunk at a time (no memory access
     // moves across the fence), not all hoisted next to the row's registers.
-    // Not in f16: there ptxas (sm_90a) spilled 4 bytes at 64 registers.
+    // Not in f16 on sm_90a: ptxas spilled 4 bytes there with it (and 16 on
+    // sm_80 without it).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (!WARP && !kLnIsHalf<T>) ftn_ln_fence();
+#else
+    if constexpr (!WARP) ftn_ln_fence();
+#endif
     if (col < n) {
       float v[V], g[V], b[V];
       ln_unpack<T, V>(xw + c * W, v);
