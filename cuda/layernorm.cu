@@ -16,9 +16,10 @@
 //          grid-stride loop over rows; the row lives in registers (32 fp32
 //          per lane), reductions are shuffles.
 //   block  (cols <= 12288): one block per row, the fewest whole warps that
-//          hold it at <= 24 fp32 per thread in registers (32..512 threads;
+//          hold it at <= 24 values per thread in registers (32..512 threads;
 //          more resident blocks per SM); warp shuffles then a shared-memory
-//          step.
+//          step. The forward keeps the row in its storage type (two bf16/f16
+//          per register) and widens it again in each pass.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it);
 //          the forward's statistics in one pass (Chan-merged per-iteration
@@ -88,12 +89,69 @@ FTN_DEVICE void ftn_ln_opaque_int(int &v) {
 #endif
 }
 
+// f16 storage (the block forward's fence is skipped there on sm_90a).
+template <typename T> constexpr bool kLnIsHalf = false;
+template <> constexpr bool kLnIsHalf<__half> = true;
+
+// Hides a row's packed words from the optimiser between passes, so that
+// values widened from them in one pass are recomputed in the next, not kept
+// (the registers packing saves). A no-op emulated.
+template <int N>
+FTN_DEVICE void ln_opaque_words(uint32_t (&w)[N]) {
+#if defined(__CUDACC__)
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(w[i]));
+#else
+  (void)w;
+#endif
+}
+
 // A compiler-only memory fence: no memory access moves across it (nothing
 // is emitted). A no-op emulated.
 FTN_DEVICE void ftn_ln_fence() {
 #if defined(__CUDACC__)
   asm volatile("" ::: "memory");
 #endif
+}
+
+// The block and warp paths keep a row's values in their storage type:
+// V elements of T held packed in W 32-bit words (V == 1: one word).
+template <typename T, int V> struct LnPacked {
+  static constexpr int W = (V * (int)sizeof(T) + 3) / 4;
+  union U {
+    uint32_t w[W];
+    T v[V];
+  };
+};
+
+// V consecutive elements at p, unconverted, into W words: one 128-bit load
+// when V == N (p 16-byte aligned), one scalar load when V == 1.
+template <typename T, int V>
+FTN_DEVICE void ln_load_packed(const T *p, uint32_t *words FTN_CALLER_LOC) {
+  static_assert(V == 1 || V == FtnVec<T>::N, "vector width");
+  typename LnPacked<T, V>::U u;
+  if constexpr (V == 1) {
+    u.w[0] = 0u;
+    u.v[0] = p[0];
+  } else {
+    FTN_ASSERT_ALIGNED_CALLER(p, 16, "128-bit (uint4) load");
+    const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+    u.w[0] = raw.x;
+    u.w[1] = raw.y;
+    u.w[2] = raw.z;
+    u.w[3] = raw.w;
+  }
+#pragma unroll
+  for (int k = 0; k < LnPacked<T, V>::W; ++k) words[k] = u.w[k];
+}
+
+// The V elements packed by ln_load_packed, widened to fp32 (exact).
+template <typename T, int V> FTN_DEVICE void ln_unpack(const uint32_t *words, float *out) {
+  typename LnPacked<T, V>::U u;
+#pragma unroll
+  for (int k = 0; k < LnPacked<T, V>::W; ++k) u.w[k] = words[k];
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = ftn_to_float(u.v[k]);
 }
 
 // Sums over the row group: a warp (WARP) or the whole block (reduce.cuh; a
@@ -141,43 +199,50 @@ FTN_DEVICE void load_gamma(const T *gamma, int64_t col, uint32_t zc, float *g) {
 // ---------------------------------------------------------------- forward
 
 // One row held in registers by a group of G threads (t = rank in the group):
-// chunk c of thread t covers columns [(c*G + t)*V, +V).
+// chunk c of thread t covers columns [(c*G + t)*V, +V). The row stays in its
+// storage type (two bf16/f16 per register: half the registers of fp32) and
+// each pass widens it again; x - mean is recomputed as (x - pivot) - shift,
+// the same bits in every pass.
 template <typename T, int V, int ITEMS, bool WARP>
 FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int t, int G,
                                float *red) {
   constexpr int C = ITEMS / V;
+  constexpr int W = LnPacked<T, V>::W;
   const int n = (int)p.cols;  // <= 32 * kWarpItems or blockDim.x * kBlockItems
   const T *x = static_cast<const T *>(p.x) + row * p.cols;
   T *y = static_cast<T *>(p.y) + row * p.cols;
   const bool rms = p.kind == FTN_NORM_RMS;
   const float pivot = rms ? 0.0f : ftn_to_float(x[0]);
-  float v[ITEMS];
+  uint32_t xw[C * W];
   float s = 0.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
-      ftn_load<T, V>(x + col, v + c * V);
+      ln_load_packed<T, V>(x + col, xw + c * W);
+      float v[V];
+      ln_unpack<T, V>(xw + c * W, v);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        v[c * V + k] -= pivot;
-        s += v[c * V + k];
-      }
+      for (int k = 0; k < V; ++k) s += v[k] - pivot;
     }
   }
   const float inv_n = 1.0f / (float)n;
   const float shift = rms ? 0.0f : group_sum<WARP>(s, red) * inv_n;
+  ln_opaque_words(xw);
   float q = 0.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
+      float v[V];
+      ln_unpack<T, V>(xw + c * W, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        v[c * V + k] -= shift;  // x - mean
-        q += v[c * V + k] * v[c * V + k];
+        const float d = (v[k] - pivot) - shift;  // x - mean
+        q += d * d;
       }
     }
   }
   q = group_sum<WARP>(q, red);
+  ln_opaque_words(xw);
   const float rstd = rsqrtf(q * inv_n + p.eps);
   if (t == 0) {
     if (p.mean != nullptr) p.mean[row] = pivot + shift;
@@ -188,14 +253,17 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     // Block path: gamma and beta one chunk at a time (no memory access
-    // moves across the fence), not all hoisted next to the row's registers:
-    // 92 -> 86 registers on sm_90a, 2 blocks per SM at hidden 8192 (sm_80's
-    // ptxas spills 12 bytes with it in f16, so not there).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    // moves across the fence), not all hoisted next to the row's registers.
+    // Not in f16 on sm_90a: ptxas spilled 4 bytes there with it (and 16 on
+    // sm_80 without it).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (!WARP && !kLnIsHalf<T>) ftn_ln_fence();
+#else
     if constexpr (!WARP) ftn_ln_fence();
 #endif
     if (col < n) {
-      float g[V], b[V];
+      float v[V], g[V], b[V];
+      ln_unpack<T, V>(xw + c * W, v);
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
       if (beta != nullptr) {
         ftn_load<T, V>(beta + col, b);
@@ -205,7 +273,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
       }
       float o[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) o[k] = v[c * V + k] * rstd * g[k] + b[k];
+      for (int k = 0; k < V; ++k) o[k] = ((v[k] - pivot) - shift) * rstd * g[k] + b[k];
       ftn_store<T, V>(y + col, o);
     }
   }

@@ -348,7 +348,12 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             let fa = if warp {
                 anchor("layernorm.cu", "void fwd_warp(", "for (int64_t row =", w)
             } else {
-                anchor("layernorm.cu", fw_cached, "o[k] = v[c * V + k] * rstd", w)
+                anchor(
+                    "layernorm.cu",
+                    fw_cached,
+                    "o[k] = ((v[k] - pivot) - shift) * rstd * g[k] + b[k]",
+                    w,
+                )
             };
             let ba = if warp {
                 anchor("layernorm.cu", "void bwd_warp(", "for (int64_t row =", w)
