@@ -11,7 +11,7 @@
 //! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); global
 //! rank 0 prints the progress and the MFU.
 //!
-//! Defaults: Shakespeare's sonnets (`data/sonnets.txt`), 4 layers, hidden
+//! Defaults: Shakespeare's sonnets (`data/sonnets.txt`), 2 layers, hidden
 //! 128, 4 heads, seq 64, TP 2 × PP 2 × DP 2 = 8 ranks, 1F1B, bf16,
 //! distributed optimizer.
 
@@ -39,7 +39,7 @@ const USAGE: &str =
   [--launch N (one process per GPU, NCCL; needs --features cuda)]
   defaults: --tp 2 --pp 2 --vp 1 --dp 2 --schedule 1f1b --micro-batch 4 --micro-batches 2
             --recompute none --precision bf16 --steps 300 --data data/sonnets.txt
-            --layers 4 --hidden 128 --heads 4 --seq 64 --lr 3e-3 --out target/train_gpt
+            --layers 2 --hidden 128 --heads 4 --seq 64 --lr 3e-3 --out target/train_gpt
             --sample 300 --target 2.0";
 
 struct Args {
@@ -71,7 +71,12 @@ fn parse() -> Result<Args, String> {
             distributed_optimizer: true,
             precision: Precision::Bf16,
         },
-        model: GptConfig::small(0, 64),
+        // 2 layers (1 per pipeline stage): the same loss per step as 4
+        // layers on this corpus, in about 60 % of the time (docs/training.md).
+        model: GptConfig {
+            layers: 2,
+            ..GptConfig::small(0, 64)
+        },
         train: TrainConfig::default(),
         data: PathBuf::from("data/sonnets.txt"),
         micro_batches: 2,
