@@ -310,11 +310,10 @@ FTN_DEVICE void ln_merge_stats(float &na, float &ma, float &qa, float nb, float 
   na = nn;
 }
 
-// Every thread gets the block's statistics, merged in a fixed order (a
-// shfl_down tree in each warp, then one over the warps in warp 0), so
-// bitwise the same on every run. red: 99 floats of shared memory.
-FTN_DEVICE void ln_block_stats(float &n, float &m, float &q, float *red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+// Folds the statistics of the warp's 32 lanes into lane 0 by a shfl_down
+// tree (fixed order: bitwise the same on every run). Other lanes end with
+// partial merges.
+FTN_DEVICE void ln_warp_merge_stats(float &n, float &m, float &q, int lane) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const float nb = __shfl_down_sync(0xffffffffu, n, off);
@@ -322,6 +321,14 @@ FTN_DEVICE void ln_block_stats(float &n, float &m, float &q, float *red) {
     const float qb = __shfl_down_sync(0xffffffffu, q, off);
     if (lane < off) ln_merge_stats(n, m, q, nb, mb, qb);
   }
+}
+
+// Every thread gets the block's statistics, merged in a fixed order (a
+// shfl_down tree in each warp, then one over the warps in warp 0), so
+// bitwise the same on every run. red: 99 floats of shared memory.
+FTN_DEVICE void ln_block_stats(float &n, float &m, float &q, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  ln_warp_merge_stats(n, m, q, lane);
   if (lane == 0) {
     red[warp] = n;
     red[32 + warp] = m;
@@ -332,13 +339,7 @@ FTN_DEVICE void ln_block_stats(float &n, float &m, float &q, float *red) {
     n = lane < warps ? red[lane] : 0.0f;
     m = lane < warps ? red[32 + lane] : 0.0f;
     q = lane < warps ? red[64 + lane] : 0.0f;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float nb = __shfl_down_sync(0xffffffffu, n, off);
-      const float mb = __shfl_down_sync(0xffffffffu, m, off);
-      const float qb = __shfl_down_sync(0xffffffffu, q, off);
-      if (lane < off) ln_merge_stats(n, m, q, nb, mb, qb);
-    }
+    ln_warp_merge_stats(n, m, q, lane);
     if (lane == 0) {
       red[96] = n;
       red[97] = m;
