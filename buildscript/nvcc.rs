@@ -153,6 +153,9 @@ fn cache_key(nvcc: &Path, src: &Path, archs: &str, headers: u64, asserts: bool) 
     h = fnv(h, archs.as_bytes());
     h = fnv(h, if asserts { b"asserts" } else { b"NDEBUG!" });
     h = fnv(h, nvcc.to_string_lossy().as_bytes());
+    // This file, so a change of nvcc flags never reuses binaries built with
+    // the old ones (the cache may live outside target/, e.g. CI's).
+    h = fnv(h, include_bytes!("nvcc.rs"));
     // The compiler's own version, so a new nvcc never reuses old binaries.
     let version = Command::new(nvcc)
         .arg("--version")
