@@ -4,8 +4,8 @@
 //   [rows, cols] matrix; with 16-byte-aligned pointers each thread moves one
 //   128-bit vector (4 fp32 or 8 fp16/bf16) per step and a scalar loop handles
 //   the n % vec tail. Columns are tracked incrementally, so any cols works.
-//   Two vectors per thread and step (both loads in flight before either is
-//   used). Floor: reads n*sizeof(T) + writes n*sizeof(T) bytes (bias: cols,
+//   Two vectors per thread and step (both loads, and their bias vectors',
+//   in flight before any is used). Floor: reads n*sizeof(T) + writes n*sizeof(T) bytes (bias: cols,
 //   cached); ~20 FLOP/element, far below the matrix rate -> HBM-bound.
 // Backward dx = dy * gelu'(x + bias), plus optional fp32 partial bias sums:
 //   the grid tiles (column groups of blockDim.x*vec) x (row chunks); each
@@ -69,12 +69,35 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
   // used and stored after both are computed (in place stays safe: every
   // element is read before it is written, by the same thread).
   int64_t i = tid;
+  // A vector bias is loaded with them (packed, before any use): a bias
+  // load after the first use of x would wait for x's round trip first.
+  const T *bias = static_cast<const T *>(p.bias);
+  const bool vec_bias = bias != nullptr && p.cols % V == 0;
+  constexpr int W = FtnPacked<T, V>::W;
   for (; i + stride < nvec; i += 2 * stride) {
+    uint32_t xw0[W], xw1[W], bw0[W], bw1[W];
+    ftn_load_packed<T, V>(x + i * V, xw0);
+    ftn_load_packed<T, V>(x + (i + stride) * V, xw1);
+    if (vec_bias) {
+      ftn_load_packed<T, V>(bias + (i * V) % p.cols, bw0);
+      ftn_load_packed<T, V>(bias + ((i + stride) * V) % p.cols, bw1);
+    }
     float v0[V], v1[V];
-    ftn_load_vec<T>(x + i * V, v0);
-    ftn_load_vec<T>(x + (i + stride) * V, v1);
-    bias_gelu_add_bias<T>(p, i, v0);
-    bias_gelu_add_bias<T>(p, i + stride, v1);
+    ftn_unpack<T, V>(xw0, v0);
+    ftn_unpack<T, V>(xw1, v1);
+    if (vec_bias) {
+      float b0[V], b1[V];
+      ftn_unpack<T, V>(bw0, b0);
+      ftn_unpack<T, V>(bw1, b1);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        v0[k] += b0[k];
+        v1[k] += b1[k];
+      }
+    } else {
+      bias_gelu_add_bias<T>(p, i, v0);
+      bias_gelu_add_bias<T>(p, i + stride, v1);
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       v0[k] = ftn_gelu_bw<KIND>(v0[k]);
@@ -127,11 +150,19 @@ FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0,
   for (; r + 1 < r1; r += 2) {
     const int64_t off0 = r * p.cols + c0;
     const int64_t off1 = off0 + p.cols;
+    // Packed: no conversion between the loads (one would make the next
+    // load wait for the previous one).
+    constexpr int W = FtnPacked<T, VEC>::W;
+    uint32_t gw0[W], vw0[W], gw1[W], vw1[W];
+    ftn_load_packed<T, VEC>(dy + off0, gw0);
+    ftn_load_packed<T, VEC>(x + off0, vw0);
+    ftn_load_packed<T, VEC>(dy + off1, gw1);
+    ftn_load_packed<T, VEC>(x + off1, vw1);
     float g0[VEC], v0[VEC], g1[VEC], v1[VEC];
-    ftn_load<T, VEC>(dy + off0, g0);
-    ftn_load<T, VEC>(x + off0, v0);
-    ftn_load<T, VEC>(dy + off1, g1);
-    ftn_load<T, VEC>(x + off1, v1);
+    ftn_unpack<T, VEC>(gw0, g0);
+    ftn_unpack<T, VEC>(vw0, v0);
+    ftn_unpack<T, VEC>(gw1, g1);
+    ftn_unpack<T, VEC>(vw1, v1);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       g0[k] *= ftn_gelu_grad_bw<KIND>(v0[k] + b[k]);

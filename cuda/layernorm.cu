@@ -114,46 +114,6 @@ FTN_DEVICE void ftn_ln_fence() {
 #endif
 }
 
-// The block and warp paths keep a row's values in their storage type:
-// V elements of T held packed in W 32-bit words (V == 1: one word).
-template <typename T, int V> struct LnPacked {
-  static constexpr int W = (V * (int)sizeof(T) + 3) / 4;
-  union U {
-    uint32_t w[W];
-    T v[V];
-  };
-};
-
-// V consecutive elements at p, unconverted, into W words: one 128-bit load
-// when V == N (p 16-byte aligned), one scalar load when V == 1.
-template <typename T, int V>
-FTN_DEVICE void ln_load_packed(const T *p, uint32_t *words FTN_CALLER_LOC) {
-  static_assert(V == 1 || V == FtnVec<T>::N, "vector width");
-  typename LnPacked<T, V>::U u;
-  if constexpr (V == 1) {
-    u.w[0] = 0u;
-    u.v[0] = p[0];
-  } else {
-    FTN_ASSERT_ALIGNED_CALLER(p, 16, "128-bit (uint4) load");
-    const uint4 raw = *reinterpret_cast<const uint4 *>(p);
-    u.w[0] = raw.x;
-    u.w[1] = raw.y;
-    u.w[2] = raw.z;
-    u.w[3] = raw.w;
-  }
-#pragma unroll
-  for (int k = 0; k < LnPacked<T, V>::W; ++k) words[k] = u.w[k];
-}
-
-// The V elements packed by ln_load_packed, widened to fp32 (exact).
-template <typename T, int V> FTN_DEVICE void ln_unpack(const uint32_t *words, float *out) {
-  typename LnPacked<T, V>::U u;
-#pragma unroll
-  for (int k = 0; k < LnPacked<T, V>::W; ++k) u.w[k] = words[k];
-#pragma unroll
-  for (int k = 0; k < V; ++k) out[k] = ftn_to_float(u.v[k]);
-}
-
 // Sums over the row group: a warp (WARP) or the whole block (reduce.cuh; a
 // fixed order, so deterministic). red: 64 floats of shared memory (block).
 template <bool WARP>
@@ -207,20 +167,31 @@ template <typename T, int V, int ITEMS, bool WARP>
 FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int t, int G,
                                float *red) {
   constexpr int C = ITEMS / V;
-  constexpr int W = LnPacked<T, V>::W;
+  constexpr int W = FtnPacked<T, V>::W;
   const int n = (int)p.cols;  // <= 32 * kWarpItems or blockDim.x * kBlockItems
   const T *x = static_cast<const T *>(p.x) + row * p.cols;
   T *y = static_cast<T *>(p.y) + row * p.cols;
   const bool rms = p.kind == FTN_NORM_RMS;
   const float pivot = rms ? 0.0f : ftn_to_float(x[0]);
   uint32_t xw[C * W];
+  // 16-bit types: every load of the row before any use of one, so all of
+  // the thread's vectors are in flight at once (a use between two guarded
+  // loads makes the second wait for the first). fp32 loads each chunk just
+  // before its use: all first, the block kernel spilled 4 bytes on sm_80.
+  constexpr bool kLoadsFirst = sizeof(T) == 2;
+  if constexpr (kLoadsFirst) {
+#pragma unroll
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      if (col < n) ftn_load_packed<T, V>(x + col, xw + c * W);
+    }
+  }
   float s = 0.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
-      ln_load_packed<T, V>(x + col, xw + c * W);
+      if constexpr (!kLoadsFirst) ftn_load_packed<T, V>(x + col, xw + c * W);
       float v[V];
-      ln_unpack<T, V>(xw + c * W, v);
+      ftn_unpack<T, V>(xw + c * W, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) s += v[k] - pivot;
     }
@@ -233,7 +204,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
       float v[V];
-      ln_unpack<T, V>(xw + c * W, v);
+      ftn_unpack<T, V>(xw + c * W, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float d = (v[k] - pivot) - shift;  // x - mean
@@ -263,7 +234,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
 #endif
     if (col < n) {
       float v[V], g[V], b[V];
-      ln_unpack<T, V>(xw + c * W, v);
+      ftn_unpack<T, V>(xw + c * W, v);
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
       if (beta != nullptr) {
         ftn_load<T, V>(beta + col, b);
@@ -381,19 +352,24 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
     const float pivot = rms ? 0.0f : ftn_to_float(x[0]);
     float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;  // of x - pivot, this thread's
     for (int64_t col = (int64_t)threadIdx.x * V; col < n; col += U * step) {
-      float v[U * V];
+      // The U vectors' loads before any use of one (packed: all in flight
+      // at once); each pass below widens them again (x - pivot: the same
+      // bits both times), so the packed words are all the thread keeps.
+      uint32_t xw[U][FtnPacked<T, V>::W];
       bool in[U];
-      float s = 0.0f;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         in[u] = u == 0 || col + u * step < n;
-        if (in[u]) {
-          ftn_load<T, V>(x + col + u * step, v + u * V);
+        if (in[u]) ftn_load_packed<T, V>(x + col + u * step, xw[u]);
+      }
+      float s = 0.0f;
 #pragma unroll
-          for (int k = 0; k < V; ++k) {
-            v[u * V + k] -= pivot;
-            s += v[u * V + k];
-          }
+      for (int u = 0; u < U; ++u) {
+        if (in[u]) {
+          float v[V];
+          ftn_unpack<T, V>(xw[u], v);
+#pragma unroll
+          for (int k = 0; k < V; ++k) s += v[k] - pivot;
         }
       }
       int c = 0;  // values this iteration: U * V but at the row's end
@@ -405,9 +381,11 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (in[u]) {
+          float v[V];
+          ftn_unpack<T, V>(xw[u], v);
 #pragma unroll
           for (int k = 0; k < V; ++k) {
-            const float d = v[u * V + k] - mb;
+            const float d = (v[k] - pivot) - mb;
             qb += d * d;
           }
         }

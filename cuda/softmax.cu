@@ -16,8 +16,14 @@
 //          per block, grid-stride over rows.
 //   block  (chosen for sk <= 8192; runs sk <= 32*blockDim.x <= 16384,
 //          blockDim.x <= 512): one block per row, 32 values per thread in
-//          registers (64 in backward: y and dy), reductions through 32 floats
-//          of shared memory.
+//          registers (backward: y and dy kept packed in their storage type
+//          and widened twice), reductions through 32 floats of shared memory.
+// On the vector paths a thread issues every load of its row before using
+// any (packed, vec.cuh's ftn_load_packed): with a use between two guarded
+// loads, in-order issue makes the second wait for the first (one DRAM round
+// trip per vector instead of one per row). The scalar paths, the dropout
+// copies of the forwards and fp32 on the block path load as they go (loading
+// first, they spilled).
 //   long   (any sk; chosen past 8192): one block per row, two streaming
 //          passes. Forward pass 1 keeps an online (max, sum of exp) per
 //          thread, SM_LONG_UNROLL vectors per step, merged across the block;
@@ -90,15 +96,12 @@ FTN_DEVICE SmRowMask sm_row_mask(const FtnSoftmaxFwdParams &p, int64_t r) {
 // Loads the V logits at columns [col0, col0+V) of row `xr` (col0 < sk) and
 // applies scale and mask. `any` is set when a column is not padding-masked.
 // LIMIT = false: the caller knows col0 + V <= m.limit (no causal test).
+// sm_logits_packed: the same from the V values already loaded packed
+// (ftn_load_packed) from xr + col0, col0 < m.limit.
 template <typename T, int V, bool LIMIT = true>
-FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRowMask &m,
-                          int64_t col0, float (&v)[V], bool &any) {
-  if (LIMIT && col0 >= m.limit) {
-#pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = FTN_NEG_INF;
-    return;
-  }
-  ftn_load<T, V>(xr + col0, v);
+FTN_DEVICE void sm_logits_packed(const FtnSoftmaxFwdParams &p, const uint32_t *xw,
+                                 const SmRowMask &m, int64_t col0, float (&v)[V], bool &any) {
+  ftn_unpack<T, V>(xw, v);
 #pragma unroll
   for (int k = 0; k < V; ++k) v[k] *= p.scale;
   if (m.pad != nullptr) {
@@ -118,6 +121,37 @@ FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRow
     for (int k = 0; k < V; ++k) {
       if (col0 + k >= m.limit) v[k] = FTN_NEG_INF;
     }
+  }
+}
+
+template <typename T, int V, bool LIMIT = true>
+FTN_DEVICE void sm_logits(const FtnSoftmaxFwdParams &p, const T *xr, const SmRowMask &m,
+                          int64_t col0, float (&v)[V], bool &any) {
+  if (LIMIT && col0 >= m.limit) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = FTN_NEG_INF;
+    return;
+  }
+  uint32_t xw[FtnPacked<T, V>::W];
+  ftn_load_packed<T, V>(xr + col0, xw);
+  sm_logits_packed<T, V, LIMIT>(p, xw, m, col0, v, any);
+}
+
+// The U vectors of a long-path step at col0, col0 + step, ...: with FAST
+// (every vector before the causal limit) all U loads are issued before any
+// is used (in flight at once); otherwise one checked vector at a time.
+template <typename T, int V, int U, bool FAST>
+FTN_DEVICE void sm_logits_step(const FtnSoftmaxFwdParams &p, const T *xr, const SmRowMask &m,
+                               int64_t col0, int64_t step, float (&v)[U][V], bool &any) {
+  if constexpr (FAST) {
+    uint32_t xw[U][FtnPacked<T, V>::W];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ftn_load_packed<T, V>(xr + col0 + u * step, xw[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) sm_logits_packed<T, V, false>(p, xw[u], m, col0 + u * step, v[u], any);
+  } else {
+#pragma unroll
+    for (int u = 0; u < U; ++u) sm_logits<T, V>(p, xr, m, col0 + u * step, v[u], any);
   }
 }
 
@@ -240,6 +274,18 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
     const int limit = (int)m.limit;
     const T *xr = x + r * p.sk + first;
     const uint8_t *pad = m.pad == nullptr ? nullptr : m.pad + first;
+    // Vector rows without dropout: every load of the row before any use of
+    // one (all in flight at once; a use between two guarded loads makes the
+    // second wait for the first). Scalar rows and the dropout copy load as
+    // they go: all first, they spilled.
+    constexpr bool kLoadsFirst = V > 1 && !DROP;
+    uint32_t xw[CHUNKS][FtnPacked<T, V>::W];
+    if constexpr (kLoadsFirst) {
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        if (first + c * LANES * V < limit) ftn_load_packed<T, V>(xr + c * LANES * V, xw[c]);
+      }
+    }
     float v[CHUNKS][V];
     bool any = pad == nullptr;
     float mx = FTN_NEG_INF;
@@ -247,7 +293,8 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
     for (int c = 0; c < CHUNKS; ++c) {
       const int col0 = first + c * LANES * V;
       if (col0 < limit) {
-        ftn_load<T, V>(xr + c * LANES * V, v[c]);
+        if constexpr (!kLoadsFirst) ftn_load_packed<T, V>(xr + c * LANES * V, xw[c]);
+        ftn_unpack<T, V>(xw[c], v[c]);
         uint8_t mk[V];
         if (pad != nullptr) {
           ftn_load_bytes<V>(pad + c * LANES * V, mk);
@@ -317,6 +364,16 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
     const int limit = (int)m.limit;
     const T *xr = x + r * p.sk;
     T *yr = y + r * p.sk;
+    // 16-bit vector rows without dropout: every load of the row before any
+    // use of one, as in the warp path (fp32 and the dropout copy spilled).
+    constexpr bool kLoadsFirst = V > 1 && !DROP && sizeof(T) == 2;
+    uint32_t xw[CHUNKS][FtnPacked<T, V>::W];
+    if constexpr (kLoadsFirst) {
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        if (first + c * stride < limit) ftn_load_packed<T, V>(xr + first + c * stride, xw[c]);
+      }
+    }
     float v[CHUNKS][V];
     bool any = m.pad == nullptr;
     float mx = FTN_NEG_INF;
@@ -324,7 +381,8 @@ FTN_DEVICE void sm_fwd_block_impl(const FtnSoftmaxFwdParams &p) {
     for (int c = 0; c < CHUNKS; ++c) {
       const int col0 = first + c * stride;
       if (col0 < limit) {
-        ftn_load<T, V>(xr + col0, v[c]);
+        if constexpr (!kLoadsFirst) ftn_load_packed<T, V>(xr + col0, xw[c]);
+        ftn_unpack<T, V>(xw[c], v[c]);
         uint8_t mk[V];
         if (m.pad != nullptr) {
           ftn_load_bytes<V>(m.pad + col0, mk);
@@ -416,10 +474,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
     int64_t col0 = (int64_t)threadIdx.x * V;
     for (; col0 + (U - 1) * step + END <= m.limit; col0 += U * step) {
       float v[U][V];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        sm_logits<T, V, !FAST>(p, xr, m, col0 + u * step, v[u], any);
-      }
+      sm_logits_step<T, V, U, FAST>(p, xr, m, col0, step, v, any);
       float cm = FTN_NEG_INF;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -463,10 +518,7 @@ template <typename T, int V> FTN_DEVICE void sm_fwd_long_impl(const FtnSoftmaxFw
       const int64_t end = FAST ? m.limit : p.sk;
       for (; col0 + (U - 1) * step + END <= end; col0 += U * step) {
         float v[U][V];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          sm_logits<T, V, !FAST>(p, xr, m, col0 + u * step, v[u], unused);
-        }
+        sm_logits_step<T, V, U, FAST>(p, xr, m, col0, step, v, unused);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
@@ -513,20 +565,40 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
     const int64_t r = rw + (BLOCK ? 0 : lane / LANES);
     const int cols = r < p.rows ? sk : 0;  // a group past the last row: nothing
     const int64_t off = r * p.sk + first;
-    float yv[CHUNKS][V];
-    float gv[CHUNKS][V];
+    // Both rows' loads before any use of one (all in flight at once: a use
+    // between two guarded loads makes the second wait for the first). The
+    // rows stay packed in their storage type across the reduction and are
+    // widened again for dx (half the registers of fp32 for 16-bit types).
+    // fp32 block rows load as they go (all first, they spilled on sm_90a).
+    constexpr bool kLoadsFirst = !(BLOCK && sizeof(T) == 4);
+    constexpr int W = FtnPacked<T, V>::W;
+    uint32_t yw[CHUNKS][W], gw[CHUNKS][W];
+    if constexpr (kLoadsFirst) {
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        if (first + c * stride < cols) {
+          ftn_load_packed<T, V>(y + off + c * stride, yw[c]);
+          ftn_load_packed<T, V>(dy + off + c * stride, gw[c]);
+        }
+      }
+    }
     float dot = 0.0f;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
+      float yv[V], gv[V];
       if (first + c * stride < cols) {
-        ftn_load<T, V>(y + off + c * stride, yv[c]);
-        ftn_load<T, V>(dy + off + c * stride, gv[c]);
+        if constexpr (!kLoadsFirst) {
+          ftn_load_packed<T, V>(y + off + c * stride, yw[c]);
+          ftn_load_packed<T, V>(dy + off + c * stride, gw[c]);
+        }
+        ftn_unpack<T, V>(yw[c], yv);
+        ftn_unpack<T, V>(gw[c], gv);
       } else {
 #pragma unroll
-        for (int k = 0; k < V; ++k) yv[c][k] = gv[c][k] = 0.0f;
+        for (int k = 0; k < V; ++k) yv[k] = gv[k] = 0.0f;
       }
 #pragma unroll
-      for (int k = 0; k < V; ++k) dot += yv[c][k] * gv[c][k];
+      for (int k = 0; k < V; ++k) dot += yv[k] * gv[k];
     }
     if constexpr (BLOCK) {
       dot = ftn_block_allreduce<FtnSumOp>(dot, red);
@@ -536,9 +608,12 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       if (first + c * stride < cols) {
+        float yv[V], gv[V];
+        ftn_unpack<T, V>(yw[c], yv);
+        ftn_unpack<T, V>(gw[c], gv);
 #pragma unroll
-        for (int k = 0; k < V; ++k) gv[c][k] = p.scale * (gv[c][k] * yv[c][k] - yv[c][k] * dot);
-        ftn_store<T, V>(dx + off + c * stride, gv[c]);
+        for (int k = 0; k < V; ++k) gv[k] = p.scale * (gv[k] * yv[k] - yv[k] * dot);
+        ftn_store<T, V>(dx + off + c * stride, gv);
       }
     }
   }

@@ -66,6 +66,49 @@ template <typename T, int V> FTN_DEVICE void ftn_load(const T *p, float *out FTN
   }
 }
 
+// V elements of T held packed, unconverted, in W 32-bit words (V == 1: one
+// word). Loading a row packed first and widening it afterwards keeps every
+// load of a thread in flight at once: a conversion between two guarded loads
+// makes the second wait for the first (in-order issue), and the packed form
+// takes half the registers of fp32 for 16-bit types.
+template <typename T, int V> struct FtnPacked {
+  static constexpr int W = (V * (int)sizeof(T) + 3) / 4;
+  union U {
+    uint32_t w[W];
+    T v[V];
+  };
+};
+
+// V consecutive elements at p, unconverted, into W words: one 128-bit load
+// when V == N (p 16-byte aligned), one scalar load when V == 1.
+template <typename T, int V>
+FTN_DEVICE void ftn_load_packed(const T *p, uint32_t *words FTN_CALLER_LOC) {
+  static_assert(V == 1 || V == FtnVec<T>::N, "vector width");
+  typename FtnPacked<T, V>::U u;
+  if constexpr (V == 1) {
+    u.w[0] = 0u;
+    u.v[0] = p[0];
+  } else {
+    FTN_ASSERT_ALIGNED_CALLER(p, 16, "128-bit (uint4) load");
+    const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+    u.w[0] = raw.x;
+    u.w[1] = raw.y;
+    u.w[2] = raw.z;
+    u.w[3] = raw.w;
+  }
+#pragma unroll
+  for (int k = 0; k < FtnPacked<T, V>::W; ++k) words[k] = u.w[k];
+}
+
+// The V elements packed by ftn_load_packed, widened to fp32 (exact).
+template <typename T, int V> FTN_DEVICE void ftn_unpack(const uint32_t *words, float *out) {
+  typename FtnPacked<T, V>::U u;
+#pragma unroll
+  for (int k = 0; k < FtnPacked<T, V>::W; ++k) u.w[k] = words[k];
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = ftn_to_float(u.v[k]);
+}
+
 // Stores V fp32 values as T at p: one 128-bit store when V == N, one scalar
 // store when V == 1.
 template <typename T, int V> FTN_DEVICE void ftn_store(T *p, const float *in FTN_CALLER_LOC) {

@@ -231,7 +231,7 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
                 )],
                 vec![mk(
                     "ftn_softmax_bwd_block_bf16",
-                    anchor("softmax.cu", "void sm_bwd_rows(", "dot += yv[c][k]", w),
+                    anchor("softmax.cu", "void sm_bwd_rows(", "dot += yv[k] * gv[k]", w),
                     3.0 * e,
                     2.0 * e,
                 )],
@@ -394,7 +394,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                         // per iteration.
                         let mut ph = mk(
                             fk,
-                            anchor("layernorm.cu", fw, "s += v[u * V + k]", w),
+                            anchor("layernorm.cu", fw, "s += v[k] - pivot", w),
                             e,
                             e,
                             0.0,

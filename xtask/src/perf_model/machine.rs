@@ -101,6 +101,9 @@ pub struct Phase {
     pub shfl: f64,
     pub bar: f64,
     pub load_groups: f64,
+    /// Data-path loads issued only after an earlier one's result was used
+    /// (each one more DRAM latency in the chain).
+    pub data_waits: f64,
     /// One round per block (no loop over rows): rounds are waves of blocks,
     /// the last one possibly partial.
     pub one_round_per_block: bool,
@@ -155,7 +158,7 @@ pub fn estimate(m: &Machine, p: &Phase) -> PhaseEstimate {
     } else {
         m.dram_latency
     };
-    let memory = first
+    let memory = first * (1.0 + p.data_waits)
         + (p.load_groups - 1.0).max(0.0) * m.l2_latency
         + p.shfl * m.shfl_latency
         + p.bar * m.bar_latency;
@@ -235,6 +238,7 @@ mod tests {
             shfl: 0.0,
             bar: 0.0,
             load_groups: 1.0,
+            data_waits: 0.0,
             one_round_per_block: false,
         }
     }

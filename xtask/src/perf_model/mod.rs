@@ -179,6 +179,14 @@ pub fn prepare(inputs: &Inputs, case: &Case) -> Result<Prepared, String> {
         };
         let per_round = spec.elems_per_round.unwrap_or(per_iter);
         let scale = per_round / per_iter;
+        // The wide loads that read DRAM: a thread's DRAM bytes per iteration
+        // over the load width (the first ones on the path; see `waits`).
+        let data_loads = if path.widest_load == 0 {
+            0
+        } else {
+            (spec.read_bytes_per_elem * per_iter / path.widest_load as f64).ceil() as u32
+        };
+        let (data_waits, cached_waits) = path.waits(data_loads);
         let phase = Phase {
             threads: spec.threads,
             blocks: spec.blocks,
@@ -193,7 +201,8 @@ pub fn prepare(inputs: &Inputs, case: &Case) -> Result<Prepared, String> {
             mufu_per_round: path.mufu as f64 * scale,
             shfl: path.shfl as f64,
             bar: path.bar as f64,
-            load_groups: path.load_groups as f64,
+            load_groups: (path.load_groups + cached_waits) as f64,
+            data_waits: data_waits as f64,
             one_round_per_block: spec.one_round_per_block,
         };
         phases.push((
@@ -483,6 +492,7 @@ fn fmt_table(rows: &[Row], markdown: bool) -> String {
         "warps/SM",
         "KiB in flight/SM",
         "SASS/elem",
+        "waits mem/L2",
         "moved/floor",
         "predicted",
         "predicted (measured bytes)",
@@ -525,6 +535,7 @@ fn fmt_table(rows: &[Row], markdown: bool) -> String {
                 format!("{:.0}", est.warps_per_sm),
                 format!("{:.1}", est.in_flight / 1024.0),
                 format!("{:.1}", st.path.instrs as f64 / st.elems_per_iter),
+                format!("{}/{}", ph.data_waits, (ph.load_groups - 1.0).max(0.0)),
                 if first {
                     format!("{:.2}", moved / r.case.floor_bytes)
                 } else {

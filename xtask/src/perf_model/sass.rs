@@ -145,15 +145,93 @@ pub struct PathStats {
     pub bar: u32,
     pub mufu: u32,
     pub shared: u32,
-    /// Groups of global loads separated by a shuffle or barrier: each group
-    /// is one dependent memory round trip.
+    /// Groups of global loads separated by a shuffle, a barrier, or the use
+    /// of an earlier load's result (other than `data_waits`): each group
+    /// after the first is one dependent round trip (modelled at L2 latency).
     pub load_groups: u32,
+    /// Loads of the region's widest width on the path.
+    pub wide_loads: u32,
+    /// Bit i: the path's i-th wide load was issued only after the result of
+    /// an earlier wide load was used (the thread waited for that load), with
+    /// no shuffle or barrier since the path began. See `waits`.
+    pub waited_wide: u64,
     /// Global bytes moved by accesses of the region's widest load width.
     pub wide_bytes: u32,
     sync_since_load: bool,
+    /// Registers written by global loads issued since the last wait, split
+    /// by whether the load had the region's widest width.
+    pending_wide: RegSet,
+    pending_narrow: RegSet,
+    /// Since the last load: whether a pending wide / narrow result was used.
+    used_wide: bool,
+    used_narrow: bool,
+}
+
+/// A set of general registers R0..R255 (RZ is not tracked).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct RegSet([u64; 4]);
+
+impl RegSet {
+    fn insert(&mut self, r: u32) {
+        if r < 256 {
+            self.0[(r / 64) as usize] |= 1 << (r % 64);
+        }
+    }
+    fn contains(&self, r: u32) -> bool {
+        r < 256 && self.0[(r / 64) as usize] & (1 << (r % 64)) != 0
+    }
+    fn clear(&mut self) {
+        self.0 = [0; 4];
+    }
+}
+
+/// The general registers one operand names: `R4` is R4, `R2.64` is R2 and
+/// R3 (a 64-bit pair); `desc[UR4][R2.64+0x4]`, `-R3`, `|R5|`, `R7.reuse`,
+/// `R6.H1` name the registers inside. `RZ` and uniform registers (`UR4`)
+/// are none.
+fn operand_regs(op: &str, out: &mut Vec<u32>) {
+    let b = op.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let starts = b[i] == b'R' && (i == 0 || !b[i - 1].is_ascii_alphanumeric());
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < b.len() && b[j].is_ascii_digit() {
+            j += 1;
+        }
+        if j > i + 1 {
+            let r: u32 = op[i + 1..j].parse().unwrap_or(u32::MAX);
+            out.push(r);
+            if op[j..].starts_with(".64") {
+                out.push(r + 1);
+            }
+        }
+        i = j;
+    }
 }
 
 impl PathStats {
+    /// The waits of `waited_wide` split by what the waiting load reads when
+    /// the path's first `data_loads` wide loads read DRAM (the row or stream
+    /// the kernel moves; they come first in program order) and the later
+    /// ones hit a cache (gamma, beta, a bias): `(memory, l2)`. A data load
+    /// issued only after an earlier data load's result was used costs one
+    /// more full memory latency; a cached one, an L2 round trip.
+    pub fn waits(&self, data_loads: u32) -> (u32, u32) {
+        let data_mask = if data_loads >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << data_loads) - 1
+        };
+        (
+            (self.waited_wide & data_mask).count_ones(),
+            (self.waited_wide & !data_mask).count_ones(),
+        )
+    }
+
     fn add(mut self, i: &Instr, width: u32) -> Self {
         self.instrs += 1;
         let base = i.base();
@@ -162,14 +240,62 @@ impl PathStats {
                 self.wide_bytes += b;
             }
         }
+        // Registers this instruction reads (or overwrites: a write to a
+        // register with a load in flight waits for it too). A load's first
+        // operand is its destination, not a use.
+        let mut regs = Vec::new();
+        let is_load = i.global_load_bytes().is_some();
+        for (k, o) in i.operands.split(',').enumerate() {
+            if !(is_load && k == 0) {
+                operand_regs(o, &mut regs);
+            }
+        }
+        if regs.iter().any(|&r| self.pending_wide.contains(r)) {
+            self.used_wide = true;
+        }
+        if regs.iter().any(|&r| self.pending_narrow.contains(r)) {
+            self.used_narrow = true;
+        }
         if let Some(b) = i.global_load_bytes() {
             self.ldg += 1;
             self.ldg_bytes += b;
             self.widest_load = self.widest_load.max(b);
-            if self.load_groups == 0 || self.sync_since_load {
+            // A wide load after a use of an earlier wide one, before any
+            // shuffle or barrier: `waits` decides what it costs. Any other
+            // wait (after a reduction, on a narrow load): an L2 round trip.
+            let wide_index = self.wide_loads;
+            if b == width {
+                self.wide_loads += 1;
+            }
+            if self.load_groups == 0 {
+                self.load_groups = 1;
+            } else if self.used_wide && self.load_groups == 1 && !self.sync_since_load && b == width
+            {
+                if wide_index < 64 {
+                    self.waited_wide |= 1 << wide_index;
+                }
+            } else if self.sync_since_load || self.used_wide || self.used_narrow {
                 self.load_groups += 1;
             }
+            if self.used_wide || self.used_narrow || self.sync_since_load {
+                self.pending_wide.clear();
+                self.pending_narrow.clear();
+            }
             self.sync_since_load = false;
+            self.used_wide = false;
+            self.used_narrow = false;
+            let mut dst = Vec::new();
+            operand_regs(i.operands.split(',').next().unwrap_or(""), &mut dst);
+            if let Some(&r0) = dst.first() {
+                let pending = if b == width {
+                    &mut self.pending_wide
+                } else {
+                    &mut self.pending_narrow
+                };
+                for r in r0..r0 + b.div_ceil(4) {
+                    pending.insert(r);
+                }
+            }
         } else if let Some(b) = i.global_store_bytes() {
             self.stg += 1;
             self.stg_bytes += b;
@@ -286,7 +412,7 @@ mod tests {
     #[test]
     fn parses_functions_labels_and_lines() {
         let fs = parse(FIXTURE);
-        assert_eq!(fs.len(), 2);
+        assert_eq!(fs.len(), 3);
         let f = &fs[0];
         assert_eq!(f.name, "ftn_demo_kernel");
         assert_eq!(f.instrs[0].op, "S2R");
@@ -338,5 +464,37 @@ mod tests {
         assert_eq!(s.bar, 1);
         assert_eq!(s.ldg_bytes, 8);
         assert_eq!(s.stg_bytes, 4);
+    }
+
+    #[test]
+    fn operand_registers() {
+        let mut r = Vec::new();
+        operand_regs(" desc[UR4][R2.64+0x4]", &mut r);
+        assert_eq!(r, [2, 3]);
+        r.clear();
+        operand_regs(" -|R17.reuse|", &mut r);
+        operand_regs(" RZ", &mut r);
+        operand_regs(" UR5", &mut r);
+        operand_regs(" R6.H1", &mut r);
+        assert_eq!(r, [17, 6]);
+    }
+
+    #[test]
+    fn counts_loads_issued_after_a_wait_on_an_earlier_one() {
+        let fs = parse(FIXTURE);
+        let s = fs[2].hot_path(0, None).unwrap();
+        // 0x30 (wide load 1) issues after 0x20 used wide load 0 (R5 is
+        // inside the 128-bit R4..R7): a wait. 0x40 follows with no use in
+        // between: none. 0x80 is narrow and follows uses of wide results: an
+        // L2 round trip. 0xa0 follows a shuffle: another.
+        assert_eq!(s.wide_loads, 4);
+        assert_eq!(s.waited_wide, 0b10);
+        assert_eq!(s.load_groups, 3);
+        assert_eq!(s.ldg, 6);
+        // Loads 0..3 read DRAM: the wait costs a memory latency; only load
+        // 0 does (the rest hit a cache): an L2 round trip.
+        assert_eq!(s.waits(3), (1, 0));
+        assert_eq!(s.waits(1), (0, 1));
+        assert_eq!(s.waits(64), (1, 0));
     }
 }
