@@ -18,8 +18,9 @@
 //   block  (cols <= 12288): one block per row, the fewest whole warps that
 //          hold it at <= 24 values per thread in registers (32..512 threads;
 //          more resident blocks per SM); warp shuffles then a shared-memory
-//          step. The forward keeps the row in its storage type (two bf16/f16
-//          per register) and widens it again in each pass.
+//          step. Both directions keep the row (x; x and dy) in its storage
+//          type (two bf16/f16 per register), load all of it before using
+//          any, and widen it again in each pass.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it);
 //          the forward's statistics in one pass (Chan-merged per-iteration
@@ -439,11 +440,11 @@ FTN_DEVICE void acc_add(float *acc, const float *v) {
   }
 }
 
-// One row held in registers by a group of G threads, as fwd_row_cached.
-// ACC: also adds dy * xhat and dy of each of the thread's columns to
-// acc_g[col] and acc_b[col] (fp32, shared memory, owned by this thread).
-template <typename T, int V, int ITEMS, bool WARP, bool ACC = false>
-FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, int64_t row, int t,
+// bwd_row_cached for fp32 storage: the row as fp32 xhat and dy * g (packing
+// saves nothing at 4 bytes; holding x and dy and recomputing spilled 8-16
+// bytes in the fused kernels). x and dy convert as they load.
+template <typename T, int V, int ITEMS, bool WARP, bool ACC>
+FTN_DEVICE void bwd_row_cached_f32(const FtnLayerNormBwdParams &p, const T *gamma, int64_t row, int t,
                                int G, float *red, float *acc_g = nullptr,
                                float *acc_b = nullptr) {
   constexpr int C = ITEMS / V;
@@ -523,6 +524,100 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       float o[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) o[k] = rstd * (gh[c * V + k] - m1 - xh[c * V + k] * m2);
+      ftn_store<T, V>(dx + col, o);
+    }
+  }
+}
+
+// One row held in registers by a group of G threads, as fwd_row_cached
+// (fp32 storage: bwd_row_cached_f32). x and dy stay packed in their
+// storage type (half the registers of fp32) and are all loaded before any is used (every load in
+// flight at once); each pass widens them again and recomputes xhat and
+// dy * g (the same bits in both passes; gamma is re-read, an L1/L2 hit).
+// ACC: also adds dy * xhat and dy of each of the thread's columns to
+// acc_g[col] and acc_b[col] (fp32, shared memory, owned by this thread).
+template <typename T, int V, int ITEMS, bool WARP, bool ACC = false>
+FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, int64_t row, int t,
+                               int G, float *red, float *acc_g = nullptr,
+                               float *acc_b = nullptr) {
+  if constexpr (sizeof(T) == 4) {
+    bwd_row_cached_f32<T, V, ITEMS, WARP, ACC>(p, gamma, row, t, G, red, acc_g, acc_b);
+    return;
+  }
+  constexpr int C = ITEMS / V;
+  constexpr int W = FtnPacked<T, V>::W;
+  const int n = (int)p.cols;  // <= 32 * kWarpItems or blockDim.x * kBlockItems
+  const T *x = static_cast<const T *>(p.x) + row * p.cols;
+  const T *dy = static_cast<const T *>(p.dy) + row * p.cols;
+  T *dx = static_cast<T *>(p.dx) + row * p.cols;
+  const bool rms = p.kind == FTN_NORM_RMS;
+  const float mean = rms ? 0.0f : p.mean[row];
+  const float rstd = p.rstd[row];
+  uint32_t xw[C * W], dw[C * W];
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if (col < n) {
+      ftn_load_packed<T, V>(x + col, xw + c * W);
+      ftn_load_packed<T, V>(dy + col, dw + c * W);
+    }
+  }
+  if constexpr (ACC) {
+    // The accumulators one chunk at a time (memory fences keep the
+    // compiler from hoisting every accumulator load next to the row's).
+#pragma unroll
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      ftn_ln_fence();
+      if (col < n) {
+        float xv[V], dv[V], pg[V];
+        ftn_unpack<T, V>(xw + c * W, xv);
+        ftn_unpack<T, V>(dw + c * W, dv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) pg[k] = dv[k] * ((xv[k] - mean) * rstd);
+        acc_add<V>(acc_g + col, pg);
+        acc_add<V>(acc_b + col, dv);
+      }
+    }
+    ftn_ln_fence();
+    ln_opaque_words(xw);
+    ln_opaque_words(dw);
+  }
+  float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if (col < n) {
+      float xv[V], dv[V], g[V];
+      ftn_unpack<T, V>(xw + c * W, xv);
+      ftn_unpack<T, V>(dw + c * W, dv);
+      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xh = (xv[k] - mean) * rstd;
+        const float gh = dv[k] * g[k];
+        s1 += gh;
+        s2 += gh * xh;
+      }
+    }
+  }
+  group_sum2<WARP>(s1, s2, red);
+  ln_opaque_words(xw);
+  ln_opaque_words(dw);
+  const float inv_n = 1.0f / (float)n;
+  const float m1 = rms ? 0.0f : s1 * inv_n;
+  const float m2 = s2 * inv_n;
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if constexpr (!WARP) ftn_ln_fence();
+    if (col < n) {
+      float xv[V], dv[V], g[V], o[V];
+      ftn_unpack<T, V>(xw + c * W, xv);
+      ftn_unpack<T, V>(dw + c * W, dv);
+      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xh = (xv[k] - mean) * rstd;
+        const float gh = dv[k] * g[k];
+        o[k] = rstd * (gh - m1 - xh * m2);
+      }
       ftn_store<T, V>(dx + col, o);
     }
   }
@@ -767,6 +862,21 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
 }  // namespace
 
 // Dispatch on the access width chosen by the plan.
+// The row kernels come in two builds each: 128-bit vectors (`..._<dtype>`)
+// and scalar accesses (`..._scalar_<dtype>`, for unaligned pointers or cols
+// not a multiple of the vector). One kernel holding both spent the scalar
+// instance's registers on the vector path (24 or 32 separately addressed
+// chunks: e.g. 125 instead of 64 registers in the block backward, sm_90a).
+#define FTN_LN_VECTOR(fn, T, ...)        \
+  do {                                    \
+    FTN_ASSERT(p.vec == FtnVec<T>::N);    \
+    fn<T, FtnVec<T>::N>(__VA_ARGS__);     \
+  } while (0)
+#define FTN_LN_SCALAR(fn, T, ...) \
+  do {                            \
+    FTN_ASSERT(p.vec == 1);       \
+    fn<T, 1>(__VA_ARGS__);        \
+  } while (0)
 #define FTN_LN_VEC_DISPATCH(fn, T, ...)       \
   do {                                        \
     if (p.vec == 1) {                         \
@@ -777,35 +887,49 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
     }                                         \
   } while (0)
 
+// A row kernel in both builds: NAME_<suffix> (vector) and
+// NAME_scalar_<suffix>, with the same parameters, bound and body.
+#define FTN_LN_ROW_KERNEL(name, suffix, T, Params, bound, body)               \
+  FTN_KERNEL_BOUNDED(name##_##suffix, Params, p, bound) {                      \
+    body(FTN_LN_VECTOR, T)                                                     \
+  }                                                                           \
+  FTN_KERNEL_BOUNDED(name##_scalar_##suffix, Params, p, bound) {               \
+    body(FTN_LN_SCALAR, T)                                                     \
+  }
+
+#define FTN_LN_BODY_FWD_WARP(PICK, T) PICK(fwd_warp, T, p);
+#define FTN_LN_BODY_FWD_BLOCK(PICK, T) \
+  FTN_SHARED(float, red, [64]);       \
+  PICK(fwd_block, T, p, red);
+#define FTN_LN_BODY_BWD_WARP(PICK, T) PICK(bwd_warp, T, p);
+#define FTN_LN_BODY_BWD_BLOCK(PICK, T) \
+  FTN_SHARED(float, red, [64]);       \
+  PICK(bwd_block, T, p, red);
+#define FTN_LN_BODY_BWD_FUSED_WARP(PICK, T)                      \
+  FTN_SHARED(float, acc, [kWarpRows * 2 * 32 * kWarpItems]);    \
+  PICK(bwd_fused_warp, T, p, acc);
+#define FTN_LN_BODY_BWD_FUSED_BLOCK(PICK, T) \
+  FTN_SHARED(float, red, [64]);             \
+  FTN_DYNAMIC_SHARED(float, acc);           \
+  PICK(bwd_fused_block, T, p, red, acc);
+
 #define FTN_STAMP_LAYERNORM(suffix, T)                                                        \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_fwd_warp_##suffix, FtnLayerNormFwdParams, p, 128) {        \
-    FTN_LN_VEC_DISPATCH(fwd_warp, T, p);                                                      \
-  }                                                                                           \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_fwd_block_##suffix, FtnLayerNormFwdParams, p, kBlockThreads) {      \
-    FTN_SHARED(float, red, [64]);                                                             \
-    FTN_LN_VEC_DISPATCH(fwd_block, T, p, red);                                                \
-  }                                                                                           \
+  FTN_LN_ROW_KERNEL(ftn_layernorm_fwd_warp, suffix, T, FtnLayerNormFwdParams, 128,             \
+                    FTN_LN_BODY_FWD_WARP)                                                      \
+  FTN_LN_ROW_KERNEL(ftn_layernorm_fwd_block, suffix, T, FtnLayerNormFwdParams, kBlockThreads,  \
+                    FTN_LN_BODY_FWD_BLOCK)                                                     \
   FTN_KERNEL_BOUNDED(ftn_layernorm_fwd_global_##suffix, FtnLayerNormFwdParams, p, 1024) {     \
     FTN_SHARED(float, red, [99]);                                                             \
     FTN_LN_VEC_DISPATCH(fwd_global, T, p, red);                                               \
   }                                                                                           \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_warp_##suffix, FtnLayerNormBwdParams, p, 128) {        \
-    FTN_LN_VEC_DISPATCH(bwd_warp, T, p);                                                      \
-  }                                                                                           \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_block_##suffix, FtnLayerNormBwdParams, p, kBlockThreads) {      \
-    FTN_SHARED(float, red, [64]);                                                             \
-    FTN_LN_VEC_DISPATCH(bwd_block, T, p, red);                                                \
-  }                                                                                           \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_warp_##suffix, FtnLayerNormBwdParams, p, 128) {  \
-    FTN_SHARED(float, acc, [kWarpRows * 2 * 32 * kWarpItems]);                                \
-    FTN_LN_VEC_DISPATCH(bwd_fused_warp, T, p, acc);                                           \
-  }                                                                                           \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_block_##suffix, FtnLayerNormBwdParams, p,        \
-                     kFusedBlockThreads) {                                                    \
-    FTN_SHARED(float, red, [64]);                                                             \
-    FTN_DYNAMIC_SHARED(float, acc);                                                           \
-    FTN_LN_VEC_DISPATCH(bwd_fused_block, T, p, red, acc);                                     \
-  }                                                                                           \
+  FTN_LN_ROW_KERNEL(ftn_layernorm_bwd_warp, suffix, T, FtnLayerNormBwdParams, 128,             \
+                    FTN_LN_BODY_BWD_WARP)                                                      \
+  FTN_LN_ROW_KERNEL(ftn_layernorm_bwd_block, suffix, T, FtnLayerNormBwdParams, kBlockThreads,  \
+                    FTN_LN_BODY_BWD_BLOCK)                                                     \
+  FTN_LN_ROW_KERNEL(ftn_layernorm_bwd_fused_warp, suffix, T, FtnLayerNormBwdParams, 128,       \
+                    FTN_LN_BODY_BWD_FUSED_WARP)                                                \
+  FTN_LN_ROW_KERNEL(ftn_layernorm_bwd_fused_block, suffix, T, FtnLayerNormBwdParams,           \
+                    kFusedBlockThreads, FTN_LN_BODY_BWD_FUSED_BLOCK)                           \
   FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_global_##suffix, FtnLayerNormBwdParams, p, 1024) {     \
     FTN_SHARED(float, red, [64]);                                                             \
     FTN_LN_VEC_DISPATCH(bwd_global, T, p, red);                                               \

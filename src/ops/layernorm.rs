@@ -83,28 +83,39 @@ const LN_BWD: &str = "layer_norm_backward";
 const RMS_FWD: &str = "rms_norm_forward";
 const RMS_BWD: &str = "rms_norm_backward";
 
-/// The kernel of a row path for dtype `d`.
-fn fwd_kernel(d: DType, path: RowPath) -> Result<&'static Kernel<FtnLayerNormFwdParams>> {
-    match path {
-        RowPath::Warp => kernels::LAYERNORM_FWD_WARP.for_dtype(d),
-        RowPath::Block => kernels::LAYERNORM_FWD_BLOCK.for_dtype(d),
-        RowPath::Global => kernels::LAYERNORM_FWD_GLOBAL.for_dtype(d),
+/// The kernel of a row path for dtype `d`, vector width `vec` (1: the
+/// scalar build of the warp and block kernels; the global kernels take both).
+fn fwd_kernel(d: DType, path: RowPath, vec: u32) -> Result<&'static Kernel<FtnLayerNormFwdParams>> {
+    match (path, vec == 1) {
+        (RowPath::Warp, false) => kernels::LAYERNORM_FWD_WARP.for_dtype(d),
+        (RowPath::Warp, true) => kernels::LAYERNORM_FWD_WARP_SCALAR.for_dtype(d),
+        (RowPath::Block, false) => kernels::LAYERNORM_FWD_BLOCK.for_dtype(d),
+        (RowPath::Block, true) => kernels::LAYERNORM_FWD_BLOCK_SCALAR.for_dtype(d),
+        (RowPath::Global, _) => kernels::LAYERNORM_FWD_GLOBAL.for_dtype(d),
     }
 }
 
-fn bwd_kernel(d: DType, path: RowPath) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
-    match path {
-        RowPath::Warp => kernels::LAYERNORM_BWD_WARP.for_dtype(d),
-        RowPath::Block => kernels::LAYERNORM_BWD_BLOCK.for_dtype(d),
-        RowPath::Global => kernels::LAYERNORM_BWD_GLOBAL.for_dtype(d),
+fn bwd_kernel(d: DType, path: RowPath, vec: u32) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
+    match (path, vec == 1) {
+        (RowPath::Warp, false) => kernels::LAYERNORM_BWD_WARP.for_dtype(d),
+        (RowPath::Warp, true) => kernels::LAYERNORM_BWD_WARP_SCALAR.for_dtype(d),
+        (RowPath::Block, false) => kernels::LAYERNORM_BWD_BLOCK.for_dtype(d),
+        (RowPath::Block, true) => kernels::LAYERNORM_BWD_BLOCK_SCALAR.for_dtype(d),
+        (RowPath::Global, _) => kernels::LAYERNORM_BWD_GLOBAL.for_dtype(d),
     }
 }
 
 /// The fused backward kernel (dx and the parameter-gradient partials) of a
 /// row path that has one.
-fn fused_bwd_kernel(d: DType, path: RowPath) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
+fn fused_bwd_kernel(
+    d: DType,
+    path: RowPath,
+    vec: u32,
+) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
     match path {
+        RowPath::Warp if vec == 1 => kernels::LAYERNORM_BWD_FUSED_WARP_SCALAR.for_dtype(d),
         RowPath::Warp => kernels::LAYERNORM_BWD_FUSED_WARP.for_dtype(d),
+        RowPath::Block if vec == 1 => kernels::LAYERNORM_BWD_FUSED_BLOCK_SCALAR.for_dtype(d),
         RowPath::Block => kernels::LAYERNORM_BWD_FUSED_BLOCK.for_dtype(d),
         RowPath::Global => Err(Error::invalid(
             LN_BWD,
@@ -208,7 +219,7 @@ impl Norm {
             zero_centered_gamma: self.zero_centered_gamma as u32,
             vec: p.vec,
         };
-        stream.launch(fwd_kernel(T::DTYPE, p.path)?, p.cfg, params)
+        stream.launch(fwd_kernel(T::DTYPE, p.path, p.vec)?, p.cfg, params)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -282,7 +293,7 @@ impl Norm {
         if !sums.wanted() {
             let p = plan::rows(rows, hidden, es, vectorize);
             params.vec = p.vec;
-            return stream.launch(bwd_kernel(T::DTYPE, p.path)?, p.cfg, params);
+            return stream.launch(bwd_kernel(T::DTYPE, p.path, p.vec)?, p.cfg, params);
         }
 
         // dx and the chunks' partials in one pass over dy and x, then the
@@ -293,7 +304,7 @@ impl Norm {
             params.partial_gamma = pg as *mut f32;
             params.partial_beta = pb as *mut f32;
             params.rows_per_chunk = f.rows_per_chunk as i64;
-            stream.launch(fused_bwd_kernel(T::DTYPE, f.path)?, f.cfg, params)?;
+            stream.launch(fused_bwd_kernel(T::DTYPE, f.path, f.vec)?, f.cfg, params)?;
             return sums.launch::<T>(stream, (pg, pb), f.chunks, hidden, f.reduce_cfg);
         }
 
@@ -322,7 +333,7 @@ impl Norm {
         sums.launch::<T>(stream, (wg, wb), pg.chunks, hidden, pg.reduce_cfg)?;
         let p = plan::rows(rows, hidden, es, vectorize);
         params.vec = p.vec;
-        stream.launch(bwd_kernel(T::DTYPE, p.path)?, p.cfg, params)
+        stream.launch(bwd_kernel(T::DTYPE, p.path, p.vec)?, p.cfg, params)
     }
 
     /// The fp32 partials of `chunks` chunks in the stream's workspace:
@@ -539,14 +550,23 @@ mod tests {
     #[test]
     fn every_path_has_a_stamped_kernel() {
         for d in [DType::F32, DType::F16, DType::BF16] {
-            for path in [RowPath::Warp, RowPath::Block, RowPath::Global] {
-                fwd_kernel(d, path).unwrap();
-                bwd_kernel(d, path).unwrap();
+            for vec in [1, 16 / d.size() as u32] {
+                for path in [RowPath::Warp, RowPath::Block, RowPath::Global] {
+                    fwd_kernel(d, path, vec).unwrap();
+                    bwd_kernel(d, path, vec).unwrap();
+                }
+                fused_bwd_kernel(d, RowPath::Warp, vec).unwrap();
+                fused_bwd_kernel(d, RowPath::Block, vec).unwrap();
+                assert!(fused_bwd_kernel(d, RowPath::Global, vec).is_err());
             }
+            // The warp and block paths have a separate scalar build.
+            assert_ne!(
+                fwd_kernel(d, RowPath::Block, 1).unwrap().name,
+                fwd_kernel(d, RowPath::Block, 16 / d.size() as u32)
+                    .unwrap()
+                    .name
+            );
             kernels::LAYERNORM_PARAM_GRAD.for_dtype(d).unwrap();
-            fused_bwd_kernel(d, RowPath::Warp).unwrap();
-            fused_bwd_kernel(d, RowPath::Block).unwrap();
-            assert!(fused_bwd_kernel(d, RowPath::Global).is_err());
             kernels::LAYERNORM_COLUMN_SUM.for_dtype(d).unwrap();
         }
     }

@@ -358,7 +358,12 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             let ba = if warp {
                 anchor("layernorm.cu", "void bwd_warp(", "for (int64_t row =", w)
             } else {
-                anchor("layernorm.cu", bw_cached, "o[k] = rstd * (gh[c * V + k]", w)
+                anchor(
+                    "layernorm.cu",
+                    bw_cached,
+                    "o[k] = rstd * (gh - m1 - xh * m2)",
+                    w,
+                )
             };
             (
                 vec![mk(
@@ -480,7 +485,12 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             let partials = 8.0 * f.chunks as f64 / rows as f64;
             let mut ph = phase(
                 format!("ftn_layernorm_bwd_fused_{kind}_bf16"),
-                anchor("layernorm.cu", bw_cached, "o[k] = rstd * (gh[c * V + k]", w),
+                anchor(
+                    "layernorm.cu",
+                    bw_cached,
+                    "o[k] = rstd * (gh - m1 - xh * m2)",
+                    w,
+                ),
                 Elems::Fixed(items as f64),
                 f.cfg,
                 n,
