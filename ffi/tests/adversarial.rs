@@ -1648,7 +1648,10 @@ fn adversarial_c_abi() {
     {
         let mut cmd = Command::new(&exe);
         cmd.env("ADV_LIMIT", "4")
-            .env("ADV_TIMEOUT", "1")
+            // Long enough for a sanitizer to report a planted crash on a
+            // loaded 2-core machine (at 1 s the planted SIGSEGV was once
+            // taken for a hang: ASan's report and symbolisation took longer).
+            .env("ADV_TIMEOUT", "10")
             .env("ADV_LOGDIR", &dir)
             .env("ADV_PLANT_CRASH", "0")
             .env("ADV_PLANT_HANG", "1")
