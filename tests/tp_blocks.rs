@@ -513,6 +513,10 @@ fn run_micro_batches(
         .iter()
         .map(|_| poisoned::<bf16>(c, TOKENS * HIDDEN))
         .collect();
+    // The poison is filled on the communicator's stream and the forwards
+    // run on `s`: without this wait a fill could land after a forward wrote
+    // y (seen once in ~60 runs: y all NaN, the 0xFF pattern).
+    c.stream().synchronize().unwrap();
     let mut out = vec![None; mbs.len()];
     let mut bytes = Vec::new();
     let mut backward = |a: &mut TpAttention<bf16>, k: usize, y: &DeviceBuffer<bf16>| {
