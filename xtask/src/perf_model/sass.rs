@@ -146,8 +146,9 @@ pub struct PathStats {
     pub mufu: u32,
     pub shared: u32,
     /// Groups of global loads separated by a shuffle, a barrier, or the use
-    /// of an earlier load's result (other than `data_waits`): each group
-    /// after the first is one dependent round trip (modelled at L2 latency).
+    /// of an earlier load's result (other than the `waited_wide` ones):
+    /// each group after the first is one dependent round trip (modelled at
+    /// L2 latency).
     pub load_groups: u32,
     /// Loads of the region's widest width on the path.
     pub wide_loads: u32,
@@ -243,10 +244,10 @@ impl PathStats {
         // Registers this instruction reads (or overwrites: a write to a
         // register with a load in flight waits for it too). A load's first
         // operand is its destination, not a use.
+        let load = i.global_load_bytes();
         let mut regs = Vec::new();
-        let is_load = i.global_load_bytes().is_some();
         for (k, o) in i.operands.split(',').enumerate() {
-            if !(is_load && k == 0) {
+            if !(load.is_some() && k == 0) {
                 operand_regs(o, &mut regs);
             }
         }
@@ -256,7 +257,7 @@ impl PathStats {
         if regs.iter().any(|&r| self.pending_narrow.contains(r)) {
             self.used_narrow = true;
         }
-        if let Some(b) = i.global_load_bytes() {
+        if let Some(b) = load {
             self.ldg += 1;
             self.ldg_bytes += b;
             self.widest_load = self.widest_load.max(b);
