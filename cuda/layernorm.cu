@@ -15,12 +15,17 @@
 //   warp   (cols <= 1024): one warp per row, 4 rows per 128-thread block, a
 //          grid-stride loop over rows; the row lives in registers (32 fp32
 //          per lane), reductions are shuffles.
-//   block  (cols <= 12288): one block per row, the fewest whole warps that
+//   block  (cols <= 12288): a block per row, the fewest whole warps that
 //          hold it at <= 24 values per thread in registers (32..512 threads;
 //          more resident blocks per SM); warp shuffles then a shared-memory
 //          step. Both directions keep the row (x; x and dy) in its storage
 //          type (two bf16/f16 per register), load all of it before using
-//          any, and widen it again in each pass.
+//          any, and widen it again in each pass. The forward gives each
+//          block a run of up to 8 consecutive rows (the plan's grid); its
+//          16-bit 128-bit builds copy gamma and beta once per block into
+//          shared memory (cp.async) instead of re-reading them from L2 for
+//          every row, which frees the registers for 32 values per thread
+//          (61 registers on sm_90a: 4 blocks of 256 threads per SM at 8192).
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it);
 //          the forward's statistics in one pass (Chan-merged per-iteration
@@ -33,7 +38,10 @@
 // ptxas (sm_80, sm_90a): zero spills in every kernel.
 //
 // Forward floor: reads rows*cols*sizeof(T), writes rows*cols*sizeof(T) and
-//   8*rows bytes of statistics (gamma/beta: 2*cols*sizeof(T), cached).
+//   8*rows bytes of statistics (gamma/beta: 2*cols*sizeof(T), cached; the
+//   block path reads them once per run of rows). ~12 SASS instructions per
+//   element in the block forward's three passes (widen, subtract, square,
+//   two FMAs out): issue, not DRAM, is what a round adds to the latency.
 //   The global path reads x twice (once more from L2 when it fits).
 //   ~10 FLOP per element: HBM-bound.
 // Backward, input gradient: reads dy and x (2*rows*cols*sizeof(T)) and
@@ -54,6 +62,9 @@
 //   kernel then writes dx: ~5*rows*cols*sizeof(T) in all.
 //   Stage two (ftn_layernorm_column_sum_*) sums the chunks in a fixed order:
 //   reads 2*chunks*cols*4, writes 2*cols*sizeof(T) bytes.
+#include <type_traits>
+
+#include "mma.cuh"
 #include "reduce.cuh"
 #include "vec.cuh"
 
@@ -62,6 +73,9 @@ namespace {
 constexpr int kWarpItems = 32;   // fp32 values per lane in the warp path
 constexpr int kWarpRows = 4;     // rows (warps) per block in the warp path
 constexpr int kBlockItems = 24;  // fp32 values per thread in the block path
+// Values per thread of the block forward's 16-bit vector builds (gamma and
+// beta staged in shared memory: the row alone is in registers).
+constexpr int kFwdHeldItems = 32;
 constexpr int kBlockThreads = 512;  // most threads of a block-path block
 constexpr int kFusedBlockThreads = 384;  // most threads of a fused block-path block
 
@@ -159,16 +173,54 @@ FTN_DEVICE void load_gamma(const T *gamma, int64_t col, uint32_t zc, float *g) {
 
 // ---------------------------------------------------------------- forward
 
+// Gamma and beta of one block's columns, copied once per block into shared
+// memory (gamma at gs[0, cols), beta at bs[0, cols)) and read back by the
+// thread that copied them for every row of the block: a run of rows pays
+// one load of them, and they take no registers across the row's passes.
+// cp.async copies them (no registers, in flight with the first row's x);
+// gamma 1 where absent, beta 0 where absent (or RMSNorm), so the output
+// needs no branch. Each thread touches only its own columns: no barrier.
+template <typename T, int V, int ITEMS>
+FTN_DEVICE void ln_stage_params(const FtnLayerNormFwdParams &p, int t, int G, T *gs, T *bs) {
+  constexpr int C = ITEMS / V;
+  static_assert(V * sizeof(T) == 16, "16-byte vectors");
+  const T *gamma = static_cast<const T *>(p.gamma);
+  const T *beta = p.kind == FTN_NORM_RMS ? nullptr : static_cast<const T *>(p.beta);
+  typename FtnPacked<T, V>::U one;
+#pragma unroll
+  for (int k = 0; k < V; ++k) one.v[k] = ftn_from_float<T>(1.0f);
+  const int n = (int)p.cols;
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if (col < n) {
+      if (gamma != nullptr) {
+        ftn_cp_async_16(gs + col, gamma + col, 16);
+      } else {
+        *reinterpret_cast<uint4 *>(gs + col) = make_uint4(one.w[0], one.w[1], one.w[2], one.w[3]);
+      }
+      // src_bytes 0: 16 zero bytes (x is a valid global address).
+      ftn_cp_async_16(bs + col, beta != nullptr ? beta + col : static_cast<const T *>(p.x),
+                      beta != nullptr ? 16 : 0);
+    }
+  }
+  ftn_cp_async_commit();
+}
+
 // One row held in registers by a group of G threads (t = rank in the group):
 // chunk c of thread t covers columns [(c*G + t)*V, +V). The row stays in its
 // storage type (two bf16/f16 per register: half the registers of fp32) and
 // each pass widens it again; x - mean is recomputed as (x - pivot) - shift,
-// the same bits in every pass.
-template <typename T, int V, int ITEMS, bool WARP>
+// the same bits in the first two passes. The output is
+// fma(fma(x - pivot, rstd, -shift * rstd), g, b) (with zero-centred gamma
+// u * g + (u + b), i.e. u * (g + 1) + b): 3 operations per element.
+// HELD: gamma/beta staged in shared memory (gs, bs: ln_stage_params), else
+// loaded per row from global memory.
+template <typename T, int V, int ITEMS, bool WARP, bool HELD = false>
 FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int t, int G,
-                               float *red) {
+                               float *red, const T *gs = nullptr, const T *bs = nullptr) {
   constexpr int C = ITEMS / V;
   constexpr int W = FtnPacked<T, V>::W;
+  constexpr bool kHeld = HELD;
   const int n = (int)p.cols;  // <= 32 * kWarpItems or blockDim.x * kBlockItems
   const T *x = static_cast<const T *>(p.x) + row * p.cols;
   T *y = static_cast<T *>(p.y) + row * p.cols;
@@ -216,38 +268,62 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
   q = group_sum<WARP>(q, red);
   ln_opaque_words(xw);
   const float rstd = rsqrtf(q * inv_n + p.eps);
+  const float neg_shift_rstd = -shift * rstd;
   if (t == 0) {
     if (p.mean != nullptr) p.mean[row] = pivot + shift;
     if (p.rstd != nullptr) p.rstd[row] = rstd;
   }
   const T *gamma = static_cast<const T *>(p.gamma);
   const T *beta = rms ? nullptr : static_cast<const T *>(p.beta);
+  // Zero-centred gamma applies only where gamma is given (absent: 1).
+  const bool zc = p.zero_centered_gamma != 0 && gamma != nullptr;
+  if constexpr (kHeld) ftn_cp_async_wait<0>();  // the staged gamma/beta (first row)
+  // Two copies of the output pass (zero-centred or not): no per-element
+  // select.
+  auto out = [&](auto zc_tag) {
+    constexpr bool ZC = decltype(zc_tag)::value;
 #pragma unroll
-  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
-    // Block path: gamma and beta one chunk at a time (no memory access
-    // moves across the fence), not all hoisted next to the row's registers.
-    // Not in f16 on sm_90a: ptxas spilled 4 bytes there with it (and 16 on
-    // sm_80 without it).
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      // Block path, gamma/beta loaded per row: one chunk at a time (no
+      // memory access moves across the fence), not all hoisted next to the
+      // row's registers. Not in f16 on sm_90a: ptxas spilled 4 bytes there
+      // with it (and 16 on sm_80 without it).
+      if constexpr (!WARP) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (!WARP && !kLnIsHalf<T>) ftn_ln_fence();
+        if constexpr (!kLnIsHalf<T>) ftn_ln_fence();
 #else
-    if constexpr (!WARP) ftn_ln_fence();
+        ftn_ln_fence();
 #endif
-    if (col < n) {
-      float v[V], g[V], b[V];
-      ftn_unpack<T, V>(xw + c * W, v);
-      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
-      if (beta != nullptr) {
-        ftn_load<T, V>(beta + col, b);
-      } else {
-#pragma unroll
-        for (int k = 0; k < V; ++k) b[k] = 0.0f;
       }
-      float o[V];
+      if (col < n) {
+        float v[V], g[V], b[V];
+        ftn_unpack<T, V>(xw + c * W, v);
+        if constexpr (kHeld) {
+          ftn_load<T, V>(gs + col, g);
+          ftn_load<T, V>(bs + col, b);
+        } else {
+          load_gamma<T, V>(gamma, col, 0u, g);
+          if (beta != nullptr) {
+            ftn_load<T, V>(beta + col, b);
+          } else {
 #pragma unroll
-      for (int k = 0; k < V; ++k) o[k] = ((v[k] - pivot) - shift) * rstd * g[k] + b[k];
-      ftn_store<T, V>(y + col, o);
+            for (int k = 0; k < V; ++k) b[k] = 0.0f;
+          }
+        }
+        float o[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float u = fmaf(v[k] - pivot, rstd, neg_shift_rstd);  // (x - mean) * rstd
+          o[k] = ZC ? fmaf(u, g[k], u + b[k]) : fmaf(u, g[k], b[k]);
+        }
+        ftn_store<T, V>(y + col, o);
+      }
     }
+  };
+  if (zc) {
+    out(std::true_type{});
+  } else {
+    out(std::false_type{});
   }
 }
 
@@ -261,11 +337,41 @@ FTN_DEVICE void fwd_warp(const FtnLayerNormFwdParams &p) {
   }
 }
 
+// A run of consecutive rows per block: ceil(rows / blocks) each (the plan
+// sizes the grid so, src/core/plan/layernorm.rs). 16-bit vector builds stage
+// gamma and beta once per block in shared memory (ln_stage_params; pws: the
+// plan's 2 * cols * sizeof(T) bytes of dynamic shared memory), reuse them
+// for every row and hold kFwdHeldItems values of the row per thread; the
+// others load them per row and hold kBlockItems.
 template <typename T, int V>
-FTN_DEVICE void fwd_block(const FtnLayerNormFwdParams &p, float *red) {
-  FTN_ASSERT(blockDim.x % 32 == 0 && p.cols <= (int64_t)blockDim.x * kBlockItems);
-  const int64_t row = block_row();
-  if (row < p.rows) fwd_row_cached<T, V, kBlockItems, false>(p, row, threadIdx.x, blockDim.x, red);
+FTN_DEVICE void fwd_block(const FtnLayerNormFwdParams &p, float *red, T *pws) {
+  constexpr bool kHeld = V > 1 && sizeof(T) == 2;
+  constexpr int kItems = kHeld ? kFwdHeldItems : kBlockItems;
+  FTN_ASSERT(blockDim.x % 32 == 0 && p.cols <= (int64_t)blockDim.x * kItems);
+  const int64_t blocks = (int64_t)gridDim.x * gridDim.y;
+  const int64_t per = (p.rows + blocks - 1) / blocks;
+  const int64_t first = block_row() * per;
+  const int64_t end = first + per < p.rows ? first + per : p.rows;
+  if (first >= end) return;  // the whole block: no barrier is skipped by part of it
+  const int t = threadIdx.x;
+  const int G = blockDim.x;
+  if constexpr (kHeld) {
+    T *gs = pws;
+    T *bs = pws + p.cols;
+    ln_stage_params<T, V, kItems>(p, t, G, gs, bs);
+    for (int64_t row = first; row < end; ++row) {
+      fwd_row_cached<T, V, kItems, false, true>(p, row, t, G, red, gs, bs);
+    }
+  } else {
+    (void)pws;
+    for (int64_t row = first; row < end; ++row) {
+      // Per row: no column offsets (one per scalar chunk) held across rows.
+      int tr = t, gr = G;
+      ftn_ln_opaque_int(tr);
+      ftn_ln_opaque_int(gr);
+      fwd_row_cached<T, V, kItems, false>(p, row, tr, gr, red);
+    }
+  }
 }
 
 // Chan et al.'s pairwise update: folds the statistics (nb, mb, qb) of a set
@@ -900,7 +1006,8 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
 #define FTN_LN_BODY_FWD_WARP(PICK, T) PICK(fwd_warp, T, p);
 #define FTN_LN_BODY_FWD_BLOCK(PICK, T) \
   FTN_SHARED(float, red, [64]);       \
-  PICK(fwd_block, T, p, red);
+  FTN_DYNAMIC_SHARED(T, pws);         \
+  PICK(fwd_block, T, p, red, pws);
 #define FTN_LN_BODY_BWD_WARP(PICK, T) PICK(bwd_warp, T, p);
 #define FTN_LN_BODY_BWD_BLOCK(PICK, T) \
   FTN_SHARED(float, red, [64]);       \

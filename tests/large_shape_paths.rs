@@ -42,11 +42,13 @@ use ferrotron::{DType, Device, DeviceBuffer, Stream};
 use half::{bf16, f16};
 
 /// The caps every test runs under: 3 grid-stride blocks, LayerNorm rows
-/// 4 to a grid row, 2 GEMM batch slices along z.
+/// 4 to a grid row, 2 GEMM batch slices along z, the LayerNorm block
+/// forward giving a block several rows from 2 blocks on.
 const CAPS: GridCaps = GridCaps {
     grid_stride_blocks: 3,
     row_grid_x: 4,
     grid_z: 2,
+    ln_fwd_target_blocks: 2,
 };
 
 /// Lowers the caps (idempotent: every test sets the same values) and checks
@@ -513,6 +515,105 @@ fn norms_block_path_rows_spill_into_grid_y() {
         norm_case::<f32>(&dev, 10, 1032, false);
         norm_case::<bf16>(&dev, 10, 1032, true);
         norm_case::<f16>(&dev, 10, 1025, false);
+    }
+}
+
+/// The block forward with a run of rows per block (gamma and beta staged
+/// once per block in the 16-bit vector builds) and a partial last run:
+/// without gamma (staged as ones), without beta (staged as zeros),
+/// zero-centred gamma, RMSNorm, every dtype, vector and scalar access.
+fn norm_forward_variant_case<T: FloatElement>(
+    dev: &Device,
+    (rows, hidden): (usize, usize),
+    (gamma, beta, zero_centered, rms): (bool, bool, bool, bool),
+    vectorize: bool,
+) {
+    let (mut rng, seed) = Rng::new((rows * 7919 + hidden * 31 + 17) as u64);
+    let stream = dev.new_stream().unwrap();
+    let n = rows * hidden;
+    let (x, xf) = rng.tensor::<T>(n, 1.0);
+    let (g, gf) = rng.tensor::<T>(hidden, 0.5);
+    let (b, bf) = rng.tensor::<T>(hidden, 1.0);
+    let (xd, gd, bd) = (
+        dev.upload(&x).unwrap(),
+        dev.upload(&g).unwrap(),
+        dev.upload(&b).unwrap(),
+    );
+    let gamma_arg = gamma.then_some(&gd as &dyn ferrotron::DeviceRead<T>);
+    let mut y = poisoned::<T>(&stream, n);
+    let mut mean = poisoned::<f32>(&stream, rows);
+    let mut rstd = poisoned::<f32>(&stream, rows);
+    if rms {
+        RmsNorm::new(rows, hidden)
+            .with_zero_centered_gamma(zero_centered)
+            .with_vectorize(vectorize)
+            .forward(&stream, &xd, gamma_arg, &mut y, &mut rstd)
+            .unwrap();
+    } else {
+        LayerNorm::new(rows, hidden)
+            .with_zero_centered_gamma(zero_centered)
+            .with_vectorize(vectorize)
+            .forward(
+                &stream,
+                &xd,
+                gamma_arg,
+                beta.then_some(&bd as &dyn ferrotron::DeviceRead<T>),
+                &mut y,
+                &mut mean,
+                &mut rstd,
+            )
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let reference = ln_oracle::forward(
+        &xf,
+        hidden,
+        gamma.then_some(&gf[..]),
+        (beta && !rms).then_some(&bf[..]),
+        1e-5,
+        zero_centered,
+        rms,
+    );
+    assert_close(
+        &format!(
+            "y {rows}x{hidden} gamma {gamma} beta {beta} zero-centred {zero_centered} \
+             rms {rms} vectorize {vectorize} {} on {dev:?}",
+            T::DTYPE
+        ),
+        T::DTYPE,
+        seed,
+        &to_f64(&y.to_host().unwrap()),
+        &reference.y,
+    );
+}
+
+#[test]
+fn norms_block_forward_runs_of_rows() {
+    lower_caps();
+    // 37 rows: 8 rows per block (37 / 2 blocks, clamped), 5 blocks
+    // (grid 4 x 2: the kernel takes ceil(37 / 8) = 5 rows per block, the
+    // last block 2).
+    let shape = (37usize, 1032usize);
+    let p = plan::layernorm::forward(37, 1032, 2, true);
+    assert_eq!(p.path, plan::layernorm::RowPath::Block);
+    assert_eq!(p.cfg.grid, [4, 2, 1]);
+    assert_eq!(p.cfg.dynamic_smem_bytes, 4 * 1032);
+    let variants = [
+        (true, true, false, false),
+        (false, false, false, false),
+        (true, false, true, false),
+        (false, true, true, false),
+        (true, false, false, true),
+        (false, false, false, true),
+        (true, false, true, true),
+    ];
+    for dev in devices("norms_block_forward_runs_of_rows", 4) {
+        for v in variants {
+            norm_forward_variant_case::<bf16>(&dev, shape, v, true);
+            norm_forward_variant_case::<f16>(&dev, shape, v, true);
+        }
+        norm_forward_variant_case::<f32>(&dev, shape, (true, true, true, false), true);
+        norm_forward_variant_case::<bf16>(&dev, shape, (true, true, true, false), false);
     }
 }
 

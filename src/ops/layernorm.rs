@@ -199,7 +199,7 @@ impl Norm {
         }
         let gamma_addr = gamma.map_or(0, |b| b.addr());
         let beta_addr = beta.map_or(0, |b| b.addr());
-        let p = plan::rows(
+        let p = plan::forward(
             self.rows as u64,
             self.hidden as u64,
             T::DTYPE.size(),

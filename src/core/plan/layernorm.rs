@@ -120,6 +120,51 @@ pub fn rows(rows: u64, hidden: u64, elem_size: usize, aligned16: bool) -> RowPla
     RowPlan { path, cfg, vec }
 }
 
+/// Most consecutive rows one block-path forward block normalises (gamma
+/// and beta loaded once per block and reused across its rows).
+pub const FWD_BLOCK_MAX_ROWS: u64 = 8;
+/// Blocks the block-path forward aims at before it gives a block more than
+/// one row: several waves of the resident blocks of a 132-SM GPU, so short
+/// inputs keep every SM busy.
+pub const FWD_TARGET_BLOCKS: u64 = 2048;
+/// Values per thread of the block forward's 16-bit 128-bit-vector builds
+/// (`kFwdHeldItems`): gamma and beta staged in shared memory, the row alone
+/// in registers (packed), 64 registers at 32 values on sm_90a.
+pub const FWD_HELD_ITEMS: u64 = 32;
+
+/// Rows per block of the block-path forward: `rows / FWD_TARGET_BLOCKS`
+/// (the grid cap in force, `GridCaps::ln_fwd_target_blocks`), clamped to
+/// `1..=FWD_BLOCK_MAX_ROWS` (the kernel derives it back from the grid as
+/// `ceil(rows / blocks)`).
+pub fn fwd_rows_per_block(rows: u64) -> u64 {
+    (rows / super::grid_caps().ln_fwd_target_blocks).clamp(1, FWD_BLOCK_MAX_ROWS)
+}
+
+/// Whether the block forward stages gamma and beta in shared memory: the
+/// 16-bit builds with 128-bit vectors.
+pub fn fwd_stages_params(elem_size: usize, vec: u32) -> bool {
+    elem_size == 2 && vec > 1
+}
+
+/// Plan of the forward: [`rows`], except on the block path: a run of
+/// [`fwd_rows_per_block`] consecutive rows per block, and, where the kernel
+/// stages gamma and beta ([`fwd_stages_params`]), [`FWD_HELD_ITEMS`] values
+/// per thread (the fewest whole warps that hold the row) and
+/// `2 * hidden * elem_size` bytes of dynamic shared memory for them.
+pub fn forward(rows_: u64, hidden: u64, elem_size: usize, aligned16: bool) -> RowPlan {
+    let mut p = rows(rows_, hidden, elem_size, aligned16);
+    if p.path == RowPath::Block {
+        p.cfg.grid = row_grid(div_ceil(rows_.max(1), fwd_rows_per_block(rows_)));
+        if fwd_stages_params(elem_size, p.vec) {
+            let threads = (div_ceil(div_ceil(hidden, FWD_HELD_ITEMS), 32) * 32)
+                .clamp(32, BLOCK_THREADS as u64);
+            p.cfg.block = [threads as u32, 1, 1];
+            p.cfg.dynamic_smem_bytes = (2 * hidden * elem_size as u64) as u32;
+        }
+    }
+    p
+}
+
 /// The parameter-gradient reduction: stage one tiles (column groups) x
 /// (row chunks); stage two sums the chunks per column in a fixed order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,6 +371,58 @@ mod tests {
         // Too many rows for one launch: the launch check reports it.
         let p = rows(MAX_BLOCK_ROWS + 1, 5000, 2, true);
         assert!(DeviceLimits::SM90.check("k", &p.cfg).is_err());
+    }
+
+    #[test]
+    fn forward_block_grids_give_every_row_to_one_block() {
+        // The kernel's split: block b takes rows [b * per, min(b * per + per, rows))
+        // with per = ceil(rows / blocks).
+        for &r in &[
+            1u64,
+            7,
+            2047,
+            2048,
+            4095,
+            4096,
+            10_922,
+            16_384,
+            32_768,
+            70_001,
+            1 << 26,
+        ] {
+            let p = forward(r, 4096, 2, true);
+            assert_eq!(p.path, RowPath::Block);
+            assert!(DeviceLimits::SM90.check("k", &p.cfg).is_ok(), "{r}");
+            let blocks = p.cfg.grid[0] as u64 * p.cfg.grid[1] as u64;
+            let per = r.div_ceil(blocks);
+            assert!(per <= FWD_BLOCK_MAX_ROWS, "{r}: {per}");
+            assert!(blocks * per >= r, "{r}: rows left over");
+            // No block without a row but for the grid's rounding in y.
+            assert!(blocks < r.div_ceil(per) + p.cfg.grid[0] as u64, "{r}");
+            if r >= FWD_TARGET_BLOCKS * FWD_BLOCK_MAX_ROWS {
+                assert_eq!(per, FWD_BLOCK_MAX_ROWS);
+            }
+            if r <= FWD_TARGET_BLOCKS {
+                assert_eq!(per, 1);
+            }
+        }
+        // Staged gamma/beta: 32 values per thread, their bytes in shared
+        // memory; fp32 and unaligned rows keep the 24-value tile.
+        for &h in &[1032u64, 4096, 8192, 12_288, BLOCK_MAX_HIDDEN] {
+            let p = forward(100, h, 2, true);
+            let threads = p.cfg.threads_per_block();
+            assert!(threads % 32 == 0 && threads * FWD_HELD_ITEMS >= h, "{h}");
+            assert!(threads == 32 || (threads - 32) * FWD_HELD_ITEMS < h, "{h}");
+            assert_eq!(p.cfg.dynamic_smem_bytes as u64, 4 * h);
+            assert!(DeviceLimits::SM90.check("k", &p.cfg).is_ok(), "{h}");
+            for q in [forward(100, h, 4, true), forward(100, h, 2, false)] {
+                assert_eq!(q.cfg.block, [block_threads(h) as u32, 1, 1]);
+                assert_eq!(q.cfg.dynamic_smem_bytes, 0);
+            }
+        }
+        // Other paths: the same plan as the input gradient.
+        assert_eq!(forward(1000, 512, 2, true), rows(1000, 512, 2, true));
+        assert_eq!(forward(1000, 50_000, 2, true), rows(1000, 50_000, 2, true));
     }
 
     #[test]

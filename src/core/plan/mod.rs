@@ -31,6 +31,9 @@ pub struct GridCaps {
     pub row_grid_x: u64,
     /// Grid z of the batched GEMM (blocks loop over the rest of the batch).
     pub grid_z: u64,
+    /// Blocks the LayerNorm block-path forward aims at before it gives a
+    /// block a run of several rows.
+    pub ln_fwd_target_blocks: u64,
 }
 
 impl GridCaps {
@@ -38,12 +41,14 @@ impl GridCaps {
         grid_stride_blocks: MAX_GRID_STRIDE_BLOCKS,
         row_grid_x: 1 << 16,
         grid_z: 65535,
+        ln_fwd_target_blocks: layernorm::FWD_TARGET_BLOCKS,
     };
 }
 
 static GRID_STRIDE_BLOCKS: AtomicU64 = AtomicU64::new(GridCaps::REAL.grid_stride_blocks);
 static ROW_GRID_X: AtomicU64 = AtomicU64::new(GridCaps::REAL.row_grid_x);
 static GRID_Z: AtomicU64 = AtomicU64::new(GridCaps::REAL.grid_z);
+static LN_FWD_TARGET_BLOCKS: AtomicU64 = AtomicU64::new(GridCaps::REAL.ln_fwd_target_blocks);
 
 /// The caps in force ([`GridCaps::REAL`] unless a test lowered them).
 pub fn grid_caps() -> GridCaps {
@@ -51,6 +56,7 @@ pub fn grid_caps() -> GridCaps {
         grid_stride_blocks: GRID_STRIDE_BLOCKS.load(Ordering::Relaxed),
         row_grid_x: ROW_GRID_X.load(Ordering::Relaxed),
         grid_z: GRID_Z.load(Ordering::Relaxed),
+        ln_fwd_target_blocks: LN_FWD_TARGET_BLOCKS.load(Ordering::Relaxed),
     }
 }
 
@@ -66,6 +72,11 @@ pub fn set_grid_caps_for_tests(caps: GridCaps) {
     );
     ROW_GRID_X.store(caps.row_grid_x.clamp(1, real.row_grid_x), Ordering::Relaxed);
     GRID_Z.store(caps.grid_z.clamp(1, real.grid_z), Ordering::Relaxed);
+    LN_FWD_TARGET_BLOCKS.store(
+        caps.ln_fwd_target_blocks
+            .clamp(1, real.ln_fwd_target_blocks),
+        Ordering::Relaxed,
+    );
 }
 
 /// `ceil(a / b)` for `b > 0`.

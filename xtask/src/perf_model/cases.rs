@@ -324,6 +324,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
     let e = BF16 as f64;
     let stats = 8.0 / hidden as f64;
     let p = plan::layernorm::rows(rows, hidden, BF16, true);
+    let pf = plan::layernorm::forward(rows, hidden, BF16, true);
     let w = p.vec * BF16 as u32;
     let fw_cached = "void fwd_row_cached(";
     let bw_cached = "void bwd_row_cached(";
@@ -338,10 +339,21 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                     (hidden as f64 / p.cfg.block[0] as f64).ceil(),
                 )
             };
-            let mk = |k: String, a: Anchor, bytes: f64, reads: f64| {
-                let mut ph = phase(k, a, Elems::Fixed(items as f64), p.cfg, n, bytes, reads);
+            // The block forward loops over a run of rows per block, with
+            // gamma/beta staged in shared memory and FWD_HELD_ITEMS values
+            // per thread (bf16, 128-bit); the block backward (dx) takes one
+            // row per block.
+            let mk = |k: String, a: Anchor, bytes: f64, reads: f64, fwd: bool| {
+                let block_fwd = fwd && p.path == RowPath::Block;
+                let (cfg, items, per) = if block_fwd {
+                    let per = (hidden as f64 / pf.cfg.block[0] as f64).ceil();
+                    (pf.cfg, plan::layernorm::FWD_HELD_ITEMS, per)
+                } else {
+                    (p.cfg, items, per)
+                };
+                let mut ph = phase(k, a, Elems::Fixed(items as f64), cfg, n, bytes, reads);
                 ph.elems_per_round = Some(per);
-                ph.one_round_per_block = p.path == RowPath::Block;
+                ph.one_round_per_block = p.path == RowPath::Block && !fwd;
                 ph
             };
             let warp = p.path == RowPath::Warp;
@@ -351,7 +363,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                 anchor(
                     "layernorm.cu",
                     fw_cached,
-                    "o[k] = ((v[k] - pivot) - shift) * rstd * g[k] + b[k]",
+                    "const float u = fmaf(v[k] - pivot, rstd, neg_shift_rstd)",
                     w,
                 )
             };
@@ -371,12 +383,14 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                     fa,
                     2.0 * e + stats,
                     e,
+                    true,
                 )],
                 vec![mk(
                     format!("ftn_layernorm_bwd_{kind}_bf16"),
                     ba,
                     3.0 * e + stats,
                     2.0 * e,
+                    false,
                 )],
             )
         }
