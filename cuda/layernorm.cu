@@ -528,7 +528,9 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
 // --------------------------------------------------------------- backward
 
 // Adds V values to V fp32 accumulators in shared memory (16-byte aligned
-// when V > 1): 128-bit accesses.
+// when V > 1): 128-bit accesses, explicitly to the shared window (the fused
+// block kernel hides its accumulator pointers from the optimiser, which
+// otherwise leaves generic 64-bit LD/ST).
 template <int V>
 FTN_DEVICE void acc_add(float *acc, const float *v) {
   if constexpr (V == 1) {
@@ -537,13 +539,49 @@ FTN_DEVICE void acc_add(float *acc, const float *v) {
     static_assert(V % 4 == 0, "accumulator width");
 #pragma unroll
     for (int h = 0; h < V; h += 4) {
+#if defined(__CUDACC__)
+      const uint32_t s = ftn_smem_addr(acc + h);
+      float a0, a1, a2, a3;
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(a0), "=f"(a1), "=f"(a2), "=f"(a3)
+                   : "r"(s));
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s), "f"(a0 + v[h]),
+                   "f"(a1 + v[h + 1]), "f"(a2 + v[h + 2]), "f"(a3 + v[h + 3])
+                   : "memory");
+#else
       float a[4];
       ftn_load<float, 4>(acc + h, a);
 #pragma unroll
       for (int k = 0; k < 4; ++k) a[k] += v[h + k];
       ftn_store<float, 4>(acc + h, a);
+#endif
     }
   }
+}
+
+// load_gamma from gamma staged in shared memory (16-bit, 16-byte vectors;
+// gs nullptr: no gamma): one explicit 128-bit shared load.
+template <typename T, int V>
+FTN_DEVICE void load_gamma_shared(const T *gs, int64_t col, uint32_t zc, float *g) {
+  static_assert(V * sizeof(T) == 16, "16-byte vectors");
+#if defined(__CUDACC__)
+  if (gs == nullptr) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) g[k] = 1.0f;
+    return;
+  }
+  uint32_t w[4];
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "r"(ftn_smem_addr(gs + col)));
+  ftn_unpack<T, V>(w, g);
+  if (zc != 0) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) g[k] += 1.0f;
+  }
+#else
+  load_gamma<T, V>(gs, col, zc, g);
+#endif
 }
 
 // bwd_row_cached for fp32 storage: the row as fp32 xhat and dy * g (packing
@@ -642,11 +680,20 @@ FTN_DEVICE void bwd_row_cached_f32(const FtnLayerNormBwdParams &p, const T *gamm
 // dy * g (the same bits in both passes; gamma is re-read, an L1/L2 hit).
 // ACC: also adds dy * xhat and dy of each of the thread's columns to
 // acc_g[col] and acc_b[col] (fp32, shared memory, owned by this thread).
-template <typename T, int V, int ITEMS, bool WARP, bool ACC = false>
+// GS: gamma is staged in shared memory (ln_stage_gamma; 16-bit 128-bit).
+template <typename T, int V, int ITEMS, bool WARP, bool ACC = false, bool GS = false>
 FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, int64_t row, int t,
                                int G, float *red, float *acc_g = nullptr,
                                float *acc_b = nullptr) {
+  auto gamma_at = [&](int col, float *g) {
+    if constexpr (GS) {
+      load_gamma_shared<T, V>(gamma, col, p.zero_centered_gamma, g);
+    } else {
+      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+    }
+  };
   if constexpr (sizeof(T) == 4) {
+    static_assert(!GS, "fp32 reads gamma from global memory");
     bwd_row_cached_f32<T, V, ITEMS, WARP, ACC>(p, gamma, row, t, G, red, acc_g, acc_b);
     return;
   }
@@ -694,7 +741,7 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       float xv[V], dv[V], g[V];
       ftn_unpack<T, V>(xw + c * W, xv);
       ftn_unpack<T, V>(dw + c * W, dv);
-      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+      gamma_at(col, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float xh = (xv[k] - mean) * rstd;
@@ -717,7 +764,7 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       float xv[V], dv[V], g[V], o[V];
       ftn_unpack<T, V>(xw + c * W, xv);
       ftn_unpack<T, V>(dw + c * W, dv);
-      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+      gamma_at(col, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float xh = (xv[k] - mean) * rstd;
@@ -822,7 +869,27 @@ FTN_DEVICE void bwd_fused_warp(const FtnLayerNormBwdParams &p, float *acc) {
   flush_partials(p, chunk, acc, kWarpRows, S);
 }
 
-// acc: [2][cols] (dynamic shared memory, 8 * cols bytes).
+// Copies thread t's columns of gamma (the *_row_cached layout, 16-byte
+// vectors) into shared memory gs with cp.async; the same thread alone reads
+// them back, so no barrier, only the wait. Returns gs, or nullptr without
+// gamma.
+template <typename T, int V, int ITEMS>
+FTN_DEVICE const T *ln_stage_gamma(const T *gamma, int n, int t, int G, T *gs) {
+  static_assert(V * sizeof(T) == 16, "16-byte vectors");
+  if (gamma == nullptr) return nullptr;
+  constexpr int C = ITEMS / V;
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if (col < n) ftn_cp_async_16(gs + col, gamma + col, 16);
+  }
+  ftn_cp_async_commit();
+  ftn_cp_async_wait<0>();
+  return gs;
+}
+
+// acc: [2][cols] fp32, then (16-bit 128-bit builds) gamma staged as [cols]
+// T (dynamic shared memory, 8 * cols (+ 2 * cols) bytes): every row of the
+// chunk reads gamma from shared memory, not from L2 in each pass.
 template <typename T, int V>
 FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, float *acc) {
   FTN_ASSERT(blockDim.x % 32 == 0 && p.cols <= (int64_t)blockDim.x * kBlockItems &&
@@ -832,19 +899,29 @@ FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, floa
   if (!chunk_rows(p, chunk, r0, r1)) return;
   float *ag = acc, *ab = acc + p.cols;
   acc_zero<V, kBlockItems>(ag, ab, (int)p.cols, threadIdx.x, blockDim.x);
+  const T *gamma_src = static_cast<const T *>(p.gamma);
+  constexpr bool kStaged = V > 1 && sizeof(T) == 2;  // fp32: 8 bytes spilled on sm_80
+  if constexpr (kStaged) {
+    gamma_src = ln_stage_gamma<T, V, kBlockItems>(gamma_src, (int)p.cols, threadIdx.x, blockDim.x,
+                                                  reinterpret_cast<T *>(acc + 2 * p.cols));
+  }
 #pragma unroll 1
   for (int64_t row = r0; row < r1; ++row) {
     // Opaque per row: nothing derived from them is kept across rows (156
     // -> 127 registers on sm_90a; sm_80 spilled without).
-    const T *gamma = static_cast<const T *>(p.gamma);
+    const T *gamma = gamma_src;
     float *g_acc = ag, *b_acc = ab;
     int t = threadIdx.x, G = blockDim.x;
-    ftn_ln_opaque(gamma);
     ftn_ln_opaque(g_acc);
     ftn_ln_opaque(b_acc);
     ftn_ln_opaque_int(t);
     ftn_ln_opaque_int(G);
-    bwd_row_cached<T, V, kBlockItems, false, true>(p, gamma, row, t, G, red, g_acc, b_acc);
+    if constexpr (kStaged) {
+      bwd_row_cached<T, V, kBlockItems, false, true, true>(p, gamma, row, t, G, red, g_acc, b_acc);
+    } else {
+      ftn_ln_opaque(gamma);
+      bwd_row_cached<T, V, kBlockItems, false, true>(p, gamma, row, t, G, red, g_acc, b_acc);
+    }
   }
   flush_partials(p, chunk, acc, 1, p.cols);
 }

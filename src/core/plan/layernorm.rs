@@ -185,7 +185,8 @@ pub struct ParamGradPlan {
 pub struct FusedBwdPlan {
     pub path: RowPath,
     /// One block per chunk (grid x * y >= chunks; the block path also asks
-    /// for `8 * hidden` bytes of dynamic shared memory).
+    /// for `8 * hidden` bytes of dynamic shared memory, plus `2 * hidden`
+    /// for gamma staged there by the 16-bit builds with `vec > 1`).
     pub cfg: LaunchConfig,
     pub vec: u32,
     pub rows_per_chunk: u64,
@@ -231,10 +232,13 @@ pub fn fused_backward(
         RowPath::Block if hidden <= FUSED_BLOCK_MAX_HIDDEN => [block_threads(hidden) as u32, 1, 1],
         _ => return None,
     };
-    let smem = if path == RowPath::Block {
-        8 * hidden
-    } else {
-        0
+    let vec = vec_width(hidden, elem_size, aligned16);
+    // The fp32 accumulators, and gamma staged behind them (16-bit 128-bit
+    // builds).
+    let smem = match path {
+        RowPath::Block if vec > 1 && elem_size == 2 => 10 * hidden,
+        RowPath::Block => 8 * hidden,
+        _ => 0,
     };
     let (rows_per_chunk, chunks) = row_chunks(rows, FUSED_MIN_ROWS_PER_CHUNK, FUSED_TARGET_CHUNKS);
     Some(FusedBwdPlan {
@@ -244,7 +248,7 @@ pub fn fused_backward(
             block,
             dynamic_smem_bytes: smem as u32,
         },
-        vec: vec_width(hidden, elem_size, aligned16),
+        vec,
         rows_per_chunk,
         chunks,
         reduce_cfg: column_sum_cfg(hidden, chunks, with_beta),
@@ -472,7 +476,9 @@ mod tests {
                         RowPath::Block => {
                             let t = f.cfg.block[0];
                             assert!(t <= FUSED_BLOCK_THREADS && t as u64 * BLOCK_ITEMS >= h);
-                            assert_eq!(f.cfg.dynamic_smem_bytes as u64, 8 * h);
+                            // Accumulators, then gamma (128-bit builds).
+                            let staged = if f.vec > 1 && es == 2 { 2 * h } else { 0 };
+                            assert_eq!(f.cfg.dynamic_smem_bytes as u64, 8 * h + staged);
                         }
                         RowPath::Global => unreachable!(),
                     }

@@ -320,14 +320,14 @@ impl PathStats {
     /// The hot path: the one that moves the most bytes with the region's
     /// widest accesses (the vector data path, not an early exit, a skipped
     /// branch or an element-by-element tail), then the one that stores the
-    /// most (not one that skips the guarded stores of a pass whose operands
-    /// are already in registers), and among those the shortest (slow paths
-    /// such as division special cases are skipped).
+    /// most and makes the most shared-memory accesses (not one that skips
+    /// the guarded chunks of a pass whose operands are already in registers
+    /// or shared memory: a full row takes every chunk of every pass), and
+    /// among those the shortest (slow paths such as division special cases
+    /// are skipped).
     fn better_than(&self, o: &PathStats) -> bool {
-        (self.wide_bytes, self.stg_bytes) > (o.wide_bytes, o.stg_bytes)
-            || (self.wide_bytes == o.wide_bytes
-                && self.stg_bytes == o.stg_bytes
-                && self.instrs < o.instrs)
+        let work = |p: &PathStats| (p.wide_bytes, p.stg_bytes, p.shared);
+        work(self) > work(o) || (work(self) == work(o) && self.instrs < o.instrs)
     }
 }
 
