@@ -16,6 +16,8 @@
 #ifndef FTN_VEC_CUH
 #define FTN_VEC_CUH
 
+#include <type_traits>
+
 #include "ftn_dtype.cuh"
 
 // Elements of T in one 16-byte access.
@@ -23,19 +25,41 @@ template <typename T> struct FtnVec {
   static constexpr int N = 16 / sizeof(T);
 };
 
+// Widens the W words of V packed elements of T (element 2k in the low half
+// of word k for 16-bit types) to fp32, exactly. bf16 is the top half of an
+// fp32: one shift or one byte permute per element (the generic conversion
+// of the high half costs a permute and a shift; a mask here made ptxas spill
+// in multi_tensor's unscale on sm_90a).
+template <typename T, int V, int W>
+FTN_DEVICE void ftn_widen_words(const uint32_t (&w)[W], float *out) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && V % 2 == 0) {
+    static_assert(W == V / 2, "two bf16 per word");
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      out[2 * k] = __uint_as_float(w[k] << 16);
+      out[2 * k + 1] = __uint_as_float(__byte_perm(w[k], 0u, 0x3254));
+    }
+  } else {
+    union {
+      uint32_t w[W];
+      T v[V];
+    } u;
+#pragma unroll
+    for (int k = 0; k < W; ++k) u.w[k] = w[k];
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = ftn_to_float(u.v[k]);
+  }
+}
+
 // Loads N = FtnVec<T>::N elements at p (16-byte aligned) with one 128-bit
 // load and widens them to fp32.
 template <typename T>
 FTN_DEVICE void ftn_load_vec(const T *__restrict__ p,
                              float (&out)[FtnVec<T>::N] FTN_CALLER_LOC) {
   FTN_ASSERT_ALIGNED_CALLER(p, 16, "128-bit (uint4) load");
-  union {
-    uint4 raw;
-    T v[FtnVec<T>::N];
-  } u;
-  u.raw = *reinterpret_cast<const uint4 *>(p);
-#pragma unroll
-  for (int k = 0; k < FtnVec<T>::N; ++k) out[k] = ftn_to_float(u.v[k]);
+  const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  ftn_widen_words<T, FtnVec<T>::N>(w, out);
 }
 
 // Narrows N fp32 values to T and stores them with one 128-bit store.
@@ -102,11 +126,10 @@ FTN_DEVICE void ftn_load_packed(const T *p, uint32_t *words FTN_CALLER_LOC) {
 
 // The V elements packed by ftn_load_packed, widened to fp32 (exact).
 template <typename T, int V> FTN_DEVICE void ftn_unpack(const uint32_t *words, float *out) {
-  typename FtnPacked<T, V>::U u;
+  uint32_t w[FtnPacked<T, V>::W];
 #pragma unroll
-  for (int k = 0; k < FtnPacked<T, V>::W; ++k) u.w[k] = words[k];
-#pragma unroll
-  for (int k = 0; k < V; ++k) out[k] = ftn_to_float(u.v[k]);
+  for (int k = 0; k < FtnPacked<T, V>::W; ++k) w[k] = words[k];
+  ftn_widen_words<T, V>(w, out);
 }
 
 // Stores V fp32 values as T at p: one 128-bit store when V == N, one scalar

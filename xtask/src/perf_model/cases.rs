@@ -423,7 +423,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                     },
                     mk(
                         fk,
-                        anchor("layernorm.cu", fw, "o[k] = ((v[k] - pivot)", w),
+                        anchor("layernorm.cu", fw, "o[k] = fmaf(fmaf(v[k] - pivot", w),
                         e,
                         0.0,
                         e,
