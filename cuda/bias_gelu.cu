@@ -126,6 +126,17 @@ FTN_DEVICE void bias_gelu_fwd_dispatch(const FtnBiasGeluFwdParams &p) {
   }
 }
 
+// Makes word a depend on word b (an identity byte permute ptxas keeps): no
+// use of a is scheduled before b's load has issued. A no-op emulated.
+FTN_DEVICE void ftn_after_load(uint32_t &a, uint32_t b) {
+#if defined(__CUDACC__)
+  asm volatile("prmt.b32 %0, %0, %1, 0x3210;" : "+r"(a) : "r"(b));
+#else
+  (void)a;
+  (void)b;
+#endif
+}
+
 // One thread: VEC adjacent columns [c0, c0+VEC) of rows [r0, r1).
 template <typename T, unsigned KIND, int VEC>
 FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0, int64_t r0,
@@ -158,6 +169,18 @@ FTN_DEVICE void bias_gelu_bwd_columns(const FtnBiasGeluBwdParams &p, int64_t c0,
     ftn_load_packed<T, VEC>(x + off0, vw0);
     ftn_load_packed<T, VEC>(dy + off1, gw1);
     ftn_load_packed<T, VEC>(x + off1, vw1);
+    // No use of x before all four loads issue (else ptxas starts the GeLU
+    // arithmetic on the first x to arrive and a later load waits behind
+    // it): every word of x is tied to a token that depends on each load.
+    uint32_t token = gw0[0];
+    ftn_after_load(token, gw1[0]);
+    ftn_after_load(token, vw0[0]);
+    ftn_after_load(token, vw1[0]);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      ftn_after_load(vw0[k], token);
+      ftn_after_load(vw1[k], token);
+    }
     float g0[VEC], v0[VEC], g1[VEC], v1[VEC];
     ftn_unpack<T, VEC>(gw0, g0);
     ftn_unpack<T, VEC>(vw0, v0);
