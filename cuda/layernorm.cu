@@ -9,7 +9,9 @@
 // taken of x - pivot (pivot = the row's first element; exact subtraction for
 // nearby values), so x - mean = (x - pivot) - shift stays accurate to fp32
 // relative to the row's spread even under a large common offset; the saved
-// mean is pivot + shift rounded to fp32.
+// mean is pivot + shift rounded to fp32. The row forwards sum 16-bit chunks
+// pairwise and subtract V * pivot once per chunk, and square x - mean with
+// mean = pivot + shift rounded once (a second-order effect on the sum).
 //
 // Three row paths, chosen by the plan (src/core/plan/layernorm.rs) from cols:
 //   warp   (cols <= 1024): one warp per row, 4 rows per 128-thread block, a
@@ -25,7 +27,9 @@
 //          16-bit 128-bit builds copy gamma and beta once per block into
 //          shared memory (cp.async) instead of re-reading them from L2 for
 //          every row, which frees the registers for 32 values per thread
-//          (61 registers on sm_90a: 4 blocks of 256 threads per SM at 8192).
+//          (63 registers on sm_90a: 4 blocks of 256 threads per SM at 8192).
+//          The fused block backward stages gamma the same way, behind its
+//          fp32 accumulators in the dynamic shared memory.
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it);
 //          the forward's statistics in one pass (Chan-merged per-iteration
@@ -39,9 +43,10 @@
 //
 // Forward floor: reads rows*cols*sizeof(T), writes rows*cols*sizeof(T) and
 //   8*rows bytes of statistics (gamma/beta: 2*cols*sizeof(T), cached; the
-//   block path reads them once per run of rows). ~12 SASS instructions per
-//   element in the block forward's three passes (widen, subtract, square,
-//   two FMAs out): issue, not DRAM, is what a round adds to the latency.
+//   block path reads them once per run of rows). ~11 SASS instructions per
+//   element in the block forward's three passes (widen; pairwise add;
+//   subtract, square; subtract, two FMAs out): issue, not DRAM, is what a
+//   round adds to the latency.
 //   The global path reads x twice (once more from L2 when it fits).
 //   ~10 FLOP per element: HBM-bound.
 // Backward, input gradient: reads dy and x (2*rows*cols*sizeof(T)) and
