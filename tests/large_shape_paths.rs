@@ -320,6 +320,70 @@ fn softmax_block_path_wraps() {
 
 // -------------------------------------------------------- LayerNorm, RMSNorm
 
+/// What one norm forward runs with.
+#[derive(Clone, Copy)]
+struct NormFwdOpts {
+    rms: bool,
+    zero_centered: bool,
+    vectorize: bool,
+    eps: f32,
+}
+
+/// Runs the LayerNorm (or RMSNorm: beta ignored, mean left poisoned)
+/// forward into poisoned outputs and the f64 oracle on the same inputs:
+/// (y, mean, rstd, oracle). x, gamma and beta as (device, host f64).
+fn norm_forward<T: FloatElement>(
+    stream: &Stream,
+    (rows, hidden): (usize, usize),
+    o: NormFwdOpts,
+    (xd, xf): (&DeviceBuffer<T>, &[f64]),
+    gamma: Option<(&dyn ferrotron::DeviceRead<T>, &[f64])>,
+    beta: Option<(&dyn ferrotron::DeviceRead<T>, &[f64])>,
+) -> (
+    DeviceBuffer<T>,
+    DeviceBuffer<f32>,
+    DeviceBuffer<f32>,
+    ln_oracle::Forward,
+) {
+    let mut y = poisoned::<T>(stream, rows * hidden);
+    let mut mean = poisoned::<f32>(stream, rows);
+    let mut rstd = poisoned::<f32>(stream, rows);
+    if o.rms {
+        RmsNorm::new(rows, hidden)
+            .with_eps(o.eps)
+            .with_zero_centered_gamma(o.zero_centered)
+            .with_vectorize(o.vectorize)
+            .forward(stream, xd, gamma.map(|g| g.0), &mut y, &mut rstd)
+            .unwrap();
+    } else {
+        LayerNorm::new(rows, hidden)
+            .with_eps(o.eps)
+            .with_zero_centered_gamma(o.zero_centered)
+            .with_vectorize(o.vectorize)
+            .forward(
+                stream,
+                xd,
+                gamma.map(|g| g.0),
+                beta.map(|b| b.0),
+                &mut y,
+                &mut mean,
+                &mut rstd,
+            )
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let reference = ln_oracle::forward(
+        xf,
+        hidden,
+        gamma.map(|g| g.1),
+        beta.filter(|_| !o.rms).map(|b| b.1),
+        o.eps as f64,
+        o.zero_centered,
+        o.rms,
+    );
+    (y, mean, rstd, reference)
+}
+
 /// Forward and backward of one LayerNorm (or RMSNorm) case with gamma (and
 /// beta) against the oracle, the saved statistics, and dx/dgamma/dbeta.
 fn norm_case<T: FloatElement>(dev: &Device, rows: usize, hidden: usize, rms: bool) {
@@ -343,37 +407,19 @@ fn norm_case<T: FloatElement>(dev: &Device, rows: usize, hidden: usize, rms: boo
         T::DTYPE
     );
 
-    let mut y = poisoned::<T>(&stream, n);
-    let mut mean = poisoned::<f32>(&stream, rows);
-    let mut rstd = poisoned::<f32>(&stream, rows);
-    if rms {
-        RmsNorm::new(rows, hidden)
-            .with_eps(eps)
-            .forward(&stream, &xd, Some(&gd), &mut y, &mut rstd)
-            .unwrap();
-    } else {
-        LayerNorm::new(rows, hidden)
-            .with_eps(eps)
-            .forward(
-                &stream,
-                &xd,
-                Some(&gd),
-                Some(&bd),
-                &mut y,
-                &mut mean,
-                &mut rstd,
-            )
-            .unwrap();
-    }
-    stream.synchronize().unwrap();
-    let reference = ln_oracle::forward(
-        &xf,
-        hidden,
-        Some(&gf[..]),
-        (!rms).then_some(&bf[..]),
-        eps as f64,
-        false,
+    let opts = NormFwdOpts {
         rms,
+        zero_centered: false,
+        vectorize: true,
+        eps,
+    };
+    let (y, mean, rstd, reference) = norm_forward(
+        &stream,
+        (rows, hidden),
+        opts,
+        (&xd, &xf),
+        Some((&gd as &dyn ferrotron::DeviceRead<T>, &gf[..])),
+        Some((&bd as &dyn ferrotron::DeviceRead<T>, &bf[..])),
     );
     assert_close(
         &format!("y {what}"),
@@ -539,40 +585,19 @@ fn norm_forward_variant_case<T: FloatElement>(
         dev.upload(&g).unwrap(),
         dev.upload(&b).unwrap(),
     );
-    let gamma_arg = gamma.then_some(&gd as &dyn ferrotron::DeviceRead<T>);
-    let mut y = poisoned::<T>(&stream, n);
-    let mut mean = poisoned::<f32>(&stream, rows);
-    let mut rstd = poisoned::<f32>(&stream, rows);
-    if rms {
-        RmsNorm::new(rows, hidden)
-            .with_zero_centered_gamma(zero_centered)
-            .with_vectorize(vectorize)
-            .forward(&stream, &xd, gamma_arg, &mut y, &mut rstd)
-            .unwrap();
-    } else {
-        LayerNorm::new(rows, hidden)
-            .with_zero_centered_gamma(zero_centered)
-            .with_vectorize(vectorize)
-            .forward(
-                &stream,
-                &xd,
-                gamma_arg,
-                beta.then_some(&bd as &dyn ferrotron::DeviceRead<T>),
-                &mut y,
-                &mut mean,
-                &mut rstd,
-            )
-            .unwrap();
-    }
-    stream.synchronize().unwrap();
-    let reference = ln_oracle::forward(
-        &xf,
-        hidden,
-        gamma.then_some(&gf[..]),
-        (beta && !rms).then_some(&bf[..]),
-        1e-5,
-        zero_centered,
+    let opts = NormFwdOpts {
         rms,
+        zero_centered,
+        vectorize,
+        eps: 1e-5,
+    };
+    let (y, _, _, reference) = norm_forward(
+        &stream,
+        (rows, hidden),
+        opts,
+        (&xd, &xf),
+        gamma.then_some((&gd as &dyn ferrotron::DeviceRead<T>, &gf[..])),
+        beta.then_some((&bd as &dyn ferrotron::DeviceRead<T>, &bf[..])),
     );
     assert_close(
         &format!(
