@@ -113,19 +113,6 @@ FTN_DEVICE void ftn_ln_opaque_int(int &v) {
 template <typename T> constexpr bool kLnIsHalf = false;
 template <> constexpr bool kLnIsHalf<__half> = true;
 
-// Hides a row's packed words from the optimiser between passes, so that
-// values widened from them in one pass are recomputed in the next, not kept
-// (the registers packing saves). A no-op emulated.
-template <int N>
-FTN_DEVICE void ln_opaque_words(uint32_t (&w)[N]) {
-#if defined(__CUDACC__)
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(w[i]));
-#else
-  (void)w;
-#endif
-}
-
 // A compiler-only memory fence: no memory access moves across it (nothing
 // is emitted). A no-op emulated.
 FTN_DEVICE void ftn_ln_fence() {
@@ -270,7 +257,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
   }
   const float inv_n = 1.0f / (float)n;
   const float shift = rms ? 0.0f : group_sum<WARP>(s, red) * inv_n;
-  ln_opaque_words(xw);
+  ftn_opaque_words(xw);
   // x - mean as x - (pivot + shift): one rounding of the mean, which moves
   // the sum of squares only in second order (the deviations sum to ~0).
   const float mean = pivot + shift;
@@ -288,7 +275,7 @@ FTN_DEVICE void fwd_row_cached(const FtnLayerNormFwdParams &p, int64_t row, int 
     }
   }
   q = group_sum<WARP>(q, red);
-  ln_opaque_words(xw);
+  ftn_opaque_words(xw);
   const float rstd = rsqrtf(q * inv_n + p.eps);
   const float neg_shift_rstd = -shift * rstd;
   if (t == 0) {
@@ -754,9 +741,14 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       ftn_load_packed<T, V>(dy + col, dw + c * W);
     }
   }
-  if constexpr (ACC) {
-    // The accumulators one chunk at a time (memory fences keep the
-    // compiler from hoisting every accumulator load next to the row's).
+  // Pass 1: the two row sums and (ACC) the accumulators, one chunk at a
+  // time (with ACC, memory fences keep the compiler from hoisting every
+  // accumulator load next to the row's). The warp kernel (128 threads,
+  // 32 KiB of accumulators) keeps more blocks per SM with the accumulators
+  // in a pass of their own (80 registers, against 95 merged); the block
+  // kernel saves the widening and x-hat of a pass by merging them.
+  constexpr bool kAccPass = ACC && WARP;
+  if constexpr (kAccPass) {
 #pragma unroll
     for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
       ftn_ln_fence();
@@ -771,32 +763,43 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       }
     }
     ftn_ln_fence();
-    ln_opaque_words(xw);
-    ln_opaque_words(dw);
+    ftn_opaque_words(xw);
+    ftn_opaque_words(dw);
   }
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if constexpr (ACC && !kAccPass) ftn_ln_fence();
     if (col < n) {
-      float xv[V], dv[V], g[V];
+      float xv[V], dv[V], g[V], pg[V];
       ftn_unpack<T, V>(xw + c * W, xv);
       ftn_unpack<T, V>(dw + c * W, dv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) pg[k] = dv[k] * ((xv[k] - mean) * rstd);  // dy * xhat
+      if constexpr (ACC && !kAccPass) {
+        acc_add<V>(acc_g + col, pg);
+        acc_add<V>(acc_b + col, dv);
+      }
       gamma_at(col, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float xh = (xv[k] - mean) * rstd;
-        const float gh = dv[k] * g[k];
-        s1 += gh;
-        s2 += gh * xh;
+        s1 = fmaf(dv[k], g[k], s1);
+        s2 = fmaf(g[k], pg[k], s2);
       }
     }
   }
+  if constexpr (ACC && !kAccPass) ftn_ln_fence();
   group_sum2<WARP>(s1, s2, red);
-  ln_opaque_words(xw);
-  ln_opaque_words(dw);
+  ftn_opaque_words(xw);
+  ftn_opaque_words(dw);
+  // Pass 2: dx = rstd * (dy*g - m1 - xhat*m2), with xhat = (x - mean) * rstd:
+  // dx = (dy*g) * rstd + ((x - mean) * c2 + c0), c2 = -rstd^2 m2,
+  // c0 = -rstd m1 (x - mean stays a difference: exact near the mean).
   const float inv_n = 1.0f / (float)n;
   const float m1 = rms ? 0.0f : s1 * inv_n;
   const float m2 = s2 * inv_n;
+  const float c0 = -rstd * m1;
+  const float c2 = -(rstd * rstd) * m2;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if constexpr (!WARP) ftn_ln_fence();
@@ -806,11 +809,7 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       ftn_unpack<T, V>(dw + c * W, dv);
       gamma_at(col, g);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float xh = (xv[k] - mean) * rstd;
-        const float gh = dv[k] * g[k];
-        o[k] = rstd * (gh - m1 - xh * m2);
-      }
+      for (int k = 0; k < V; ++k) o[k] = fmaf(dv[k] * g[k], rstd, fmaf(xv[k] - mean, c2, c0));
       ftn_store<T, V>(dx + col, o);
     }
   }

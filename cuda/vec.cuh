@@ -173,4 +173,17 @@ FTN_DEVICE void ftn_load_bytes(const uint8_t *m, uint8_t (&out)[V] FTN_CALLER_LO
   }
 }
 
+// Hides packed words from the optimiser between passes over a row held in
+// registers, so that values widened from them in one pass are recomputed in
+// the next, not kept (the registers packing saves). A no-op emulated.
+template <int N>
+FTN_DEVICE void ftn_opaque_words(uint32_t (&w)[N]) {
+#if defined(__CUDACC__)
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(w[i]));
+#else
+  (void)w;
+#endif
+}
+
 #endif  // FTN_VEC_CUH

@@ -122,10 +122,13 @@ const NO_DROP: DropArgs = DropArgs {
 const FWD: &str = "scale_mask_softmax_forward";
 const BWD: &str = "scale_mask_softmax_backward";
 
-/// The kernel of the plan's path (and values per lane) for dtype `d`.
-fn fwd_kernel(d: DType, p: &Plan) -> Result<&'static Kernel<FtnSoftmaxFwdParams>> {
+/// The kernel of the plan's path (and values per lane) for dtype `d`; the
+/// block path's vector rows without dropout have their own kernel (fewer
+/// registers than the scalar and dropout paths need: more blocks per SM).
+fn fwd_kernel(d: DType, p: &Plan, dropout: bool) -> Result<&'static Kernel<FtnSoftmaxFwdParams>> {
     match p.path {
         SoftmaxPath::Warp => kernels::SOFTMAX_FWD_WARP.variant(p.per_lane, d),
+        SoftmaxPath::Block if p.vec > 1 && !dropout => kernels::SOFTMAX_FWD_BLOCK_VEC.for_dtype(d),
         SoftmaxPath::Block => kernels::SOFTMAX_FWD_BLOCK.for_dtype(d),
         SoftmaxPath::Long => kernels::SOFTMAX_FWD_LONG.for_dtype(d),
     }
@@ -398,7 +401,7 @@ impl ScaleMaskSoftmax {
             drop_threshold: d.threshold,
             drop_scale: d.scale,
         };
-        stream.launch(fwd_kernel(T::DTYPE, &p)?, p.cfg, params)
+        stream.launch(fwd_kernel(T::DTYPE, &p, yd != 0)?, p.cfg, params)
     }
 
     /// `dx = scale * (dy*y - y * sum(dy*y))` per row, with `y` the forward
@@ -531,7 +534,8 @@ mod tests {
                         let Some(p) = plan::plan(8, sk, d.size(), aligned, forced) else {
                             continue;
                         };
-                        fwd_kernel(d, &p).unwrap();
+                        fwd_kernel(d, &p, false).unwrap();
+                        fwd_kernel(d, &p, true).unwrap();
                         bwd_kernel(d, &p, false).unwrap();
                         bwd_kernel(d, &p, true).unwrap();
                     }

@@ -224,7 +224,7 @@ fn softmax(rows: u64, sk: u64, measured: [Option<f64>; 2], target: bool) -> Vec<
             };
             (
                 vec![mk(
-                    "ftn_softmax_fwd_block_bf16",
+                    "ftn_softmax_fwd_block_vec_bf16",
                     anchor("softmax.cu", "void sm_store_probs(", "// y alone", w),
                     2.0 * e,
                     e,
@@ -373,7 +373,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                 anchor(
                     "layernorm.cu",
                     bw_cached,
-                    "o[k] = rstd * (gh - m1 - xh * m2)",
+                    "o[k] = fmaf(dv[k] * g[k], rstd",
                     w,
                 )
             };
@@ -502,7 +502,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                 anchor(
                     "layernorm.cu",
                     bw_cached,
-                    "o[k] = rstd * (gh - m1 - xh * m2)",
+                    "o[k] = fmaf(dv[k] * g[k], rstd",
                     w,
                 ),
                 Elems::Fixed(items as f64),
