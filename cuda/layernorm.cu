@@ -587,16 +587,12 @@ FTN_DEVICE void acc_add(float *acc, const float *v) {
 }
 
 // load_gamma from gamma staged in shared memory (16-bit, 16-byte vectors;
-// gs nullptr: no gamma): one explicit 128-bit shared load.
+// never null: ln_stage_gamma stages the absent gamma too): one explicit
+// 128-bit shared load.
 template <typename T, int V>
 FTN_DEVICE void load_gamma_shared(const T *gs, int64_t col, uint32_t zc, float *g) {
   static_assert(V * sizeof(T) == 16, "16-byte vectors");
 #if defined(__CUDACC__)
-  if (gs == nullptr) {
-#pragma unroll
-    for (int k = 0; k < V; ++k) g[k] = 1.0f;
-    return;
-  }
   uint32_t w[4];
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
@@ -910,16 +906,25 @@ FTN_DEVICE void bwd_fused_warp(const FtnLayerNormBwdParams &p, float *acc) {
 
 // Copies thread t's columns of gamma (the *_row_cached layout, 16-byte
 // vectors) into shared memory gs with cp.async; the same thread alone reads
-// them back, so no barrier, only the wait. Returns gs, or nullptr without
-// gamma.
+// them back, so no barrier, only the wait. Without gamma it stores the
+// value that reads back as 1 (0 when zero-centred: 0 + 1), so that the
+// row's passes take no branch on it. Returns gs.
 template <typename T, int V, int ITEMS>
-FTN_DEVICE const T *ln_stage_gamma(const T *gamma, int n, int t, int G, T *gs) {
+FTN_DEVICE const T *ln_stage_gamma(const T *gamma, uint32_t zc, int n, int t, int G, T *gs) {
   static_assert(V * sizeof(T) == 16, "16-byte vectors");
-  if (gamma == nullptr) return nullptr;
   constexpr int C = ITEMS / V;
+  float absent[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) absent[k] = zc != 0 ? 0.0f : 1.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
-    if (col < n) ftn_cp_async_16(gs + col, gamma + col, 16);
+    if (col < n) {
+      if (gamma != nullptr) {
+        ftn_cp_async_16(gs + col, gamma + col, 16);
+      } else {
+        ftn_store<T, V>(gs + col, absent);
+      }
+    }
   }
   ftn_cp_async_commit();
   ftn_cp_async_wait<0>();
@@ -941,7 +946,8 @@ FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, floa
   const T *gamma_src = static_cast<const T *>(p.gamma);
   constexpr bool kStaged = V > 1 && sizeof(T) == 2;  // fp32: 8 bytes spilled on sm_80
   if constexpr (kStaged) {
-    gamma_src = ln_stage_gamma<T, V, kBlockItems>(gamma_src, (int)p.cols, threadIdx.x, blockDim.x,
+    gamma_src = ln_stage_gamma<T, V, kBlockItems>(gamma_src, p.zero_centered_gamma, (int)p.cols,
+                                                  threadIdx.x, blockDim.x,
                                                   reinterpret_cast<T *>(acc + 2 * p.cols));
   }
 #pragma unroll 1

@@ -5,9 +5,14 @@
 //! performance model").
 //!
 //! Options:
-//!   --build DIR        the `out` dir of a `--features cuda` build holding
-//!                      `ptxas-report.txt` and `*.fatbin` (default: the newest
-//!                      `target/*/build/ferrotron-*/out` that has both)
+//!   --build DIR        a dir holding `ptxas-report.txt` and `*.fatbin`:
+//!                      what `scripts/perf_model_fatbins.sh DIR` builds (the
+//!                      release fatbins, device asserts off: what CI models)
+//!                      or the `out` dir of a `--features cuda` build (a
+//!                      debug one keeps device asserts, which change the
+//!                      code). Default: the newest of
+//!                      `target/perf-model-sm90a` and
+//!                      `target/*/build/ferrotron-*/out` that has both
 //!   --tools DIR        where `cuobjdump` and `nvdisasm` are (default: PATH,
 //!                      then `$FTN_CI_CACHE/sass/nvidia/cu13/bin`)
 //!   --thresholds FILE  per-case minimum predicted fraction (default
@@ -238,26 +243,30 @@ pub fn score(m: &Machine, p: &Prepared) -> Row {
     }
 }
 
-/// The newest `target/*/build/ferrotron-*/out` holding a ptxas report and
-/// fatbins.
+/// The newest of `target/perf-model-sm90a` and the
+/// `target/*/build/ferrotron-*/out` dirs holding a ptxas report and fatbins.
 fn default_build_dir(root: &Path) -> Option<PathBuf> {
-    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    let mut candidates = vec![root.join("target/perf-model-sm90a")];
     for profile in std::fs::read_dir(root.join("target")).ok()?.flatten() {
         let Ok(builds) = std::fs::read_dir(profile.path().join("build")) else {
             continue;
         };
-        for b in builds.flatten() {
-            let out = b.path().join("out");
-            let report = out.join("ptxas-report.txt");
-            if !b.file_name().to_string_lossy().starts_with("ferrotron-")
-                || !out.join("softmax.fatbin").is_file()
-            {
-                continue;
-            }
-            if let Ok(t) = report.metadata().and_then(|m| m.modified()) {
-                if best.as_ref().is_none_or(|(bt, _)| t > *bt) {
-                    best = Some((t, out));
-                }
+        candidates.extend(
+            builds
+                .flatten()
+                .filter(|b| b.file_name().to_string_lossy().starts_with("ferrotron-"))
+                .map(|b| b.path().join("out")),
+        );
+    }
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for out in candidates {
+        if !out.join("softmax.fatbin").is_file() {
+            continue;
+        }
+        let report = out.join("ptxas-report.txt");
+        if let Ok(t) = report.metadata().and_then(|m| m.modified()) {
+            if best.as_ref().is_none_or(|(bt, _)| t > *bt) {
+                best = Some((t, out));
             }
         }
     }
