@@ -152,6 +152,64 @@ fn bias_gelu_grid_stride_wraps() {
     }
 }
 
+/// Bias + dropout + residual on the same capped grid (it shares the bias +
+/// GeLU plan): the bias column advances by increments across the grid-stride
+/// steps, vector (bias vectorised or not) and scalar.
+#[test]
+fn bias_dropout_add_grid_stride_wraps() {
+    use ferrotron::core::rng::PhiloxState;
+    use ferrotron::ops::{BiasDropoutAdd, DropoutMode};
+    use ferrotron::reference::dropout as drop_oracle;
+    lower_caps();
+    fn case<T: FloatElement>(dev: &Device, rows: usize, cols: usize, vectorize: bool) {
+        let p = plan::bias_gelu::forward(rows as u64, cols as u64, T::DTYPE.size(), vectorize);
+        let needed = ((rows * cols) as u64 / p.vec as u64).div_ceil(256);
+        assert!(needed >= 2 * CAPS.grid_stride_blocks, "{needed} blocks");
+        let (mut rng, seed) = Rng::new((rows * 7 + cols) as u64);
+        let stream = dev.new_stream().unwrap();
+        let n = rows * cols;
+        let (x, xf) = rng.tensor::<T>(n, 2.0);
+        let (r, rf) = rng.tensor::<T>(n, 1.0);
+        let (b, bf) = rng.tensor::<T>(cols, 1.0);
+        let (xd, rd, bd) = (
+            dev.upload(&x).unwrap(),
+            dev.upload(&r).unwrap(),
+            dev.upload(&b).unwrap(),
+        );
+        let state = PhiloxState {
+            seed: 1234,
+            offset: 16,
+        };
+        let drop = 0.1f32;
+        let mut y = poisoned::<T>(&stream, n);
+        BiasDropoutAdd::new(rows, cols, drop)
+            .with_vectorize(vectorize)
+            .forward(
+                &stream,
+                &xd,
+                Some(&bd),
+                &rd,
+                &mut y,
+                DropoutMode::Train(state),
+            )
+            .unwrap();
+        let keep = drop_oracle::mask(drop as f64, Some((state.seed, state.offset)), n);
+        let want = drop_oracle::forward(drop as f64, &keep, &xf, Some(&bf[..]), &rf, cols);
+        assert_close(
+            &format!("bias-dropout-add {rows}x{cols} vec={vectorize} on {dev:?}"),
+            T::DTYPE,
+            seed,
+            &to_f64(&y.to_host().unwrap()),
+            &want,
+        );
+    }
+    for dev in devices("bias_dropout_add_grid_stride_wraps", 3) {
+        case::<f32>(&dev, 37, 300, true); // bias vectorised (300 % 4 == 0)
+        case::<bf16>(&dev, 37, 300, true); // vector rows, bias element by element
+        case::<f16>(&dev, 37, 300, false);
+    }
+}
+
 // ------------------------------------------------------------------- softmax
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

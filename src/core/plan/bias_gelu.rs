@@ -13,9 +13,15 @@ pub struct ForwardPlan {
     pub vec: u32,
 }
 
-/// `aligned16`: every pointer the kernel touches is 16-byte aligned.
+/// `aligned16`: every pointer the kernel touches is 16-byte aligned. Rows of
+/// 2^31 columns or more take the scalar path (the vector path tracks the
+/// bias column in 32 bits).
 pub fn forward(rows: u64, cols: u64, elem_size: usize, aligned16: bool) -> ForwardPlan {
-    let vec = vector_width(elem_size, aligned16);
+    let vec = if cols > i32::MAX as u64 {
+        1
+    } else {
+        vector_width(elem_size, aligned16)
+    };
     let units = (rows * cols / vec as u64).max(1);
     let blocks =
         div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, grid_caps().grid_stride_blocks);
@@ -80,6 +86,8 @@ mod tests {
         assert_eq!(forward(4, 8, 4, true).vec, 4);
         assert_eq!(forward(4, 8, 2, true).vec, 8);
         assert_eq!(forward(4, 8, 2, false).vec, 1);
+        assert_eq!(forward(1, 1 << 31, 2, true).vec, 1);
+        assert_eq!(forward(2, (1 << 31) - 8, 2, true).vec, 8);
         let p = forward(1, 1, 4, true);
         assert_eq!(p.cfg.grid[0], 1);
         let big = forward(1 << 20, 1 << 14, 2, true);

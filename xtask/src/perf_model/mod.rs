@@ -10,9 +10,10 @@
 //!                      release fatbins, device asserts off: what CI models)
 //!                      or the `out` dir of a `--features cuda` build (a
 //!                      debug one keeps device asserts, which change the
-//!                      code). Default: the newest of
-//!                      `target/perf-model-sm90a` and
+//!                      code). Default: `target/perf-model-sm90a` when
+//!                      it has both, else the newest
 //!                      `target/*/build/ferrotron-*/out` that has both
+//!                      (rerun the script after editing a kernel)
 //!   --tools DIR        where `cuobjdump` and `nvdisasm` are (default: PATH,
 //!                      then `$FTN_CI_CACHE/sass/nvidia/cu13/bin`)
 //!   --thresholds FILE  per-case minimum predicted fraction (default
@@ -243,10 +244,17 @@ pub fn score(m: &Machine, p: &Prepared) -> Row {
     }
 }
 
-/// The newest of `target/perf-model-sm90a` and the
-/// `target/*/build/ferrotron-*/out` dirs holding a ptxas report and fatbins.
+/// `target/perf-model-sm90a` (the release fatbins) if it holds a ptxas
+/// report and fatbins, else the newest `target/*/build/ferrotron-*/out`
+/// that does.
 fn default_build_dir(root: &Path) -> Option<PathBuf> {
-    let mut candidates = vec![root.join("target/perf-model-sm90a")];
+    let usable =
+        |out: &Path| out.join("softmax.fatbin").is_file() && out.join("ptxas-report.txt").is_file();
+    let release = root.join("target/perf-model-sm90a");
+    if usable(&release) {
+        return Some(release);
+    }
+    let mut candidates = Vec::new();
     for profile in std::fs::read_dir(root.join("target")).ok()?.flatten() {
         let Ok(builds) = std::fs::read_dir(profile.path().join("build")) else {
             continue;
