@@ -9,7 +9,7 @@
 # backward reloads the global-memory descriptor and moves it to uniform
 # registers once per load: 52 R2UR against 2). Register spills are listed
 # as warnings (CI's FTN_DENY_SPILLS build checks the debug fatbins; on
-# 2026-12-04 two release kernels spill 8 bytes: docs/perf.md).
+# 2026-12-04 one release kernel spills 8 bytes: docs/perf.md).
 #
 # Usage (from the repository root): NVCC=/path/to/nvcc scripts/perf_model_fatbins.sh OUT [JOBS]
 set -euo pipefail
