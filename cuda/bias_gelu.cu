@@ -23,8 +23,7 @@ FTN_DEVICE void bias_gelu_fwd_scalar(const FtnBiasGeluFwdParams &p, int64_t begi
   const T *x = static_cast<const T *>(p.x);
   const T *bias = static_cast<const T *>(p.bias);
   T *out = static_cast<T *>(p.out);
-  // The bias column follows i by increments (a 64-bit remainder is a
-  // subroutine call in SASS: one per thread here, not one per element).
+  // The bias column follows i by increments (ftn_wrap_add).
   const int64_t cols = p.cols;
   int64_t c = bias != nullptr ? (begin + tid) % cols : 0;
   const int64_t dc = bias != nullptr ? stride % cols : 0;
@@ -32,8 +31,7 @@ FTN_DEVICE void bias_gelu_fwd_scalar(const FtnBiasGeluFwdParams &p, int64_t begi
     float v = ftn_to_float(x[i]);
     if (bias != nullptr) v += ftn_to_float(bias[c]);
     out[i] = ftn_from_float<T>(ftn_gelu_bw<KIND>(v));
-    c += dc;
-    if (c >= cols) c -= cols;
+    c = ftn_wrap_add(c, dc, cols);
   }
 }
 
@@ -81,8 +79,8 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
   const T *bias = static_cast<const T *>(p.bias);
   const bool vec_bias = bias != nullptr && p.cols % V == 0;
   constexpr int W = FtnPacked<T, V>::W;
-  // The two vectors' bias columns, advanced by increments (a 64-bit
-  // remainder per vector would be a subroutine call per step), in 32 bits:
+  // The two vectors' bias columns, advanced by increments (ftn_wrap_add),
+  // in 32 bits:
   // the plan takes the scalar path for rows of 2^31 columns or more.
   FTN_ASSERT(p.cols <= 0x7fffffff);
   const int cols = (int)p.cols;
@@ -99,10 +97,8 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
     if (vec_bias) {
       ftn_load_packed<T, V>(bias + c0, bw0);
       ftn_load_packed<T, V>(bias + c1, bw1);
-      c0 += dc;
-      c1 += dc;
-      if (c0 >= cols) c0 -= cols;
-      if (c1 >= cols) c1 -= cols;
+      c0 = ftn_wrap_add(c0, dc, cols);
+      c1 = ftn_wrap_add(c1, dc, cols);
     }
     float v0[V], v1[V];
     ftn_unpack<T, V>(xw0, v0);

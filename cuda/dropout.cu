@@ -38,8 +38,7 @@ FTN_DEVICE void bda_fwd_scalar(const FtnBiasDropoutAddFwdParams &p, int64_t begi
   const T *bias = static_cast<const T *>(p.bias);
   const T *res = static_cast<const T *>(p.residual);
   T *out = static_cast<T *>(p.out);
-  // The bias column follows i by increments (a 64-bit remainder is a
-  // subroutine call in SASS: one per thread here, not one per element).
+  // The bias column follows i by increments (ftn_wrap_add).
   const int64_t cols = p.cols;
   int64_t c = bias != nullptr ? (begin + tid) % cols : 0;
   const int64_t dc = bias != nullptr ? stride % cols : 0;
@@ -49,8 +48,7 @@ FTN_DEVICE void bda_fwd_scalar(const FtnBiasDropoutAddFwdParams &p, int64_t begi
     float v = ftn_to_float(x[i]);
     if (bias != nullptr) v += ftn_to_float(bias[c]);
     out[i] = ftn_from_float<T>(ftn_to_float(res[i]) + ftn_dropout_apply(f[0], v));
-    c += dc;
-    if (c >= cols) c -= cols;
+    c = ftn_wrap_add(c, dc, cols);
   }
 }
 
@@ -71,8 +69,7 @@ FTN_DEVICE void bda_fwd(const FtnBiasDropoutAddFwdParams &p) {
   T *out = static_cast<T *>(p.out);
   const int64_t nvec = n / V;
   const bool bias_vectorised = bias != nullptr && p.cols % V == 0;
-  // The first column of vector i, advanced by increments (a 64-bit
-  // remainder per vector would be a subroutine call per step).
+  // The first column of vector i, advanced by increments (ftn_wrap_add).
   const int64_t cols = p.cols;
   int64_t c0 = bias != nullptr ? (tid * V) % cols : 0;
   const int64_t dc = bias != nullptr ? (stride * V) % cols : 0;
@@ -84,8 +81,7 @@ FTN_DEVICE void bda_fwd(const FtnBiasDropoutAddFwdParams &p) {
     ftn_load_vec<T>(res + i * V, r);
     ftn_dropout_factors<V>(p.seed, p.offset + (uint64_t)(i * V), p.drop_threshold, p.scale, f);
     int64_t c = c0;
-    c0 += dc;
-    if (c0 >= cols) c0 -= cols;
+    c0 = ftn_wrap_add(c0, dc, cols);
     if (bias_vectorised) {
       float b[V];
       ftn_load_vec<T>(bias + c, b);

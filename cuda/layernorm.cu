@@ -743,7 +743,8 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
   // 32 KiB of accumulators) keeps more blocks per SM with the accumulators
   // in a pass of their own (80 registers, against 95 merged); the block
   // kernel saves the widening and x-hat of a pass by merging them.
-  constexpr bool kAccPass = ACC && WARP;
+  constexpr bool kAccPass = ACC && WARP;    // the accumulators in a pass of their own
+  constexpr bool kAccMerged = ACC && !WARP;  // the accumulators in the sums pass
   if constexpr (kAccPass) {
 #pragma unroll
     for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
@@ -765,14 +766,14 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
-    if constexpr (ACC && !kAccPass) ftn_ln_fence();
+    if constexpr (kAccMerged) ftn_ln_fence();
     if (col < n) {
       float xv[V], dv[V], g[V], pg[V];
       ftn_unpack<T, V>(xw + c * W, xv);
       ftn_unpack<T, V>(dw + c * W, dv);
 #pragma unroll
       for (int k = 0; k < V; ++k) pg[k] = dv[k] * ((xv[k] - mean) * rstd);  // dy * xhat
-      if constexpr (ACC && !kAccPass) {
+      if constexpr (kAccMerged) {
         acc_add<V>(acc_g + col, pg);
         acc_add<V>(acc_b + col, dv);
       }
@@ -784,7 +785,7 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       }
     }
   }
-  if constexpr (ACC && !kAccPass) ftn_ln_fence();
+  if constexpr (kAccMerged) ftn_ln_fence();
   group_sum2<WARP>(s1, s2, red);
   ftn_opaque_words(xw);
   ftn_opaque_words(dw);

@@ -9,6 +9,8 @@
 //                            V elements: the 128-bit access when V == N, a
 //                            scalar one when V == 1 (a kernel's `vec` path)
 //   ftn_load_bytes<V>        V bytes (a mask): one 4- or 8-byte access, else bytewise
+//   ftn_wrap_add             a column index advanced by a grid stride, wrapped
+//   ftn_opaque_words         packed row words hidden from the optimiser between passes
 // Every helper is FTN_DEVICE (forceinline) and templated on the width, so the
 // element arrays stay in registers. Under the emulator every vector access
 // checks its alignment and fails the launch at the caller's line otherwise
@@ -171,6 +173,14 @@ FTN_DEVICE void ftn_load_bytes(const uint8_t *m, uint8_t (&out)[V] FTN_CALLER_LO
 #pragma unroll
     for (int k = 0; k < V; ++k) out[k] = m[k];
   }
+}
+
+// c + d wrapped into [0, n), for 0 <= c, d < n: a column index advanced by
+// a grid stride. Kernels keep one per thread instead of a 64-bit remainder
+// per element (a subroutine call in SASS).
+template <typename I> FTN_DEVICE I ftn_wrap_add(I c, I d, I n) {
+  c += d;
+  return c >= n ? c - n : c;
 }
 
 // Hides packed words from the optimiser between passes over a row held in

@@ -66,6 +66,15 @@ fn poisoned<T: FloatElement>(stream: &Stream, n: usize) -> DeviceBuffer<T> {
 
 // ---------------------------------------------------------------- bias + GeLU
 
+/// The bias + GeLU forward plan (shared by bias + dropout + residual)
+/// grid-strides: the capped grid covers less than half the work.
+fn assert_forward_grid_strides<T: FloatElement>(rows: usize, cols: usize, vectorize: bool) {
+    let p = plan::bias_gelu::forward(rows as u64, cols as u64, T::DTYPE.size(), vectorize);
+    let needed = ((rows * cols) as u64 / p.vec as u64).div_ceil(256);
+    assert_eq!(p.cfg.grid[0] as u64, CAPS.grid_stride_blocks);
+    assert!(needed >= 2 * CAPS.grid_stride_blocks, "{needed} blocks");
+}
+
 fn bias_gelu_case<T: FloatElement>(
     dev: &Device,
     rows: usize,
@@ -73,11 +82,7 @@ fn bias_gelu_case<T: FloatElement>(
     gelu: Gelu,
     vectorize: bool,
 ) {
-    // The forward grid-strides: the capped grid covers less than the work.
-    let p = plan::bias_gelu::forward(rows as u64, cols as u64, T::DTYPE.size(), vectorize);
-    let needed = ((rows * cols) as u64 / p.vec as u64).div_ceil(256);
-    assert_eq!(p.cfg.grid[0] as u64, CAPS.grid_stride_blocks);
-    assert!(needed >= 2 * CAPS.grid_stride_blocks, "{needed} blocks");
+    assert_forward_grid_strides::<T>(rows, cols, vectorize);
 
     let (mut rng, seed) = Rng::new((rows * 131 + cols) as u64);
     let stream = dev.new_stream().unwrap();
@@ -162,9 +167,7 @@ fn bias_dropout_add_grid_stride_wraps() {
     use ferrotron::reference::dropout as drop_oracle;
     lower_caps();
     fn case<T: FloatElement>(dev: &Device, rows: usize, cols: usize, vectorize: bool) {
-        let p = plan::bias_gelu::forward(rows as u64, cols as u64, T::DTYPE.size(), vectorize);
-        let needed = ((rows * cols) as u64 / p.vec as u64).div_ceil(256);
-        assert!(needed >= 2 * CAPS.grid_stride_blocks, "{needed} blocks");
+        assert_forward_grid_strides::<T>(rows, cols, vectorize);
         let (mut rng, seed) = Rng::new((rows * 7 + cols) as u64);
         let stream = dev.new_stream().unwrap();
         let n = rows * cols;

@@ -267,10 +267,7 @@ fn default_build_dir(root: &Path) -> Option<PathBuf> {
         );
     }
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for out in candidates {
-        if !out.join("softmax.fatbin").is_file() {
-            continue;
-        }
+    for out in candidates.into_iter().filter(|o| usable(o)) {
         let report = out.join("ptxas-report.txt");
         if let Ok(t) = report.metadata().and_then(|m| m.modified()) {
             if best.as_ref().is_none_or(|(bt, _)| t > *bt) {
