@@ -28,8 +28,8 @@
 //          shared memory (cp.async) instead of re-reading them from L2 for
 //          every row, which frees the registers for 32 values per thread
 //          (63 registers on sm_90a: 4 blocks of 256 threads per SM at 8192).
-//          The fused block backward stages gamma the same way, behind its
-//          fp32 accumulators in the dynamic shared memory.
+//          The fused backward of 16-bit 128-bit rows is pipelined instead
+//          (bwd_fused_pipe: rows copied into shared memory two ahead).
 //   global (any cols): one 1024-thread block per row, nothing cached: each
 //          pass re-reads the row from global memory (L2 usually holds it);
 //          the forward's statistics in one pass (Chan-merged per-iteration
@@ -53,14 +53,15 @@
 //   8*rows bytes of statistics, writes dx (rows*cols*sizeof(T)). The global
 //   path reads dy and x twice.
 // Backward with parameter gradients (deterministic, no float atomics):
-//   warp and block paths (cols <= 9216): fused. One block per chunk of
-//   rows_per_chunk rows (>= 32, ~1024 chunks) computes dx and adds dy*xhat
-//   and dy of every column to fp32 accumulators in shared memory (each
-//   column owned by one thread), then writes the chunk's partials
+//   warp path, block path (16-bit 128-bit rows up to 12288, others up to
+//   9216): fused. One block per chunk of rows_per_chunk rows (>= 32, ~1024
+//   chunks) computes dx and adds dy*xhat and dy of every column to fp32
+//   accumulators (each column owned by one thread; in shared memory, or in
+//   registers in the pipelined kernel), then writes the chunk's partials
 //   [chunks, cols] (ftn_layernorm_bwd_fused_*): reads 2*rows*cols*sizeof(T),
 //   writes rows*cols*sizeof(T) + 2*chunks*cols*4 bytes, i.e. the 3n floor
 //   plus ~8 bytes per column per 32+ rows.
-//   global path and block rows > 9216: stage one
+//   global path and other block rows > 9216: stage one
 //   (ftn_layernorm_param_grad_*) re-reads dy and x column-wise, each thread
 //   owning `vec` adjacent columns of a chunk of rows, and writes fp32 partial
 //   sums per chunk: 2*rows*cols*sizeof(T) + 2*chunks*cols*4 bytes; the row
@@ -586,27 +587,6 @@ FTN_DEVICE void acc_add(float *acc, const float *v) {
   }
 }
 
-// load_gamma from gamma staged in shared memory (16-bit, 16-byte vectors;
-// never null: ln_stage_gamma stages the absent gamma too): one explicit
-// 128-bit shared load.
-template <typename T, int V>
-FTN_DEVICE void load_gamma_shared(const T *gs, int64_t col, uint32_t zc, float *g) {
-  static_assert(V * sizeof(T) == 16, "16-byte vectors");
-#if defined(__CUDACC__)
-  uint32_t w[4];
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-               : "r"(ftn_smem_addr(gs + col)));
-  ftn_unpack<T, V>(w, g);
-  if (zc != 0) {
-#pragma unroll
-    for (int k = 0; k < V; ++k) g[k] += 1.0f;
-  }
-#else
-  load_gamma<T, V>(gs, col, zc, g);
-#endif
-}
-
 // bwd_row_cached for fp32 storage: the row as fp32 xhat and dy * g (packing
 // saves nothing at 4 bytes; holding x and dy and recomputing spilled 8-16
 // bytes in the fused kernels). x and dy convert as they load.
@@ -703,20 +683,14 @@ FTN_DEVICE void bwd_row_cached_f32(const FtnLayerNormBwdParams &p, const T *gamm
 // dy * g (the same bits in both passes; gamma is re-read, an L1/L2 hit).
 // ACC: also adds dy * xhat and dy of each of the thread's columns to
 // acc_g[col] and acc_b[col] (fp32, shared memory, owned by this thread).
-// GS: gamma is staged in shared memory (ln_stage_gamma; 16-bit 128-bit).
-template <typename T, int V, int ITEMS, bool WARP, bool ACC = false, bool GS = false>
+template <typename T, int V, int ITEMS, bool WARP, bool ACC = false>
 FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, int64_t row, int t,
                                int G, float *red, float *acc_g = nullptr,
                                float *acc_b = nullptr) {
   auto gamma_at = [&](int col, float *g) {
-    if constexpr (GS) {
-      load_gamma_shared<T, V>(gamma, col, p.zero_centered_gamma, g);
-    } else {
-      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
-    }
+    load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
   };
   if constexpr (sizeof(T) == 4) {
-    static_assert(!GS, "fp32 reads gamma from global memory");
     bwd_row_cached_f32<T, V, ITEMS, WARP, ACC>(p, gamma, row, t, G, red, acc_g, acc_b);
     return;
   }
@@ -905,71 +879,293 @@ FTN_DEVICE void bwd_fused_warp(const FtnLayerNormBwdParams &p, float *acc) {
   flush_partials(p, chunk, acc, kWarpRows, S);
 }
 
-// Copies thread t's columns of gamma (the *_row_cached layout, 16-byte
-// vectors) into shared memory gs with cp.async; the same thread alone reads
-// them back, so no barrier, only the wait. Without gamma it stores the
-// value that reads back as 1 (0 when zero-centred: 0 + 1), so that the
-// row's passes take no branch on it. Returns gs.
-template <typename T, int V, int ITEMS>
-FTN_DEVICE const T *ln_stage_gamma(const T *gamma, uint32_t zc, int n, int t, int G, T *gs) {
-  static_assert(V * sizeof(T) == 16, "16-byte vectors");
-  constexpr int C = ITEMS / V;
-  float absent[V];
+// acc: [2][cols] fp32 (dynamic shared memory, 8 * cols bytes). fp32
+// storage and scalar access only: 16-bit rows with 128-bit access take
+// bwd_fused_pipe (that build of this kernel is never launched).
+template <typename T, int V>
+FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, float *acc) {
+  if constexpr (V > 1 && sizeof(T) == 2) {
+    FTN_ASSERT(!"16-bit 128-bit rows take ftn_layernorm_bwd_fused_pipe");
+    (void)p;
+    (void)red;
+    (void)acc;
+  } else {
+    FTN_ASSERT(blockDim.x % 32 == 0 && p.cols <= (int64_t)blockDim.x * kBlockItems &&
+               p.partial_gamma != nullptr && p.rows_per_chunk >= 1);
+    const int64_t chunk = block_row();
+    int64_t r0, r1;
+    if (!chunk_rows(p, chunk, r0, r1)) return;
+    float *ag = acc, *ab = acc + p.cols;
+    acc_zero<V, kBlockItems>(ag, ab, (int)p.cols, threadIdx.x, blockDim.x);
+#pragma unroll 1
+    for (int64_t row = r0; row < r1; ++row) {
+      // Opaque per row: nothing derived from them is kept across rows (156
+      // -> 127 registers on sm_90a; sm_80 spilled without).
+      const T *gamma = static_cast<const T *>(p.gamma);
+      float *g_acc = ag, *b_acc = ab;
+      int t = threadIdx.x, G = blockDim.x;
+      ftn_ln_opaque(gamma);
+      ftn_ln_opaque(g_acc);
+      ftn_ln_opaque(b_acc);
+      ftn_ln_opaque_int(t);
+      ftn_ln_opaque_int(G);
+      bwd_row_cached<T, V, kBlockItems, false, true>(p, gamma, row, t, G, red, g_acc, b_acc);
+    }
+    flush_partials(p, chunk, acc, 1, p.cols);
+  }
+}
+
+// ------------------------- fused backward, pipelined (16-bit, 128-bit)
+// ftn_layernorm_bwd_fused_pipe_{f16,bf16}: the fused backward of the block
+// path's 16-bit rows with 128-bit access (cols % 8 == 0, cols <= blockDim.x
+// * kBlockItems), chunks of rows as bwd_fused_block. Algorithm:
+//   * thread t owns the vectors c*G + t (c < kBlockItems / 8, G =
+//     blockDim.x) of every row: its fp32 accumulators of dy * xhat and dy for
+//     those columns stay in registers for the whole chunk and are written as
+//     the chunk's partials at its end (no shared-memory read-modify-write
+//     per element, no flush barrier);
+//   * x and dy reach shared memory by cp.async, kLnPipeStages rows deep: row
+//     r + 2 is copied while row r is computed, so a block keeps two rows in
+//     flight through its compute (the DRAM latency is paid once per chunk,
+//     not per row). A thread copies and reads back only its own columns:
+//     the wait, no barrier;
+//   * gamma is staged once per block as fp32 (+1 folded in under
+//     zero-centring; 1 when absent): no widening per pass.
+// Per row: pass 1 the two row sums and the accumulators, one block
+// reduction, pass 2 dx (the formulas of bwd_row_cached, the same bits).
+// Dynamic shared memory: gamma fp32 [cols], then kLnPipeStages stages of
+// (x, dy) [2][cols] T: (4 + 4 * kLnPipeStages) * cols bytes (192 KiB at
+// cols = 12288).
+// Floor: reads x, dy (2*rows*cols*2 bytes) and 8 bytes of statistics per
+// row, writes dx (rows*cols*2) and 8*cols bytes of partials per chunk:
+// the 3n bytes of the fused backward. ~18 SASS instructions per element
+// (two passes of 4 shared loads per 8 elements, widening, ~8 FP ops).
+constexpr int kLnPipeStages = 3;
+
+// 8 16-bit values at shared address p, packed: one 128-bit shared load.
+template <typename T>
+FTN_DEVICE void ln_lds_packed(const T *p, uint32_t *w) {
+#if defined(__CUDACC__)
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "r"(ftn_smem_addr(p)));
+#else
+  ftn_load_packed<T, 8>(p, w);
+#endif
+}
+
+// 8 fp32 values at shared address p: two 128-bit shared loads.
+FTN_DEVICE void ln_lds_f32x8(const float *p, float *v) {
+#if defined(__CUDACC__)
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%8];\n\t"
+               "ld.shared.v4.f32 {%4, %5, %6, %7}, [%8 + 16];"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]), "=f"(v[4]), "=f"(v[5]),
+                 "=f"(v[6]), "=f"(v[7])
+               : "r"(ftn_smem_addr(p)));
+#else
+  ftn_load<float, 4>(p, v);
+  ftn_load<float, 4>(p + 4, v + 4);
+#endif
+}
+
+// The block-wide sums of a and b with one barrier: warp sums (shuffles),
+// lane 0 of each warp stores its pair in red[parity], then every thread
+// adds the warps' pairs in warp order (deterministic; two pairs per 128-bit
+// shared load, unrolled to the 16 warps of a 512-thread block). Alternating
+// parity between calls lets the next call store while slow threads still
+// read this one's pairs (the barrier of the call in between separates a
+// store from the reads two calls before). red: [2][16] float2, 16-aligned.
+FTN_DEVICE void block_sum2_single_barrier(float &a, float &b, float4 *red, int parity) {
+  constexpr int kMaxWarps = kBlockThreads / 32;
+  a = ftn_warp_allreduce<FtnSumOp>(a);
+  b = ftn_warp_allreduce<FtnSumOp>(b);
+  float4 *r = red + parity * (kMaxWarps / 2);
+  const int warp = (int)(threadIdx.x >> 5), warps = (int)(blockDim.x >> 5);
+  if ((threadIdx.x & 31u) == 0) {
+    float *slot = reinterpret_cast<float *>(r) + 2 * warp;
+    slot[0] = a;
+    slot[1] = b;
+  }
+  __syncthreads();
+  // Warps w and w + 1's pairs (one shared address computed once).
+#if defined(__CUDACC__)
+  const uint32_t base = ftn_smem_addr(r);
+#endif
+  auto pairs = [&](int w, float *q) {
+#if defined(__CUDACC__)
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(q[0]), "=f"(q[1]), "=f"(q[2]), "=f"(q[3])
+                 : "r"(base + 8 * w));
+#else
+    ftn_load<float, 4>(reinterpret_cast<const float *>(r + w / 2), q);
+#endif
+  };
+  float q[4];
+  pairs(0, q);
+  a = q[0];
+  b = q[1];
+  if (warps > 1) {
+    a += q[2];
+    b += q[3];
+  }
 #pragma unroll
-  for (int k = 0; k < V; ++k) absent[k] = zc != 0 ? 0.0f : 1.0f;
-#pragma unroll
-  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
-    if (col < n) {
-      if (gamma != nullptr) {
-        ftn_cp_async_16(gs + col, gamma + col, 16);
-      } else {
-        ftn_store<T, V>(gs + col, absent);
+  for (int w = 2; w < kMaxWarps; w += 2) {
+    if (w < warps) {
+      pairs(w, q);
+      a += q[0];
+      b += q[1];
+      if (w + 1 < warps) {
+        a += q[2];
+        b += q[3];
       }
     }
   }
-  ftn_cp_async_commit();
-  ftn_cp_async_wait<0>();
-  return gs;
 }
 
-// acc: [2][cols] fp32, then (16-bit 128-bit builds) gamma staged as [cols]
-// T (dynamic shared memory, 8 * cols (+ 2 * cols) bytes): every row of the
-// chunk reads gamma from shared memory, not from L2 in each pass.
-template <typename T, int V>
-FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, float *acc) {
-  FTN_ASSERT(blockDim.x % 32 == 0 && p.cols <= (int64_t)blockDim.x * kBlockItems &&
-             p.partial_gamma != nullptr && p.rows_per_chunk >= 1);
+template <typename T>
+FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, float *smem) {
+  static_assert(sizeof(T) == 2, "16-bit storage");
+  constexpr int V = 8, C = kBlockItems / V, S = kLnPipeStages;
+  FTN_ASSERT(blockDim.x % 32 == 0 && blockDim.x <= 512 && p.cols % V == 0 &&
+             p.cols <= (int64_t)blockDim.x * kBlockItems && p.partial_gamma != nullptr &&
+             p.rows_per_chunk >= 1);
   const int64_t chunk = block_row();
   int64_t r0, r1;
   if (!chunk_rows(p, chunk, r0, r1)) return;
-  float *ag = acc, *ab = acc + p.cols;
-  acc_zero<V, kBlockItems>(ag, ab, (int)p.cols, threadIdx.x, blockDim.x);
-  const T *gamma_src = static_cast<const T *>(p.gamma);
-  constexpr bool kStaged = V > 1 && sizeof(T) == 2;  // fp32: 8 bytes spilled on sm_80
-  if constexpr (kStaged) {
-    gamma_src = ln_stage_gamma<T, V, kBlockItems>(gamma_src, p.zero_centered_gamma, (int)p.cols,
-                                                  threadIdx.x, blockDim.x,
-                                                  reinterpret_cast<T *>(acc + 2 * p.cols));
-  }
-#pragma unroll 1
-  for (int64_t row = r0; row < r1; ++row) {
-    // Opaque per row: nothing derived from them is kept across rows (156
-    // -> 127 registers on sm_90a; sm_80 spilled without).
-    const T *gamma = gamma_src;
-    float *g_acc = ag, *b_acc = ab;
-    int t = threadIdx.x, G = blockDim.x;
-    ftn_ln_opaque(g_acc);
-    ftn_ln_opaque(b_acc);
-    ftn_ln_opaque_int(t);
-    ftn_ln_opaque_int(G);
-    if constexpr (kStaged) {
-      bwd_row_cached<T, V, kBlockItems, false, true, true>(p, gamma, row, t, G, red, g_acc, b_acc);
-    } else {
-      ftn_ln_opaque(gamma);
-      bwd_row_cached<T, V, kBlockItems, false, true>(p, gamma, row, t, G, red, g_acc, b_acc);
+  const int n = (int)p.cols, t = threadIdx.x, G = blockDim.x;
+  float *gs = smem;
+  T *stages = reinterpret_cast<T *>(smem + n);  // [S][2][n]
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if (col < n) {
+      float g[V];
+      load_gamma<T, V>(static_cast<const T *>(p.gamma), col, p.zero_centered_gamma, g);
+      ftn_store<float, 4>(gs + col, g);
+      ftn_store<float, 4>(gs + col + 4, g + 4);
     }
   }
-  flush_partials(p, chunk, acc, 1, p.cols);
+  // Copies row `row`'s x and dy (this thread's columns) into stage s and
+  // commits them as one group; past the chunk, an empty group (the wait
+  // below counts groups).
+  // (The row's addresses once per row, opaque: per vector only the
+  // column is added, not row * cols recomputed.)
+  auto fetch = [&](int64_t row, int s) {
+    if (row < r1) {
+      const T *x = static_cast<const T *>(p.x) + row * p.cols;
+      const T *dy = static_cast<const T *>(p.dy) + row * p.cols;
+      T *sx = stages + s * 2 * n;
+      ftn_ln_opaque(x);
+      ftn_ln_opaque(dy);
+      ftn_ln_opaque(sx);
+      T *sd = sx + n;
+#pragma unroll
+      for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+        if (col < n) {
+          ftn_cp_async_16(sx + col, x + col, 16);
+          ftn_cp_async_16(sd + col, dy + col, 16);
+        }
+      }
+    }
+    ftn_cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) fetch(r0 + s, s);
+  float ag[C * V], ab[C * V];
+#pragma unroll
+  for (int k = 0; k < C * V; ++k) ag[k] = ab[k] = 0.0f;
+  const bool rms = p.kind == FTN_NORM_RMS;
+  const float inv_n = 1.0f / (float)n;
+  // The statistics of rows row .. row + S - 2, loaded as far ahead as the
+  // rows themselves (a DRAM round trip per row otherwise); moved down at
+  // the end of a row, a round after their load was issued.
+  float mean_q[S - 1], rstd_q[S - 1];
+  auto stats = [&](int64_t row, float &mean, float &rstd) {
+    mean = 0.0f;
+    rstd = 0.0f;
+    if (row < r1) {
+      if (!rms) mean = p.mean[row];
+      rstd = p.rstd[row];
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) stats(r0 + s, mean_q[s], rstd_q[s]);
+  int s = 0;
+#pragma unroll 1
+  for (int64_t row = r0; row < r1; ++row) {
+    // Row + S - 1 into the stage row - 1 used (this thread is done with
+    // its own columns of it), then wait for this row's group.
+    fetch(row + S - 1, s == 0 ? S - 1 : s - 1);
+    float mean_next, rstd_next;
+    stats(row + S - 1, mean_next, rstd_next);
+    ftn_cp_async_wait<S - 1>();
+    const T *sx = stages + (int64_t)s * 2 * n, *sd = sx + n;
+    const float mean = mean_q[0];
+    const float rstd = rstd_q[0];
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      if (col < n) {
+        uint32_t xw[4], dw[4];
+        float xv[V], dv[V], g[V];
+        ln_lds_packed<T>(sx + col, xw);
+        ln_lds_packed<T>(sd + col, dw);
+        ln_lds_f32x8(gs + col, g);
+        ftn_unpack<T, V>(xw, xv);
+        ftn_unpack<T, V>(dw, dv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float pg = dv[k] * ((xv[k] - mean) * rstd);  // dy * xhat
+          ag[c * V + k] += pg;
+          ab[c * V + k] += dv[k];
+          s1 = fmaf(dv[k], g[k], s1);
+          s2 = fmaf(g[k], pg, s2);
+        }
+      }
+    }
+    block_sum2_single_barrier(s1, s2, red, (int)((row - r0) & 1));
+    const float m1 = rms ? 0.0f : s1 * inv_n;
+    const float m2 = s2 * inv_n;
+    const float c0 = -rstd * m1;
+    const float c2 = -(rstd * rstd) * m2;
+    T *dx = static_cast<T *>(p.dx) + row * p.cols;
+#pragma unroll
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      if (col < n) {
+        uint32_t xw[4], dw[4];
+        float xv[V], dv[V], g[V], o[V];
+        ln_lds_packed<T>(sx + col, xw);
+        ln_lds_packed<T>(sd + col, dw);
+        ln_lds_f32x8(gs + col, g);
+        ftn_unpack<T, V>(xw, xv);
+        ftn_unpack<T, V>(dw, dv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) o[k] = fmaf(dv[k] * g[k], rstd, fmaf(xv[k] - mean, c2, c0));
+        ftn_store<T, V>(dx + col, o);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q + 1 < S - 1; ++q) {
+      mean_q[q] = mean_q[q + 1];
+      rstd_q[q] = rstd_q[q + 1];
+    }
+    mean_q[S - 2] = mean_next;
+    rstd_q[S - 2] = rstd_next;
+    s = s + 1 == S ? 0 : s + 1;
+  }
+  ftn_cp_async_wait<0>();
+  float *pg = p.partial_gamma + chunk * p.cols;
+  float *pb = p.partial_beta == nullptr ? nullptr : p.partial_beta + chunk * p.cols;
+#pragma unroll
+  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+    if (col < n) {
+      ftn_store<float, 4>(pg + col, ag + c * V);
+      ftn_store<float, 4>(pg + col + 4, ag + c * V + 4);
+      if (pb != nullptr) {
+        ftn_store<float, 4>(pb + col, ab + c * V);
+        ftn_store<float, 4>(pb + col + 4, ab + c * V + 4);
+      }
+    }
+  }
 }
 
 // Two passes over dy and x: the two row sums, then dx.
@@ -1075,9 +1271,22 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   if (out == nullptr) return;  // the whole block: this gradient is not wanted
   float s = 0.0f;
   if (c < p.cols) {
-    // Unrolled: the loads issue ahead, the adds stay in chunk order.
-#pragma unroll 8
-    for (int64_t k = threadIdx.y; k < p.chunks; k += blockDim.y) s += partial[k * p.cols + c];
+    // Eight chunks' loads issued together, then added in chunk order (a
+    // plain unrolled loop keeps its exit test between the loads: each
+    // waited for the one before), then the rest one by one.
+    constexpr int kBatch = 8;
+    const int64_t step = blockDim.y;
+    int64_t k = threadIdx.y;
+#pragma unroll 1
+    for (; k + (kBatch - 1) * step < p.chunks; k += kBatch * step) {
+      float v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) v[u] = partial[(k + u * step) * p.cols + c];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) s += v[u];
+    }
+#pragma unroll 1
+    for (; k < p.chunks; k += step) s += partial[k * p.cols + c];
   }
   red[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -1173,6 +1382,18 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
     column_sum<T>(p, red);                                                                    \
   }
 
+// The pipelined fused backward: 16-bit storage, 128-bit access only.
+#define FTN_STAMP_LAYERNORM_PIPE(suffix, T)                                                  \
+  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_pipe_##suffix, FtnLayerNormBwdParams, p,         \
+                     kBlockThreads) {                                                        \
+    FTN_SHARED(float4, red, [kBlockThreads / 32]);                                           \
+    FTN_DYNAMIC_SHARED(float, smem);                                                         \
+    FTN_ASSERT(p.vec == 8);                                                                  \
+    bwd_fused_pipe<T>(p, red, smem);                                                         \
+  }
+
 FTN_STAMP_LAYERNORM(f32, float)
 FTN_STAMP_LAYERNORM(f16, __half)
 FTN_STAMP_LAYERNORM(bf16, __nv_bfloat16)
+FTN_STAMP_LAYERNORM_PIPE(f16, __half)
+FTN_STAMP_LAYERNORM_PIPE(bf16, __nv_bfloat16)

@@ -477,19 +477,19 @@ fn many_rows_several_chunks() {
     }
 }
 
-/// The fused block path (dx and the partials of chunks of rows, one block
-/// each) with several chunks, the last one partial: 70 rows are chunks of
-/// 32, 32 and 6. At its widest row (`FUSED_BLOCK_MAX_HIDDEN`, 384 threads)
-/// and one column past it (the unfused parameter-gradient kernels), vector
-/// and scalar access, both kinds.
+/// The fused block path's shared-memory-accumulator kernel (fp32 storage,
+/// scalar access) with several chunks, the last one partial: 70 rows are
+/// chunks of 32, 32 and 6. At its widest row (`FUSED_BLOCK_MAX_HIDDEN`, 384
+/// threads) and one vector past it (the unfused parameter-gradient kernels),
+/// both kinds.
 #[test]
 fn fused_block_path_several_chunks() {
     use ferrotron::core::plan::layernorm::{self as plan, RowPath, FUSED_BLOCK_MAX_HIDDEN};
     let wide = FUSED_BLOCK_MAX_HIDDEN as usize;
-    let f = plan::fused_backward(70, 2056, 2, true, true).unwrap();
+    let f = plan::fused_backward(70, 1025, 4, true, true).unwrap();
     assert_eq!(
-        (f.path, f.chunks, f.rows_per_chunk),
-        (RowPath::Block, 3, 32)
+        (f.path, f.pipelined, f.chunks, f.rows_per_chunk),
+        (RowPath::Block, false, 3, 32)
     );
     assert_eq!(
         plan::fused_backward(40, wide as u64, 4, true, true)
@@ -498,11 +498,51 @@ fn fused_block_path_several_chunks() {
             .block[0],
         384
     );
-    assert!(plan::fused_backward(40, wide as u64 + 8, 4, true, true).is_none());
-    for dev in devices("fused_block_path_several_chunks", 7) {
+    assert!(plan::fused_backward(40, wide as u64 + 4, 4, true, true).is_none());
+    for dev in devices("fused_block_path_several_chunks", 5) {
+        run_case::<f32>(&dev, Case::new(70, 1025, true));
+        let scalar = Case {
+            vectorize: false,
+            zero_centered: true,
+            ..Case::new(70, 1030, false)
+        };
+        run_case::<f16>(&dev, scalar);
+        run_case::<bf16>(
+            &dev,
+            Case {
+                vectorize: false,
+                ..Case::new(70, 2056, false)
+            },
+        );
+        run_case::<f32>(&dev, Case::new(40, wide, false));
+        run_case::<f32>(&dev, Case::new(40, wide + 4, true));
+    }
+}
+
+/// The pipelined fused backward (16-bit storage, 128-bit access: rows
+/// copied into shared memory two ahead, accumulators in registers) with
+/// several chunks (70 rows: 32, 32, 6, so the three-stage ring wraps and
+/// stops mid-cycle), without gamma (staged as 1, or 0 under zero-centring),
+/// RMSNorm, without beta, and at the block path's widest row (512 threads,
+/// 40 rows in one chunk).
+#[test]
+fn fused_pipelined_path() {
+    use ferrotron::core::plan::layernorm::{self as plan, RowPath, BLOCK_MAX_HIDDEN};
+    let wide = BLOCK_MAX_HIDDEN as usize;
+    let f = plan::fused_backward(70, 2056, 2, true, true).unwrap();
+    assert_eq!(
+        (f.path, f.pipelined, f.chunks, f.rows_per_chunk),
+        (RowPath::Block, true, 3, 32)
+    );
+    assert_eq!(
+        plan::fused_backward(40, wide as u64, 2, true, true)
+            .unwrap()
+            .cfg
+            .block[0],
+        512
+    );
+    for dev in devices("fused_pipelined_path", 7) {
         run_case::<bf16>(&dev, Case::new(70, 2056, false));
-        // 16-bit vector rows stage gamma in shared memory; absent, they
-        // stage the value that reads back as 1 (0 under zero-centring).
         for zero_centered in [false, true] {
             let absent = Case {
                 gamma: false,
@@ -511,15 +551,15 @@ fn fused_block_path_several_chunks() {
             };
             run_case::<f16>(&dev, absent);
         }
-        run_case::<f32>(&dev, Case::new(70, 1025, true));
-        let scalar = Case {
-            vectorize: false,
+        run_case::<bf16>(&dev, Case::new(70, 4096, true));
+        let no_beta = Case {
+            beta: false,
             zero_centered: true,
-            ..Case::new(70, 1030, false)
+            ..Case::new(34, 1032, false)
         };
-        run_case::<f16>(&dev, scalar);
-        run_case::<f32>(&dev, Case::new(40, wide, false));
-        run_case::<bf16>(&dev, Case::new(40, wide + 8, true));
+        run_case::<f16>(&dev, no_beta);
+        run_case::<bf16>(&dev, Case::new(40, wide, false));
+        run_case::<f16>(&dev, Case::new(2, wide, true));
     }
 }
 

@@ -199,9 +199,19 @@ impl Device {
         }
     }
 
-    /// The limits launches are checked against.
+    /// The limits launches are checked against: sm_90's (the emulator's),
+    /// with a GPU's own shared memory per block where it has less.
     pub fn limits(&self) -> DeviceLimits {
-        DeviceLimits::SM90
+        match &self.inner.imp {
+            DeviceImpl::Emu(_) => DeviceLimits::SM90,
+            #[cfg(feature = "cuda")]
+            DeviceImpl::Cuda(c) => DeviceLimits {
+                max_smem_per_block: DeviceLimits::SM90
+                    .max_smem_per_block
+                    .min(c.max_smem_per_block()),
+                ..DeviceLimits::SM90
+            },
+        }
     }
 
     /// A new stream on this device.

@@ -111,8 +111,10 @@ fn fused_bwd_kernel(
     d: DType,
     path: RowPath,
     vec: u32,
+    pipelined: bool,
 ) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
     match path {
+        RowPath::Block if pipelined => kernels::LAYERNORM_BWD_FUSED_PIPE.for_dtype(d),
         RowPath::Warp if vec == 1 => kernels::LAYERNORM_BWD_FUSED_WARP_SCALAR.for_dtype(d),
         RowPath::Warp => kernels::LAYERNORM_BWD_FUSED_WARP.for_dtype(d),
         RowPath::Block if vec == 1 => kernels::LAYERNORM_BWD_FUSED_BLOCK_SCALAR.for_dtype(d),
@@ -298,13 +300,20 @@ impl Norm {
 
         // dx and the chunks' partials in one pass over dy and x, then the
         // fixed-order sum of the chunks.
-        if let Some(f) = plan::fused_backward(rows, hidden, es, vectorize, with_beta) {
+        let max_smem = stream.device().limits().max_smem_per_block;
+        if let Some(f) =
+            plan::fused_backward_within(rows, hidden, es, vectorize, with_beta, max_smem)
+        {
             let (pg, pb) = self.partials(op, stream, f.chunks, with_beta)?;
             params.vec = f.vec;
             params.partial_gamma = pg as *mut f32;
             params.partial_beta = pb as *mut f32;
             params.rows_per_chunk = f.rows_per_chunk as i64;
-            stream.launch(fused_bwd_kernel(T::DTYPE, f.path, f.vec)?, f.cfg, params)?;
+            stream.launch(
+                fused_bwd_kernel(T::DTYPE, f.path, f.vec, f.pipelined)?,
+                f.cfg,
+                params,
+            )?;
             return sums.launch::<T>(stream, (pg, pb), f.chunks, hidden, f.reduce_cfg);
         }
 
@@ -555,10 +564,13 @@ mod tests {
                     fwd_kernel(d, path, vec).unwrap();
                     bwd_kernel(d, path, vec).unwrap();
                 }
-                fused_bwd_kernel(d, RowPath::Warp, vec).unwrap();
-                fused_bwd_kernel(d, RowPath::Block, vec).unwrap();
-                assert!(fused_bwd_kernel(d, RowPath::Global, vec).is_err());
+                fused_bwd_kernel(d, RowPath::Warp, vec, false).unwrap();
+                fused_bwd_kernel(d, RowPath::Block, vec, false).unwrap();
+                assert!(fused_bwd_kernel(d, RowPath::Global, vec, false).is_err());
             }
+            // The pipelined fused backward: 16-bit storage only.
+            let pipe = fused_bwd_kernel(d, RowPath::Block, 16 / d.size() as u32, true);
+            assert_eq!(pipe.is_ok(), d.size() == 2);
             // The warp and block paths have a separate scalar build.
             assert_ne!(
                 fwd_kernel(d, RowPath::Block, 1).unwrap().name,

@@ -53,9 +53,11 @@ unsafe impl Send for LoadedFunction {}
 pub(crate) struct CudaDevice {
     ctx: Arc<CudaContext>,
     name: String,
-    /// Compute capability (major, minor) and SM count, read once.
+    /// Compute capability (major, minor), SM count and the shared memory a
+    /// block may opt into, read once.
     capability: (u32, u32),
     sms: u32,
+    max_smem_optin: u32,
     modules: Mutex<HashMap<&'static str, LoadedModule>>,
     functions: Mutex<HashMap<&'static str, LoadedFunction>>,
     mem: Arc<MemoryManager>,
@@ -113,6 +115,12 @@ impl CudaDevice {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| driver_err("reading the SM count", e))?
             .max(1) as u32;
+        let max_smem_optin = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| driver_err("reading the shared memory per block", e))?
+            .max(0) as u32;
         let mem = Arc::new(MemoryManager::new(&ctx)?);
         let upload = CudaStreamHandle::new(&ctx, &mem)?;
         let readback = CudaStreamHandle::new(&ctx, &mem)?;
@@ -121,6 +129,7 @@ impl CudaDevice {
             name,
             capability,
             sms,
+            max_smem_optin,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             mem,
@@ -153,6 +162,12 @@ impl CudaDevice {
 
     pub fn multiprocessor_count(&self) -> u32 {
         self.sms
+    }
+
+    /// Most dynamic shared memory one block may opt into (227 KiB on
+    /// sm_90, 163 KiB on sm_80).
+    pub fn max_smem_per_block(&self) -> u32 {
+        self.max_smem_optin
     }
 
     pub fn synchronize(&self) -> Result<()> {

@@ -7,7 +7,7 @@
 //! reproducible for a shape.
 
 use super::{div_ceil, row_chunks, vector_width};
-use crate::core::launch::LaunchConfig;
+use crate::core::launch::{DeviceLimits, LaunchConfig};
 
 /// How one row is normalised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -184,9 +184,13 @@ pub struct ParamGradPlan {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FusedBwdPlan {
     pub path: RowPath,
+    /// The block path's pipelined kernel (16-bit storage, 128-bit access):
+    /// accumulators in registers, rows copied into shared memory
+    /// [`FUSED_PIPE_STAGES`] deep (`ftn_layernorm_bwd_fused_pipe_*`).
+    pub pipelined: bool,
     /// One block per chunk (grid x * y >= chunks; the block path also asks
-    /// for `8 * hidden` bytes of dynamic shared memory, plus `2 * hidden`
-    /// for gamma staged there by the 16-bit builds with `vec > 1`).
+    /// for dynamic shared memory: `8 * hidden` bytes of accumulators, or,
+    /// pipelined, [`fused_pipe_smem`] bytes).
     pub cfg: LaunchConfig,
     pub vec: u32,
     pub rows_per_chunk: u64,
@@ -203,8 +207,22 @@ pub const FUSED_TARGET_CHUNKS: u64 = 1024;
 /// Most threads of a fused block-path block (`kFusedBlockThreads`: the row
 /// loop keeps more registers live than the one-row kernel, 156 on sm_90a).
 pub const FUSED_BLOCK_THREADS: u32 = 384;
-/// Widest row of the fused block path; wider rows take [`param_grads`].
+/// Widest row of the fused block path's shared-memory-accumulator kernel
+/// (fp32 storage and scalar access); wider rows take [`param_grads`]. The
+/// pipelined kernel (16-bit storage, 128-bit access) covers the whole block
+/// path.
 pub const FUSED_BLOCK_MAX_HIDDEN: u64 = FUSED_BLOCK_THREADS as u64 * BLOCK_ITEMS;
+/// Rows in shared memory at once in the pipelined fused backward
+/// (`kLnPipeStages`): the one computed and the next two in flight.
+pub const FUSED_PIPE_STAGES: u64 = 3;
+
+/// Dynamic shared memory of the pipelined fused backward: gamma as fp32
+/// and [`FUSED_PIPE_STAGES`] stages of x and dy (16-bit).
+pub const fn fused_pipe_smem(hidden: u64) -> u64 {
+    (4 + 4 * FUSED_PIPE_STAGES) * hidden
+}
+/// Its static shared memory (the reduction's 16 float4).
+pub const FUSED_PIPE_STATIC_SMEM: u64 = 256;
 
 /// Stage two over `chunks` partial rows of `hidden` columns.
 fn column_sum_cfg(hidden: u64, chunks: u64, with_beta: bool) -> LaunchConfig {
@@ -216,7 +234,8 @@ fn column_sum_cfg(hidden: u64, chunks: u64, with_beta: bool) -> LaunchConfig {
 }
 
 /// The fused backward of a shape, or `None` when its row path has none (the
-/// global path, and block rows wider than [`FUSED_BLOCK_MAX_HIDDEN`]). The
+/// global path, and block rows wider than [`FUSED_BLOCK_MAX_HIDDEN`] that
+/// the pipelined kernel does not take: fp32 or scalar access). The
 /// chunking depends on the row count alone, so the partials (and dgamma,
 /// dbeta) are bitwise reproducible for a shape.
 pub fn fused_backward(
@@ -226,23 +245,51 @@ pub fn fused_backward(
     aligned16: bool,
     with_beta: bool,
 ) -> Option<FusedBwdPlan> {
+    fused_backward_within(
+        rows,
+        hidden,
+        elem_size,
+        aligned16,
+        with_beta,
+        DeviceLimits::SM90.max_smem_per_block,
+    )
+}
+
+/// [`fused_backward`] on a device with `max_smem` bytes of shared memory
+/// per block (static and dynamic): a pipelined row that does not fit there
+/// (an sm_80 part, 163 KiB, at 16-bit rows wider than 10416) takes the
+/// unfused kernels.
+pub fn fused_backward_within(
+    rows: u64,
+    hidden: u64,
+    elem_size: usize,
+    aligned16: bool,
+    with_beta: bool,
+    max_smem: u32,
+) -> Option<FusedBwdPlan> {
     let path = path(hidden);
+    let vec = vec_width(hidden, elem_size, aligned16);
+    let pipelined = path == RowPath::Block && elem_size == 2 && vec > 1;
+    if pipelined && fused_pipe_smem(hidden) + FUSED_PIPE_STATIC_SMEM > max_smem as u64 {
+        return None;
+    }
     let block = match path {
         RowPath::Warp => [32 * WARP_ROWS, 1, 1],
-        RowPath::Block if hidden <= FUSED_BLOCK_MAX_HIDDEN => [block_threads(hidden) as u32, 1, 1],
+        RowPath::Block if pipelined || hidden <= FUSED_BLOCK_MAX_HIDDEN => {
+            [block_threads(hidden) as u32, 1, 1]
+        }
         _ => return None,
     };
-    let vec = vec_width(hidden, elem_size, aligned16);
-    // The fp32 accumulators, and gamma staged behind them (16-bit 128-bit
-    // builds).
     let smem = match path {
-        RowPath::Block if vec > 1 && elem_size == 2 => 10 * hidden,
+        RowPath::Block if pipelined => fused_pipe_smem(hidden),
+        // The fp32 accumulators.
         RowPath::Block => 8 * hidden,
         _ => 0,
     };
     let (rows_per_chunk, chunks) = row_chunks(rows, FUSED_MIN_ROWS_PER_CHUNK, FUSED_TARGET_CHUNKS);
     Some(FusedBwdPlan {
         path,
+        pipelined,
         cfg: LaunchConfig {
             grid: row_grid(chunks),
             block,
@@ -455,7 +502,10 @@ mod tests {
             for &r in &[1u64, 31, 32, 33, 1000, 70_000, 1 << 26] {
                 for es in [2usize, 4] {
                     let Some(f) = fused_backward(r, h, es, true, true) else {
-                        assert!(path(h) == RowPath::Global || h > FUSED_BLOCK_MAX_HIDDEN);
+                        assert!(
+                            path(h) == RowPath::Global
+                                || (h > FUSED_BLOCK_MAX_HIDDEN && (es == 4 || h % 8 != 0))
+                        );
                         continue;
                     };
                     assert_eq!(f.path, path(h));
@@ -475,10 +525,17 @@ mod tests {
                         }
                         RowPath::Block => {
                             let t = f.cfg.block[0];
-                            assert!(t <= FUSED_BLOCK_THREADS && t as u64 * BLOCK_ITEMS >= h);
-                            // Accumulators, then gamma (128-bit builds).
-                            let staged = if f.vec > 1 && es == 2 { 2 * h } else { 0 };
-                            assert_eq!(f.cfg.dynamic_smem_bytes as u64, 8 * h + staged);
+                            assert_eq!(t as u64, block_threads(h));
+                            assert_eq!(f.pipelined, f.vec > 1 && es == 2);
+                            if f.pipelined {
+                                // gamma (fp32) and three stages of x, dy.
+                                assert!(t <= BLOCK_THREADS && t as u64 * BLOCK_ITEMS >= h);
+                                assert_eq!(f.cfg.dynamic_smem_bytes as u64, 16 * h);
+                            } else {
+                                // The fp32 accumulators.
+                                assert!(t <= FUSED_BLOCK_THREADS && t as u64 * BLOCK_ITEMS >= h);
+                                assert_eq!(f.cfg.dynamic_smem_bytes as u64, 8 * h);
+                            }
                         }
                         RowPath::Global => unreachable!(),
                     }
@@ -487,7 +544,19 @@ mod tests {
             }
         }
         assert!(fused_backward(10, FUSED_BLOCK_MAX_HIDDEN + 1, 2, true, true).is_none());
-        assert!(fused_backward(10, FUSED_BLOCK_MAX_HIDDEN, 2, true, true).is_some());
+        assert!(fused_backward(10, FUSED_BLOCK_MAX_HIDDEN + 8, 4, true, true).is_none());
+        assert!(fused_backward(10, FUSED_BLOCK_MAX_HIDDEN, 4, true, true).is_some());
+        // 16-bit 128-bit rows: the pipelined kernel, to the block path's end.
+        let pipe = fused_backward(10, BLOCK_MAX_HIDDEN, 2, true, true).unwrap();
+        assert!(pipe.pipelined && pipe.cfg.block[0] == BLOCK_THREADS);
+        // On an sm_80 part (163 KiB per block) the widest rows are unfused.
+        let a100 = 166_912;
+        assert!(fused_backward_within(10, 10_368, 2, true, true, a100).is_some());
+        assert!(fused_backward_within(10, 10_416, 2, true, true, a100).is_some());
+        assert!(fused_backward_within(10, 10_424, 2, true, true, a100).is_none());
+        assert!(fused_backward_within(10, 12_288, 4, true, false, a100).is_none());
+        assert!(fused_backward_within(10, 8192, 4, true, false, a100).is_some());
+        assert!(fused_backward(10, BLOCK_MAX_HIDDEN, 2, false, true).is_none());
         assert!(fused_backward(10, 65536, 2, true, true).is_none());
         // The chunking depends on the rows only.
         let a = fused_backward(100_000, 1024, 2, true, true).unwrap();

@@ -42,6 +42,9 @@ pub struct PhaseSpec {
     /// Bytes per element re-read from L2 (a second pass over a row).
     pub l2_read_bytes_per_elem: f64,
     pub one_round_per_block: bool,
+    /// Rounds ahead the phase's global reads are issued (cp.async
+    /// pipeline depth - 1; 0: none).
+    pub prefetch_rounds: f64,
     /// Dynamic shared memory per block (the launch's).
     pub dynamic_smem: u32,
 }
@@ -96,6 +99,7 @@ fn phase(
         read_bytes_per_elem,
         l2_read_bytes_per_elem: 0.0,
         one_round_per_block: false,
+        prefetch_rounds: 0.0,
         dynamic_smem: cfg.dynamic_smem_bytes,
     }
 }
@@ -455,7 +459,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             anchor(
                 "layernorm.cu",
                 "void column_sum(",
-                "s += partial[k * p.cols + c]",
+                "v[u] = partial[(k + u * step) * p.cols + c]",
                 4,
             ),
             Elems::PerLoadedBytes(4.0),
@@ -497,14 +501,16 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                 plan::layernorm::BLOCK_ITEMS
             };
             let partials = 8.0 * f.chunks as f64 / rows as f64;
+            // The pipelined kernel: x and dy reach shared memory by
+            // cp.async, FUSED_PIPE_STAGES - 1 rows ahead.
+            let (kind, within) = if f.pipelined {
+                ("pipe", "void bwd_fused_pipe(")
+            } else {
+                (kind, bw_cached)
+            };
             let mut ph = phase(
                 format!("ftn_layernorm_bwd_fused_{kind}_bf16"),
-                anchor(
-                    "layernorm.cu",
-                    bw_cached,
-                    "o[k] = fmaf(dv[k] * g[k], rstd",
-                    w,
-                ),
+                anchor("layernorm.cu", within, "o[k] = fmaf(dv[k] * g[k], rstd", w),
                 Elems::Fixed(items as f64),
                 f.cfg,
                 n,
@@ -512,6 +518,9 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                 2.0 * e + stats,
             );
             ph.elems_per_round = Some(per);
+            if f.pipelined {
+                ph.prefetch_rounds = (plan::layernorm::FUSED_PIPE_STAGES - 1) as f64;
+            }
             vec![ph, column_sum(f.chunks, f.reduce_cfg)]
         }
         None => {

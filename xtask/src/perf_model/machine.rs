@@ -107,6 +107,10 @@ pub struct Phase {
     /// One round per block (no loop over rows): rounds are waves of blocks,
     /// the last one possibly partial.
     pub one_round_per_block: bool,
+    /// Rounds ahead that a round's global reads are issued (a cp.async
+    /// pipeline: 2 when row r + 2 is copied while row r is computed); 0 when
+    /// a round issues its own.
+    pub prefetch_rounds: f64,
 }
 
 /// What the model says about one phase.
@@ -143,6 +147,12 @@ pub struct PhaseEstimate {
 /// bandwidth (Little's law: the bytes in flight over the latency). The
 /// phase takes its rounds, or its DRAM bytes at the copy bandwidth,
 /// whichever is longer.
+///
+/// A prefetching phase (`prefetch_rounds` = D > 0) issues a round's reads D
+/// rounds before it needs them, so the load chain (latencies and the
+/// unit's arrival) overlaps the compute of the D rounds in between: a
+/// round lasts as long as its compute with its shuffles and barriers, or
+/// the load chain over D, whichever is longer (and at least its transfer).
 pub fn estimate(m: &Machine, p: &Phase) -> PhaseEstimate {
     let occ = m.blocks_per_sm(p.threads, p.registers, p.smem) as f64;
     let spread = p.blocks as f64 / m.sms as f64;
@@ -158,17 +168,21 @@ pub fn estimate(m: &Machine, p: &Phase) -> PhaseEstimate {
     } else {
         m.dram_latency
     };
-    let memory = first * (1.0 + p.data_waits)
-        + (p.load_groups - 1.0).max(0.0) * m.l2_latency
-        + p.shfl * m.shfl_latency
-        + p.bar * m.bar_latency;
+    let loads = first * (1.0 + p.data_waits) + (p.load_groups - 1.0).max(0.0) * m.l2_latency;
+    let sync = p.shfl * m.shfl_latency + p.bar * m.bar_latency;
+    let memory = loads + sync;
     let transfer = round_elems * p.read_bytes_per_elem / peak;
     // The warps that wait for each other: a block when the round has a
     // barrier, else one warp. Their own reads arrive one after another,
     // within their round, before the compute that needs them.
     let unit = if p.bar > 0.0 { p.threads as f64 } else { 32.0 };
     let unit_transfer = unit * p.elems_per_round * p.read_bytes_per_elem / peak;
-    let round = (memory + unit_transfer + issue).max(transfer);
+    let round = if p.prefetch_rounds > 0.0 {
+        ((loads + unit_transfer) / p.prefetch_rounds).max(sync + issue)
+    } else {
+        memory + unit_transfer + issue
+    }
+    .max(transfer);
     let rounds = if p.one_round_per_block && occ > 0.0 {
         (p.blocks as f64 / (occ * m.sms as f64)).ceil()
     } else if round_elems > 0.0 {
@@ -240,6 +254,7 @@ mod tests {
             load_groups: 1.0,
             data_waits: 0.0,
             one_round_per_block: false,
+            prefetch_rounds: 0.0,
         }
     }
 
@@ -310,6 +325,29 @@ mod tests {
         two.elems = two.blocks as f64 * 256.0 * 4.0;
         let (a, b) = (estimate(&H200, &q), estimate(&H200, &two));
         assert!((a.seconds - b.seconds).abs() < 1e-15);
+    }
+
+    #[test]
+    fn prefetching_overlaps_the_load_chain_with_compute() {
+        let mut p = phase();
+        p.bar = 2.0;
+        p.shfl = 10.0;
+        p.instrs_per_round = 400.0;
+        let m = H200;
+        let plain = estimate(&m, &p);
+        p.prefetch_rounds = 2.0;
+        let e = estimate(&m, &p);
+        let unit = 256.0 * 4.0 * 4.0 / m.copy_bytes_per_cycle_sm();
+        let sync = 10.0 * m.shfl_latency + 2.0 * m.bar_latency;
+        let want = ((m.dram_latency + unit) / 2.0)
+            .max(sync + e.issue_cycles)
+            .max(e.transfer_cycles);
+        assert!((e.round_cycles - want).abs() < 1e-9);
+        assert!(e.round_cycles < plain.round_cycles);
+        // Compute-bound: prefetching cannot go below the compute.
+        p.instrs_per_round = 40_000.0;
+        let e = estimate(&m, &p);
+        assert!((e.round_cycles - (sync + e.issue_cycles)).abs() < 1e-9);
     }
 
     #[test]

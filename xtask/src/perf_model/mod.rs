@@ -111,7 +111,7 @@ pub fn region(
     let widest_in = |a: usize, b: usize| {
         f.instrs[a..=b]
             .iter()
-            .filter_map(|i| i.global_load_bytes())
+            .filter_map(|i| i.global_read_bytes())
             .max()
             .unwrap_or(0)
     };
@@ -210,6 +210,7 @@ pub fn prepare(inputs: &Inputs, case: &Case) -> Result<Prepared, String> {
             load_groups: (path.load_groups + cached_waits) as f64,
             data_waits: data_waits as f64,
             one_round_per_block: spec.one_round_per_block,
+            prefetch_rounds: spec.prefetch_rounds,
         };
         phases.push((
             spec.clone(),
@@ -624,7 +625,7 @@ fn run_inner(args: &[String]) -> Result<ExitCode, String> {
                 .collect();
             let widest = f.instrs[a..=b]
                 .iter()
-                .filter_map(|i| i.global_load_bytes())
+                .filter_map(|i| i.global_read_bytes())
                 .max();
             println!(
                 "loop {:#x}..{:#x} widest {:?} path {:?}\n  lines {:?}",

@@ -28,6 +28,19 @@ impl Instr {
         matches!(self.base(), "LDG" | "LD").then(|| access_bytes(&self.op))
     }
 
+    /// Bytes one thread copies from global to shared memory with this
+    /// asynchronous copy (`LDGSTS`, cp.async), if it is one: a global read
+    /// with no register result.
+    pub fn async_copy_bytes(&self) -> Option<u32> {
+        (self.base() == "LDGSTS").then(|| access_bytes(&self.op))
+    }
+
+    /// Bytes one thread reads from global memory with this load or
+    /// asynchronous copy, if it is one.
+    pub fn global_read_bytes(&self) -> Option<u32> {
+        self.global_load_bytes().or(self.async_copy_bytes())
+    }
+
     /// Bytes one thread moves with this global store, if it is one.
     pub fn global_store_bytes(&self) -> Option<u32> {
         matches!(self.base(), "STG" | "ST").then(|| access_bytes(&self.op))
@@ -236,10 +249,19 @@ impl PathStats {
     fn add(mut self, i: &Instr, width: u32) -> Self {
         self.instrs += 1;
         let base = i.base();
-        if let Some(b) = i.global_load_bytes().or(i.global_store_bytes()) {
+        if let Some(b) = i.global_read_bytes().or(i.global_store_bytes()) {
             if b == width {
                 self.wide_bytes += b;
             }
+        }
+        // An asynchronous copy reads global memory but writes no register:
+        // nothing waits for it here (the kernel's wait_group is what the
+        // phase's `prefetch_rounds` models).
+        if let Some(b) = i.async_copy_bytes() {
+            self.ldg += 1;
+            self.ldg_bytes += b;
+            self.widest_load = self.widest_load.max(b);
+            return self;
         }
         // Registers this instruction reads (or overwrites: a write to a
         // register with a load in flight waits for it too). A load's first
@@ -359,7 +381,7 @@ impl Function {
         let last = end.unwrap_or(self.instrs.len().saturating_sub(1));
         let width = self.instrs[start..=last]
             .iter()
-            .filter_map(|i| i.global_load_bytes())
+            .filter_map(|i| i.global_read_bytes())
             .max()
             .unwrap_or(0);
         let mut best: Vec<Option<PathStats>> = vec![None; last + 2];
