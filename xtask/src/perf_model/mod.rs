@@ -439,10 +439,23 @@ fn key(r: &Row) -> String {
     format!("{}: {}", r.case.family, r.case.name)
 }
 
-/// Cases whose prediction is below their threshold, and cases without one.
+/// Cases whose prediction is below their threshold, cases without one, and
+/// hot paths that call a subroutine (counted as one instruction: the
+/// prediction would be too high).
 pub fn check(rows: &[Row], thresholds: &HashMap<String, f64>) -> Vec<String> {
     let mut bad = Vec::new();
     for r in rows {
+        for (spec, region, _, _) in &r.phases {
+            if region.path.calls > 0 {
+                bad.push(format!(
+                    "{}: the hot path of {} ({}) makes {} subroutine call(s) (CALL), which the model counts as one instruction each; inline the callee (e.g. a 64-bit division or remainder) or take it out of the loop",
+                    key(r),
+                    spec.kernel,
+                    region.region,
+                    region.path.calls
+                ));
+            }
+        }
         match thresholds.get(&key(r)) {
             Some(&t) if r.predicted + 1e-9 < t => bad.push(format!(
                 "{}: predicted {:.3} of copy, below its threshold {t:.3}",

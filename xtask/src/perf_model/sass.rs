@@ -158,6 +158,9 @@ pub struct PathStats {
     pub bar: u32,
     pub mufu: u32,
     pub shared: u32,
+    /// Subroutine calls (`CALL`): the model counts one instruction for
+    /// each, whatever the callee runs (e.g. a 64-bit division).
+    pub calls: u32,
     /// Groups of global loads separated by a shuffle, a barrier, or the use
     /// of an earlier load's result (other than the `waited_wide` ones):
     /// each group after the first is one dependent round trip (modelled at
@@ -180,6 +183,10 @@ pub struct PathStats {
     used_wide: bool,
     used_narrow: bool,
 }
+
+/// What a subroutine call weighs when paths are compared (instructions):
+/// more than any inline fast path it stands in for.
+const CALL_COST: u32 = 100;
 
 /// A set of general registers R0..R255 (RZ is not tracked).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -333,6 +340,7 @@ impl PathStats {
                 self.sync_since_load = true;
             }
             "MUFU" => self.mufu += 1,
+            "CALL" => self.calls += 1,
             "LDS" | "STS" => self.shared += 1,
             _ => {}
         }
@@ -349,7 +357,14 @@ impl PathStats {
     /// are skipped).
     fn better_than(&self, o: &PathStats) -> bool {
         let work = |p: &PathStats| (p.wide_bytes, p.stg_bytes, p.shared);
-        work(self) > work(o) || (work(self) == work(o) && self.instrs < o.instrs)
+        work(self) > work(o) || (work(self) == work(o) && self.cost() < o.cost())
+    }
+
+    /// Instructions, a subroutine call weighed as [`CALL_COST`]: a branch
+    /// that calls a slow path (a division's special cases) is not the
+    /// shorter side of the branch around it.
+    fn cost(&self) -> u32 {
+        self.instrs + (CALL_COST - 1) * self.calls
     }
 }
 
@@ -491,6 +506,46 @@ mod tests {
         assert_eq!(s.bar, 1);
         assert_eq!(s.ldg_bytes, 8);
         assert_eq!(s.stg_bytes, 4);
+    }
+
+    fn instr(op: &str, operands: &str) -> Instr {
+        Instr {
+            addr: 0,
+            pred: None,
+            op: op.into(),
+            operands: operands.into(),
+            file: String::new(),
+            line: 0,
+        }
+    }
+
+    #[test]
+    fn calls_are_counted() {
+        let s = PathStats::default().add(&instr("CALL.REL.NOINC", " `($__internal_0)"), 16);
+        assert_eq!((s.calls, s.instrs), (1, 1));
+        // The fixture's loop calls on its slow path only: not the hot path.
+        let fs = parse(FIXTURE);
+        let (a, b) = fs[0].loops()[0];
+        assert_eq!(fs[0].hot_path(a, Some(b)).unwrap().calls, 0);
+    }
+
+    #[test]
+    fn an_async_copy_reads_global_memory_and_writes_no_register() {
+        let cp = instr("LDGSTS.E.BYPASS.128", " [R3], desc[UR8][R4.64]");
+        assert_eq!(cp.global_read_bytes(), Some(16));
+        assert_eq!(cp.global_load_bytes(), None);
+        let s = PathStats::default().add(&cp, 16);
+        assert_eq!(
+            (s.ldg, s.ldg_bytes, s.widest_load, s.wide_bytes),
+            (1, 16, 16, 16)
+        );
+        assert_eq!((s.wide_loads, s.load_groups), (0, 0));
+        // A use of R3 (the shared address) is no wait: the load after it
+        // starts the path's first load group.
+        let s = s
+            .add(&instr("IADD3", " R3, R3, 0x10, RZ"), 16)
+            .add(&instr("LDG.E.128", " R8, desc[UR8][R6.64]"), 16);
+        assert_eq!((s.load_groups, s.waited_wide), (1, 0));
     }
 
     #[test]
