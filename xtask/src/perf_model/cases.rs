@@ -141,7 +141,12 @@ fn bias_gelu(rows: u64, cols: u64, vector: bool, measured: [Option<f64>; 2]) -> 
     );
     let sum = phase(
         "ftn_column_sum_partials_bf16",
-        anchor("bias_gelu.cu", "column_sum_partials(", "s += p.partial", 4),
+        anchor(
+            "bias_gelu.cu",
+            "column_sum_partials(",
+            "v[u] = p.partial[(k + u) * p.cols + c]",
+            4,
+        ),
         Elems::PerLoadedBytes(4.0),
         b.reduce_cfg,
         (b.chunks * cols) as f64,
