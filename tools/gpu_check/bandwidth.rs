@@ -18,10 +18,12 @@
 //!   kernel skips the masked columns, + y written), backward (no mask
 //!   argument: 3n·2 B); plus one long-path row (sk 65536).
 //! - LayerNorm / RMSNorm, bf16 `[2^28 / hidden, hidden]` for hidden ∈ {1024,
-//!   4096, 8192, 16384}: forward (2n·2 B + 8 or 4 B of statistics per row),
-//!   backward with parameter gradients (dx pass 3n·2 B + the parameter pass
-//!   re-reading dy and x, 2n·2 B: 5n·2 B, as `benches/layernorm.rs`) and
-//!   backward dx only (3n·2 B).
+//!   4096, 8192, 12288, 16384}: forward (2n·2 B + 8 or 4 B of statistics per
+//!   row), backward with parameter gradients (where the plan fuses them
+//!   into the dx kernel, on this device's shared memory: the 3n·2 B floor
+//!   the static model uses; otherwise the dx pass 3n·2 B + the parameter
+//!   pass re-reading dy and x, 2n·2 B: 5n·2 B; as `benches/layernorm.rs`)
+//!   and backward dx only (3n·2 B).
 //! - bias + GeLU (tanh), bf16 16384 × 32768, 128-bit and scalar accesses:
 //!   forward 2n·2 B, backward with dbias 3n·2 B.
 //! - multi-tensor unscale / L2 norm / clip over the fp32 main gradients of a
@@ -225,7 +227,7 @@ fn norms(dev: &Device, s: &Stream, r: &mut Report, copy_gbps: f64) -> Result<()>
     let dy = filled::<bf16>(dev, s, ELEMENTS)?;
     let mut y = dev.alloc_zeros::<bf16>(ELEMENTS)?;
     let mut dx = dev.alloc_zeros::<bf16>(ELEMENTS)?;
-    for hidden in [1024usize, 4096, 8192, 16384] {
+    for hidden in [1024usize, 4096, 8192, 12288, 16384] {
         let rows = ELEMENTS / hidden;
         let n = rows * hidden;
         let gamma = filled::<bf16>(dev, s, hidden)?;
@@ -236,6 +238,17 @@ fn norms(dev: &Device, s: &Stream, r: &mut Report, copy_gbps: f64) -> Result<()>
         let mut rstd = dev.alloc_zeros::<f32>(rows)?;
         let shape = format!("{rows} × {hidden}");
         let path = format!("{:?}", ln_plan::path(hidden as u64));
+        // The backward with parameter gradients: 3n when fused, else 5n.
+        let fused = ln_plan::fused_backward_within(
+            rows as u64,
+            hidden as u64,
+            BF,
+            true,
+            true,
+            dev.limits().max_smem_per_block,
+        )
+        .is_some();
+        let grads_passes = if fused { 3 } else { 5 };
         let ln = LayerNorm::new(rows, hidden);
         let rms = RmsNorm::new(rows, hidden);
         let emit = |r: &mut Report, case: &str, floor: usize, ms: f64| {
@@ -279,8 +292,12 @@ fn norms(dev: &Device, s: &Stream, r: &mut Report, copy_gbps: f64) -> Result<()>
         })?;
         emit(
             r,
-            "LayerNorm backward + dgamma, dbeta",
-            5 * n * BF + 8 * rows,
+            if fused {
+                "LayerNorm backward + dgamma, dbeta (fused: 3n)"
+            } else {
+                "LayerNorm backward + dgamma, dbeta (5n)"
+            },
+            grads_passes * n * BF + 8 * rows,
             ms,
         );
         let ms = per_call_ms(s, WARMUP, RUNS, || {
@@ -295,7 +312,16 @@ fn norms(dev: &Device, s: &Stream, r: &mut Report, copy_gbps: f64) -> Result<()>
         let ms = per_call_ms(s, WARMUP, RUNS, || {
             rms.backward(s, &dy, &x, &rstd, Some(&gamma), &mut dx, Some(&mut dg))
         })?;
-        emit(r, "RMSNorm backward + dgamma", 5 * n * BF + 4 * rows, ms);
+        emit(
+            r,
+            if fused {
+                "RMSNorm backward + dgamma (fused: 3n)"
+            } else {
+                "RMSNorm backward + dgamma (5n)"
+            },
+            grads_passes * n * BF + 4 * rows,
+            ms,
+        );
         let ms = per_call_ms(s, WARMUP, RUNS, || {
             rms.backward(s, &dy, &x, &rstd, Some(&gamma), &mut dx, None)
         })?;

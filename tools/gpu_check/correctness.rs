@@ -2024,9 +2024,11 @@ pub fn run(dev: &Device, r: &mut Report) -> Result<()> {
         116,
     )?;
 
-    // LayerNorm / RMSNorm: hidden 4096 (block path), 1024 (warp), 20480
-    // (global), and 70,000 rows of 2048 (rows spill into grid y).
+    // LayerNorm / RMSNorm: hidden 4096 (block path), 12288 (the pipelined
+    // fused backward at its widest: 192 KiB of shared memory), 1024 (warp),
+    // 20480 (global), and 70,000 rows of 2048 (rows spill into grid y).
     norm::<bf16>(c, "block", 16384, 4096, false, true, &[], 120)?;
+    norm::<bf16>(c, "block, widest", 8192, 12288, false, true, &[], 127)?;
     norm::<bf16>(c, "block", 16384, 4096, true, true, &[], 121)?;
     norm::<bf16>(c, "warp", 16384, 1024, false, false, &[], 122)?;
     norm::<bf16>(c, "global", 2048, 20480, true, false, &[], 123)?;
