@@ -54,14 +54,15 @@
 //   path reads dy and x twice.
 // Backward with parameter gradients (deterministic, no float atomics):
 //   warp path, block path (16-bit 128-bit rows up to 12288, others up to
-//   9216): fused. One block per chunk of rows_per_chunk rows (>= 32, ~1024
+//   9216), and 16-bit 128-bit global-path rows up to 16384 (the wide
+//   pipelined build): fused. One block per chunk of rows_per_chunk rows (>= 32, ~1024
 //   chunks) computes dx and adds dy*xhat and dy of every column to fp32
 //   accumulators (each column owned by one thread; in shared memory, or in
 //   registers in the pipelined kernel), then writes the chunk's partials
 //   [chunks, cols] (ftn_layernorm_bwd_fused_*): reads 2*rows*cols*sizeof(T),
 //   writes rows*cols*sizeof(T) + 2*chunks*cols*4 bytes, i.e. the 3n floor
 //   plus ~8 bytes per column per 32+ rows.
-//   global path and other block rows > 9216: stage one
+//   other rows > 9216 (fp32, scalar access, 16-bit past 16384): stage one
 //   (ftn_layernorm_param_grad_*) re-reads dy and x column-wise, each thread
 //   owning `vec` adjacent columns of a chunk of rows, and writes fp32 partial
 //   sums per chunk: 2*rows*cols*sizeof(T) + 2*chunks*cols*4 bytes; the row
@@ -918,7 +919,9 @@ FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, floa
 // ------------------------- fused backward, pipelined (16-bit, 128-bit)
 // ftn_layernorm_bwd_fused_pipe_{f16,bf16}: the fused backward of the block
 // path's 16-bit rows with 128-bit access (cols % 8 == 0, cols <= blockDim.x
-// * kBlockItems), chunks of rows as bwd_fused_block. Algorithm:
+// * kBlockItems), chunks of rows as bwd_fused_block; the wide build
+// (ftn_layernorm_bwd_fused_pipe_wide_*) takes global-path rows up to 512 *
+// kLnPipeWideItems = 16384 with gamma read from global memory. Algorithm:
 //   * thread t owns the vectors c*G + t (c < kBlockItems / 8, G =
 //     blockDim.x) of every row: its fp32 accumulators of dy * xhat and dy for
 //     those columns stay in registers for the whole chunk and are written as
@@ -933,14 +936,20 @@ FTN_DEVICE void bwd_fused_block(const FtnLayerNormBwdParams &p, float *red, floa
 //     zero-centring; 1 when absent): no widening per pass.
 // Per row: pass 1 the two row sums and the accumulators, one block
 // reduction, pass 2 dx (the formulas of bwd_row_cached, the same bits).
-// Dynamic shared memory: gamma fp32 [cols], then kLnPipeStages stages of
-// (x, dy) [2][cols] T: (4 + 4 * kLnPipeStages) * cols bytes (192 KiB at
-// cols = 12288).
+// Dynamic shared memory: gamma fp32 [cols] (not in the wide build), then
+// kLnPipeStages stages of (x, dy) [2][cols] T: (4 + 4 * kLnPipeStages) *
+// cols bytes (192 KiB at cols = 12288; wide: 4 * kLnPipeStages * cols, 192
+// KiB at 16384).
 // Floor: reads x, dy (2*rows*cols*2 bytes) and 8 bytes of statistics per
 // row, writes dx (rows*cols*2) and 8*cols bytes of partials per chunk:
-// the 3n bytes of the fused backward. ~18 SASS instructions per element
-// (two passes of 4 shared loads per 8 elements, widening, ~8 FP ops).
+// the 3n bytes of the fused backward. ~28 SASS instructions per element
+// on sm_90a (33 wide): two passes of widening and ~8 FP operations per
+// element, plus the row's copies and one reduction per row.
 constexpr int kLnPipeStages = 3;
+// Values per thread of the wide build (rows past the block path, up to
+// 512 * 32 = 16384 columns): gamma is read from global memory (L1/L2) in
+// each pass instead of staged, so the three stages fit in shared memory.
+constexpr int kLnPipeWideItems = 32;
 
 // 8 16-bit values at shared address p, packed: one 128-bit shared load.
 template <typename T>
@@ -1022,28 +1031,44 @@ FTN_DEVICE void block_sum2_single_barrier(float &a, float &b, float4 *red, int p
   }
 }
 
-template <typename T>
+// ITEMS values per thread; GS: gamma staged in shared memory as fp32 (else
+// read from global memory in each pass: the wide build).
+template <typename T, int ITEMS, bool GS>
 FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, float *smem) {
   static_assert(sizeof(T) == 2, "16-bit storage");
-  constexpr int V = 8, C = kBlockItems / V, S = kLnPipeStages;
+  constexpr int V = 8, C = ITEMS / V, S = kLnPipeStages;
   FTN_ASSERT(blockDim.x % 32 == 0 && blockDim.x <= 512 && p.cols % V == 0 &&
-             p.cols <= (int64_t)blockDim.x * kBlockItems && p.partial_gamma != nullptr &&
+             p.cols <= (int64_t)blockDim.x * ITEMS && p.partial_gamma != nullptr &&
              p.rows_per_chunk >= 1);
   const int64_t chunk = block_row();
   int64_t r0, r1;
   if (!chunk_rows(p, chunk, r0, r1)) return;
   const int n = (int)p.cols, t = threadIdx.x, G = blockDim.x;
   float *gs = smem;
-  T *stages = reinterpret_cast<T *>(smem + n);  // [S][2][n]
+  T *stages = reinterpret_cast<T *>(smem + (GS ? n : 0));  // [S][2][n]
+  if constexpr (GS) {
 #pragma unroll
-  for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
-    if (col < n) {
-      float g[V];
-      load_gamma<T, V>(static_cast<const T *>(p.gamma), col, p.zero_centered_gamma, g);
-      ftn_store<float, 4>(gs + col, g);
-      ftn_store<float, 4>(gs + col + 4, g + 4);
+    for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
+      if (col < n) {
+        float g[V];
+        load_gamma<T, V>(static_cast<const T *>(p.gamma), col, p.zero_centered_gamma, g);
+        ftn_store<float, 4>(gs + col, g);
+        ftn_store<float, 4>(gs + col + 4, g + 4);
+      }
     }
   }
+  // The effective gamma of 8 columns: staged, or loaded (the pointer made
+  // opaque per row, so the loads are not hoisted out of the row loop and
+  // held in registers).
+  const T *gamma_src = static_cast<const T *>(p.gamma);
+  auto gamma_at = [&](const T *gamma, int col, float *g) {
+    if constexpr (GS) {
+      (void)gamma;
+      ln_lds_f32x8(gs + col, g);
+    } else {
+      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+    }
+  };
   // Copies row `row`'s x and dy (this thread's columns) into stage s and
   // commits them as one group; past the chunk, an empty group (the wait
   // below counts groups).
@@ -1101,6 +1126,8 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
     const T *sx = stages + (int64_t)s * 2 * n, *sd = sx + n;
     const float mean = mean_q[0];
     const float rstd = rstd_q[0];
+    const T *gamma = gamma_src;
+    if constexpr (!GS) ftn_ln_opaque(gamma);
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
@@ -1109,7 +1136,7 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
         float xv[V], dv[V], g[V];
         ln_lds_packed<T>(sx + col, xw);
         ln_lds_packed<T>(sd + col, dw);
-        ln_lds_f32x8(gs + col, g);
+        gamma_at(gamma, col, g);
         ftn_unpack<T, V>(xw, xv);
         ftn_unpack<T, V>(dw, dv);
 #pragma unroll
@@ -1135,7 +1162,7 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
         float xv[V], dv[V], g[V], o[V];
         ln_lds_packed<T>(sx + col, xw);
         ln_lds_packed<T>(sd + col, dw);
-        ln_lds_f32x8(gs + col, g);
+        gamma_at(gamma, col, g);
         ftn_unpack<T, V>(xw, xv);
         ftn_unpack<T, V>(dw, dv);
 #pragma unroll
@@ -1389,7 +1416,14 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
     FTN_SHARED(float4, red, [kBlockThreads / 32]);                                           \
     FTN_DYNAMIC_SHARED(float, smem);                                                         \
     FTN_ASSERT(p.vec == 8);                                                                  \
-    bwd_fused_pipe<T>(p, red, smem);                                                         \
+    bwd_fused_pipe<T, kBlockItems, true>(p, red, smem);                                      \
+  }                                                                                          \
+  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_pipe_wide_##suffix, FtnLayerNormBwdParams, p,    \
+                     kBlockThreads) {                                                        \
+    FTN_SHARED(float4, red, [kBlockThreads / 32]);                                           \
+    FTN_DYNAMIC_SHARED(float, smem);                                                         \
+    FTN_ASSERT(p.vec == 8);                                                                  \
+    bwd_fused_pipe<T, kLnPipeWideItems, false>(p, red, smem);                                \
   }
 
 FTN_STAMP_LAYERNORM(f32, float)

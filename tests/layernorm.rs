@@ -524,7 +524,9 @@ fn fused_block_path_several_chunks() {
 /// several chunks (70 rows: 32, 32, 6, so the three-stage ring wraps and
 /// stops mid-cycle), without gamma (staged as 1, or 0 under zero-centring),
 /// RMSNorm, without beta, and at the block path's widest row (512 threads,
-/// 40 rows in one chunk).
+/// 40 rows in one chunk); its wide build on the global path (32 values per
+/// thread, gamma from global memory) from just past the block path to its
+/// widest row, 16384.
 #[test]
 fn fused_pipelined_path() {
     use ferrotron::core::plan::layernorm::{self as plan, RowPath, BLOCK_MAX_HIDDEN};
@@ -541,7 +543,12 @@ fn fused_pipelined_path() {
             .block[0],
         512
     );
-    for dev in devices("fused_pipelined_path", 7) {
+    let w = plan::fused_backward(35, 16_384, 2, true, true).unwrap();
+    assert_eq!(
+        (w.path, w.pipelined, w.cfg.block[0]),
+        (RowPath::Global, true, 512)
+    );
+    for dev in devices("fused_pipelined_path", 10) {
         run_case::<bf16>(&dev, Case::new(70, 2056, false));
         for zero_centered in [false, true] {
             let absent = Case {
@@ -560,6 +567,18 @@ fn fused_pipelined_path() {
         run_case::<f16>(&dev, no_beta);
         run_case::<bf16>(&dev, Case::new(40, wide, false));
         run_case::<f16>(&dev, Case::new(2, wide, true));
+        // The wide build.
+        run_case::<bf16>(&dev, Case::new(35, 16_384, false));
+        let zc = Case {
+            zero_centered: true,
+            ..Case::new(3, wide + 8, true)
+        };
+        run_case::<f16>(&dev, zc);
+        let absent = Case {
+            gamma: false,
+            ..Case::new(4, 13_000, false)
+        };
+        run_case::<bf16>(&dev, absent);
     }
 }
 

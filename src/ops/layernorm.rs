@@ -115,6 +115,7 @@ fn fused_bwd_kernel(
 ) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
     match path {
         RowPath::Block if pipelined => kernels::LAYERNORM_BWD_FUSED_PIPE.for_dtype(d),
+        RowPath::Global if pipelined => kernels::LAYERNORM_BWD_FUSED_PIPE_WIDE.for_dtype(d),
         RowPath::Warp if vec == 1 => kernels::LAYERNORM_BWD_FUSED_WARP_SCALAR.for_dtype(d),
         RowPath::Warp => kernels::LAYERNORM_BWD_FUSED_WARP.for_dtype(d),
         RowPath::Block if vec == 1 => kernels::LAYERNORM_BWD_FUSED_BLOCK_SCALAR.for_dtype(d),
@@ -568,9 +569,12 @@ mod tests {
                 fused_bwd_kernel(d, RowPath::Block, vec, false).unwrap();
                 assert!(fused_bwd_kernel(d, RowPath::Global, vec, false).is_err());
             }
-            // The pipelined fused backward: 16-bit storage only.
-            let pipe = fused_bwd_kernel(d, RowPath::Block, 16 / d.size() as u32, true);
-            assert_eq!(pipe.is_ok(), d.size() == 2);
+            // The pipelined fused backward (and its wide build): 16-bit
+            // storage only.
+            for path in [RowPath::Block, RowPath::Global] {
+                let pipe = fused_bwd_kernel(d, path, 16 / d.size() as u32, true);
+                assert_eq!(pipe.is_ok(), d.size() == 2);
+            }
             // The warp and block paths have a separate scalar build.
             assert_ne!(
                 fwd_kernel(d, RowPath::Block, 1).unwrap().name,

@@ -184,9 +184,12 @@ pub struct ParamGradPlan {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FusedBwdPlan {
     pub path: RowPath,
-    /// The block path's pipelined kernel (16-bit storage, 128-bit access):
-    /// accumulators in registers, rows copied into shared memory
-    /// [`FUSED_PIPE_STAGES`] deep (`ftn_layernorm_bwd_fused_pipe_*`).
+    /// The pipelined kernel (16-bit storage, 128-bit access): accumulators
+    /// in registers, rows copied into shared memory [`FUSED_PIPE_STAGES`]
+    /// deep; on the block path `ftn_layernorm_bwd_fused_pipe_*`, on the
+    /// global path up to [`FUSED_PIPE_WIDE_MAX_HIDDEN`] the wide build
+    /// `ftn_layernorm_bwd_fused_pipe_wide_*` (32 values per thread, gamma
+    /// read from global memory).
     pub pipelined: bool,
     /// One block per chunk (grid x * y >= chunks; the block path also asks
     /// for dynamic shared memory: `8 * hidden` bytes of accumulators, or,
@@ -216,10 +219,27 @@ pub const FUSED_BLOCK_MAX_HIDDEN: u64 = FUSED_BLOCK_THREADS as u64 * BLOCK_ITEMS
 /// (`kLnPipeStages`): the one computed and the next two in flight.
 pub const FUSED_PIPE_STAGES: u64 = 3;
 
-/// Dynamic shared memory of the pipelined fused backward: gamma as fp32
-/// and [`FUSED_PIPE_STAGES`] stages of x and dy (16-bit).
+/// Values per thread of the wide pipelined build (`kLnPipeWideItems`).
+pub const FUSED_PIPE_WIDE_ITEMS: u64 = 32;
+/// Widest row of the wide pipelined build (global-path rows up to it are
+/// fused: 16384, e.g. a 405B-class model's hidden size).
+pub const FUSED_PIPE_WIDE_MAX_HIDDEN: u64 = BLOCK_THREADS as u64 * FUSED_PIPE_WIDE_ITEMS;
+
+/// Dynamic shared memory of the pipelined fused backward:
+/// [`FUSED_PIPE_STAGES`] stages of x and dy (16-bit), and on the block path
+/// gamma as fp32 (the wide build reads it from global memory).
 pub const fn fused_pipe_smem(hidden: u64) -> u64 {
-    (4 + 4 * FUSED_PIPE_STAGES) * hidden
+    if hidden <= BLOCK_MAX_HIDDEN {
+        (4 + 4 * FUSED_PIPE_STAGES) * hidden
+    } else {
+        4 * FUSED_PIPE_STAGES * hidden
+    }
+}
+
+/// Threads of a wide pipelined block: the fewest whole warps that hold the
+/// row at [`FUSED_PIPE_WIDE_ITEMS`] values per thread.
+fn pipe_wide_threads(hidden: u64) -> u64 {
+    (div_ceil(div_ceil(hidden, FUSED_PIPE_WIDE_ITEMS), 32) * 32).min(BLOCK_THREADS as u64)
 }
 /// Its static shared memory (the reduction's 16 float4).
 pub const FUSED_PIPE_STATIC_SMEM: u64 = 256;
@@ -233,9 +253,9 @@ fn column_sum_cfg(hidden: u64, chunks: u64, with_beta: bool) -> LaunchConfig {
     }
 }
 
-/// The fused backward of a shape, or `None` when its row path has none (the
-/// global path, and block rows wider than [`FUSED_BLOCK_MAX_HIDDEN`] that
-/// the pipelined kernel does not take: fp32 or scalar access). The
+/// The fused backward of a shape, or `None` when its row path has none:
+/// fp32 or scalar-access rows wider than [`FUSED_BLOCK_MAX_HIDDEN`], and
+/// rows wider than [`FUSED_PIPE_WIDE_MAX_HIDDEN`]. The
 /// chunking depends on the row count alone, so the partials (and dgamma,
 /// dbeta) are bitwise reproducible for a shape.
 pub fn fused_backward(
@@ -257,8 +277,8 @@ pub fn fused_backward(
 
 /// [`fused_backward`] on a device with `max_smem` bytes of shared memory
 /// per block (static and dynamic): a pipelined row that does not fit there
-/// (an sm_80 part, 163 KiB, at 16-bit rows wider than 10416) takes the
-/// unfused kernels.
+/// (an sm_80 part, 163 KiB: block-path rows wider than 10416, global-path
+/// rows wider than 13888) takes the unfused kernels.
 pub fn fused_backward_within(
     rows: u64,
     hidden: u64,
@@ -269,7 +289,10 @@ pub fn fused_backward_within(
 ) -> Option<FusedBwdPlan> {
     let path = path(hidden);
     let vec = vec_width(hidden, elem_size, aligned16);
-    let pipelined = path == RowPath::Block && elem_size == 2 && vec > 1;
+    let pipelined = elem_size == 2
+        && vec > 1
+        && (path == RowPath::Block
+            || (path == RowPath::Global && hidden <= FUSED_PIPE_WIDE_MAX_HIDDEN));
     if pipelined && fused_pipe_smem(hidden) + FUSED_PIPE_STATIC_SMEM > max_smem as u64 {
         return None;
     }
@@ -278,10 +301,11 @@ pub fn fused_backward_within(
         RowPath::Block if pipelined || hidden <= FUSED_BLOCK_MAX_HIDDEN => {
             [block_threads(hidden) as u32, 1, 1]
         }
+        RowPath::Global if pipelined => [pipe_wide_threads(hidden) as u32, 1, 1],
         _ => return None,
     };
     let smem = match path {
-        RowPath::Block if pipelined => fused_pipe_smem(hidden),
+        _ if pipelined => fused_pipe_smem(hidden),
         // The fp32 accumulators.
         RowPath::Block => 8 * hidden,
         _ => 0,
@@ -356,6 +380,9 @@ mod tests {
         8192,
         12288,
         12289,
+        12296,
+        16384,
+        16392,
         65536,
         1 << 20,
     ];
@@ -503,7 +530,7 @@ mod tests {
                 for es in [2usize, 4] {
                     let Some(f) = fused_backward(r, h, es, true, true) else {
                         assert!(
-                            path(h) == RowPath::Global
+                            h > FUSED_PIPE_WIDE_MAX_HIDDEN
                                 || (h > FUSED_BLOCK_MAX_HIDDEN && (es == 4 || h % 8 != 0))
                         );
                         continue;
@@ -537,7 +564,14 @@ mod tests {
                                 assert_eq!(f.cfg.dynamic_smem_bytes as u64, 8 * h);
                             }
                         }
-                        RowPath::Global => unreachable!(),
+                        RowPath::Global => {
+                            // The wide pipelined build: three stages, gamma
+                            // from global memory.
+                            let t = f.cfg.block[0] as u64;
+                            assert!(f.pipelined && es == 2);
+                            assert!(t <= BLOCK_THREADS as u64 && t * FUSED_PIPE_WIDE_ITEMS >= h);
+                            assert_eq!(f.cfg.dynamic_smem_bytes as u64, 12 * h);
+                        }
                     }
                     assert_eq!(f.reduce_cfg.block[1] as u64, f.chunks.min(REDUCE_SPLIT));
                 }
@@ -556,8 +590,14 @@ mod tests {
         assert!(fused_backward_within(10, 10_424, 2, true, true, a100).is_none());
         assert!(fused_backward_within(10, 12_288, 4, true, false, a100).is_none());
         assert!(fused_backward_within(10, 8192, 4, true, false, a100).is_some());
+        assert!(fused_backward_within(10, 13_888, 2, true, true, a100).is_some());
+        assert!(fused_backward_within(10, 13_896, 2, true, true, a100).is_none());
         assert!(fused_backward(10, BLOCK_MAX_HIDDEN, 2, false, true).is_none());
         assert!(fused_backward(10, 65536, 2, true, true).is_none());
+        let wide = fused_backward(10, FUSED_PIPE_WIDE_MAX_HIDDEN, 2, true, true).unwrap();
+        assert!(wide.pipelined && wide.path == RowPath::Global && wide.cfg.block[0] == 512);
+        assert!(fused_backward(10, FUSED_PIPE_WIDE_MAX_HIDDEN + 8, 2, true, true).is_none());
+        assert!(fused_backward(10, FUSED_PIPE_WIDE_MAX_HIDDEN, 4, true, true).is_none());
         // The chunking depends on the rows only.
         let a = fused_backward(100_000, 1024, 2, true, true).unwrap();
         let b = fused_backward(100_000, 4096, 4, false, false).unwrap();

@@ -500,15 +500,17 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             } else {
                 ("block", (hidden as f64 / f.cfg.block[0] as f64).ceil())
             };
-            let items = if f.path == RowPath::Warp {
-                plan::layernorm::WARP_ITEMS
-            } else {
-                plan::layernorm::BLOCK_ITEMS
+            let items = match f.path {
+                RowPath::Warp => plan::layernorm::WARP_ITEMS,
+                RowPath::Block => plan::layernorm::BLOCK_ITEMS,
+                RowPath::Global => plan::layernorm::FUSED_PIPE_WIDE_ITEMS,
             };
             let partials = 8.0 * f.chunks as f64 / rows as f64;
             // The pipelined kernel: x and dy reach shared memory by
             // cp.async, FUSED_PIPE_STAGES - 1 rows ahead.
-            let (kind, within) = if f.pipelined {
+            let (kind, within) = if f.pipelined && f.path == RowPath::Global {
+                ("pipe_wide", "void bwd_fused_pipe(")
+            } else if f.pipelined {
                 ("pipe", "void bwd_fused_pipe(")
             } else {
                 (kind, bw_cached)
@@ -796,6 +798,9 @@ pub fn all() -> Vec<Case> {
         12288,
         [Some(0.39), Some(0.70), Some(0.61)],
     ));
+    // A 405B-class hidden size: the global path, fused by the wide
+    // pipelined backward.
+    v.extend(layernorm(16384, 16384, [None, None, None]));
     v.extend(layernorm(2048, 65536, [Some(0.60), Some(0.66), Some(0.63)]));
     v.extend(multi_tensor(778e6, [Some(0.97), Some(1.02), Some(0.98)]));
     v.push(adam(1 << 28));
