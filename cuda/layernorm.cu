@@ -1069,6 +1069,17 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
       load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
     }
   };
+  // x and dy of the 8 columns at col from a stage (sx, sd), widened, and
+  // their gamma: what both passes of a row start from.
+  auto row_vec = [&](const T *sx, const T *sd, const T *gamma, int col, float *xv, float *dv,
+                     float *g) {
+    uint32_t xw[4], dw[4];
+    ln_lds_packed<T>(sx + col, xw);
+    ln_lds_packed<T>(sd + col, dw);
+    gamma_at(gamma, col, g);
+    ftn_unpack<T, V>(xw, xv);
+    ftn_unpack<T, V>(dw, dv);
+  };
   // Copies row `row`'s x and dy (this thread's columns) into stage s and
   // commits them as one group; past the chunk, an empty group (the wait
   // below counts groups).
@@ -1132,13 +1143,8 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
 #pragma unroll
     for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
       if (col < n) {
-        uint32_t xw[4], dw[4];
         float xv[V], dv[V], g[V];
-        ln_lds_packed<T>(sx + col, xw);
-        ln_lds_packed<T>(sd + col, dw);
-        gamma_at(gamma, col, g);
-        ftn_unpack<T, V>(xw, xv);
-        ftn_unpack<T, V>(dw, dv);
+        row_vec(sx, sd, gamma, col, xv, dv, g);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float pg = dv[k] * ((xv[k] - mean) * rstd);  // dy * xhat
@@ -1158,13 +1164,8 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
 #pragma unroll
     for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
       if (col < n) {
-        uint32_t xw[4], dw[4];
         float xv[V], dv[V], g[V], o[V];
-        ln_lds_packed<T>(sx + col, xw);
-        ln_lds_packed<T>(sd + col, dw);
-        gamma_at(gamma, col, g);
-        ftn_unpack<T, V>(xw, xv);
-        ftn_unpack<T, V>(dw, dv);
+        row_vec(sx, sd, gamma, col, xv, dv, g);
 #pragma unroll
         for (int k = 0; k < V; ++k) o[k] = fmaf(dv[k] * g[k], rstd, fmaf(xv[k] - mean, c2, c0));
         ftn_store<T, V>(dx + col, o);
