@@ -14,6 +14,7 @@
 //   dx and one partial sum per column. ftn_column_sum_partials_* then sums the
 //   chunks in order: dbias is deterministic, no float atomics.
 //   Floor: reads 2n*sizeof(T), writes n*sizeof(T) + chunks*cols*4 bytes.
+#include "reduce.cuh"
 #include "vec.cuh"
 #include "gelu.cuh"
 
@@ -258,26 +259,13 @@ FTN_DEVICE void bias_gelu_bwd_dispatch(const FtnBiasGeluBwdParams &p) {
 }
 
 // Stage two of the bias gradient: one thread per column sums the chunks in
-// order, eight chunks' loads issued together and then added in order (one
-// load at a time, each thread waited a DRAM round trip per chunk).
+// order (ftn_column_chunk_sum: eight loads in flight).
 // Floor: reads chunks*cols*4 bytes, writes cols*sizeof(T).
 template <typename T>
 FTN_DEVICE void column_sum_partials(const FtnColumnSumParams &p) {
   const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= p.cols) return;
-  constexpr int kBatch = 8;
-  float s = 0.0f;
-  int64_t k = 0;
-#pragma unroll 1
-  for (; k + kBatch <= p.chunks; k += kBatch) {
-    float v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = p.partial[(k + u) * p.cols + c];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) s += v[u];
-  }
-#pragma unroll 1
-  for (; k < p.chunks; ++k) s += p.partial[k * p.cols + c];
+  const float s = ftn_column_chunk_sum(p.partial, p.cols, c, 0, 1, p.chunks);
   static_cast<T *>(p.out)[c] = ftn_from_float<T>(s);
 }
 

@@ -688,9 +688,6 @@ template <typename T, int V, int ITEMS, bool WARP, bool ACC = false>
 FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, int64_t row, int t,
                                int G, float *red, float *acc_g = nullptr,
                                float *acc_b = nullptr) {
-  auto gamma_at = [&](int col, float *g) {
-    load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
-  };
   if constexpr (sizeof(T) == 4) {
     bwd_row_cached_f32<T, V, ITEMS, WARP, ACC>(p, gamma, row, t, G, red, acc_g, acc_b);
     return;
@@ -752,7 +749,7 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
         acc_add<V>(acc_g + col, pg);
         acc_add<V>(acc_b + col, dv);
       }
-      gamma_at(col, g);
+      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         s1 = fmaf(dv[k], g[k], s1);
@@ -779,7 +776,7 @@ FTN_DEVICE void bwd_row_cached(const FtnLayerNormBwdParams &p, const T *gamma, i
       float xv[V], dv[V], g[V], o[V];
       ftn_unpack<T, V>(xw + c * W, xv);
       ftn_unpack<T, V>(dw + c * W, dv);
-      gamma_at(col, g);
+      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
 #pragma unroll
       for (int k = 0; k < V; ++k) o[k] = fmaf(dv[k] * g[k], rstd, fmaf(xv[k] - mean, c2, c0));
       ftn_store<T, V>(dx + col, o);
@@ -1299,22 +1296,7 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   if (out == nullptr) return;  // the whole block: this gradient is not wanted
   float s = 0.0f;
   if (c < p.cols) {
-    // Eight chunks' loads issued together, then added in chunk order (a
-    // plain unrolled loop keeps its exit test between the loads: each
-    // waited for the one before), then the rest one by one.
-    constexpr int kBatch = 8;
-    const int64_t step = blockDim.y;
-    int64_t k = threadIdx.y;
-#pragma unroll 1
-    for (; k + (kBatch - 1) * step < p.chunks; k += kBatch * step) {
-      float v[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) v[u] = partial[(k + u * step) * p.cols + c];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) s += v[u];
-    }
-#pragma unroll 1
-    for (; k < p.chunks; k += step) s += partial[k * p.cols + c];
+    s = ftn_column_chunk_sum(partial, p.cols, c, threadIdx.y, blockDim.y, p.chunks);
   }
   red[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -1410,22 +1392,18 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
     column_sum<T>(p, red);                                                                    \
   }
 
-// The pipelined fused backward: 16-bit storage, 128-bit access only.
-#define FTN_STAMP_LAYERNORM_PIPE(suffix, T)                                                  \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_pipe_##suffix, FtnLayerNormBwdParams, p,         \
-                     kBlockThreads) {                                                        \
-    FTN_SHARED(float4, red, [kBlockThreads / 32]);                                           \
-    FTN_DYNAMIC_SHARED(float, smem);                                                         \
-    FTN_ASSERT(p.vec == 8);                                                                  \
-    bwd_fused_pipe<T, kBlockItems, true>(p, red, smem);                                      \
-  }                                                                                          \
-  FTN_KERNEL_BOUNDED(ftn_layernorm_bwd_fused_pipe_wide_##suffix, FtnLayerNormBwdParams, p,    \
-                     kBlockThreads) {                                                        \
-    FTN_SHARED(float4, red, [kBlockThreads / 32]);                                           \
-    FTN_DYNAMIC_SHARED(float, smem);                                                         \
-    FTN_ASSERT(p.vec == 8);                                                                  \
-    bwd_fused_pipe<T, kLnPipeWideItems, false>(p, red, smem);                                \
+// The pipelined fused backward: 16-bit storage, 128-bit access only; the
+// block-path build (gamma staged) and the wide one (gamma from global).
+#define FTN_LN_PIPE_KERNEL(name, T, items, staged)                                     \
+  FTN_KERNEL_BOUNDED(name, FtnLayerNormBwdParams, p, kBlockThreads) {                   \
+    FTN_SHARED(float4, red, [kBlockThreads / 32]);                                     \
+    FTN_DYNAMIC_SHARED(float, smem);                                                   \
+    FTN_ASSERT(p.vec == 8);                                                            \
+    bwd_fused_pipe<T, items, staged>(p, red, smem);                                    \
   }
+#define FTN_STAMP_LAYERNORM_PIPE(suffix, T)                                            \
+  FTN_LN_PIPE_KERNEL(ftn_layernorm_bwd_fused_pipe_##suffix, T, kBlockItems, true)       \
+  FTN_LN_PIPE_KERNEL(ftn_layernorm_bwd_fused_pipe_wide_##suffix, T, kLnPipeWideItems, false)
 
 FTN_STAMP_LAYERNORM(f32, float)
 FTN_STAMP_LAYERNORM(f16, __half)

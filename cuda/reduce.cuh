@@ -62,4 +62,27 @@ template <class Op> FTN_DEVICE float ftn_block_allreduce(float v, float *red) {
   return a[0];
 }
 
+// Sum over chunks k = first, first + step, ... < chunks of partial[k * cols
+// + c], added in chunk order; eight chunks' loads are issued together
+// before their adds (an unrolled loop with a runtime trip count keeps its
+// exit test between the loads, so each waits for the one before), then the
+// rest one by one. Stage two of the deterministic column gradients.
+FTN_DEVICE float ftn_column_chunk_sum(const float *partial, int64_t cols, int64_t c, int64_t first,
+                                      int64_t step, int64_t chunks) {
+  constexpr int kBatch = 8;
+  float s = 0.0f;
+  int64_t k = first;
+#pragma unroll 1
+  for (; k + (kBatch - 1) * step < chunks; k += kBatch * step) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = partial[(k + u * step) * cols + c];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) s += v[u];
+  }
+#pragma unroll 1
+  for (; k < chunks; k += step) s += partial[k * cols + c];
+  return s;
+}
+
 #endif  // FTN_REDUCE_CUH

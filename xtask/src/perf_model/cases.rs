@@ -142,9 +142,9 @@ fn bias_gelu(rows: u64, cols: u64, vector: bool, measured: [Option<f64>; 2]) -> 
     let sum = phase(
         "ftn_column_sum_partials_bf16",
         anchor(
-            "bias_gelu.cu",
-            "column_sum_partials(",
-            "v[u] = p.partial[(k + u) * p.cols + c]",
+            "reduce.cuh",
+            "ftn_column_chunk_sum(",
+            "v[u] = partial[(k + u * step) * cols + c]",
             4,
         ),
         Elems::PerLoadedBytes(4.0),
@@ -462,9 +462,9 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
         phase(
             "ftn_layernorm_column_sum_bf16",
             anchor(
-                "layernorm.cu",
-                "void column_sum(",
-                "v[u] = partial[(k + u * step) * p.cols + c]",
+                "reduce.cuh",
+                "ftn_column_chunk_sum(",
+                "v[u] = partial[(k + u * step) * cols + c]",
                 4,
             ),
             Elems::PerLoadedBytes(4.0),
