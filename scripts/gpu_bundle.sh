@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Builds what a GPU session carries to the device machine (which has no
 # Rust): the release program `ferrotron-gpu-check` and, unless
-# FTN_BUNDLE_TESTS=none, every integration-test binary with GPU cases
+# FTN_BUNDLE_TESTS=none, integration-test binaries with GPU cases
 # (debug; a test file that never asks for a CUDA device is left out), all built
 # with `--features cuda` (sm_80 + sm_90a SASS embedded: the device's CUDA 13.0
 # driver needs no JIT), stripped, with scripts/gpu_check.sh, into
-# gpu-bundle/ (gitignored), packed as gpu-bundle.tar.xz (the binaries share
-# their embedded fatbins, so xz shrinks them well; it must stay under the
-# 64 MiB a device call carries). Then, from the device tool's `run`:
+# gpu-bundle/ (gitignored), packed as gpu-bundle.tar.xz (it must stay under
+# the 64 MiB a device call carries). Then, from the device tool's `run`:
 #   carry ["gpu-bundle.tar.xz"],
 #   command "python3 -m tarfile -e gpu-bundle.tar.xz . && bash gpu-bundle/gpu_check.sh"
 # Env: NVCC (else found as build.rs finds it), FTN_BUNDLE_TESTS (default
-# all with GPU cases; `none`, or a space-separated list of test names).
+# "$DEFAULT_TESTS" below; `all` for every test with GPU cases, `none`, or a
+# space-separated list of test names). Each debug test binary embeds every
+# fatbin and packs to ~11.5 MB, like the check itself (2026-12-04): the
+# 64 MiB a device call carries holds the check and about four of them;
+# `all` (13 binaries, 117 MB packed) does not fit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DEFAULT_TESTS="layernorm softmax gemm_sm90 memory_ordering"
+FTN_BUNDLE_TESTS="${FTN_BUNDLE_TESTS:-$DEFAULT_TESTS}"
 OUT=gpu-bundle
 rm -rf "$OUT"
 mkdir -p "$OUT/tests"

@@ -117,7 +117,11 @@ if command -v compute-sanitizer > /dev/null; then
     timeout "$lim" compute-sanitizer --tool "$tool" --print-limit 20 \
       "$CHECK" --out "$OUT/sanitizer-$tool" small > "$log" 2>&1
     rc=$?
-    echo "| $tool | rc $rc | $(grep -m1 'ERROR SUMMARY' "$log") |" >> "$S"
+    # memcheck also counts CUDA API errors; NCCL's start-up probes for
+    # kernel images it lacks ("no kernel image ... ncclInitKernelsForDevice")
+    # are reported that way and are not ours: say how many there were.
+    nccl_api=$(grep -A2 '^========= Program hit' "$log" | grep -c 'in libnccl' || true)
+    echo "| $tool | rc $rc | $(grep -m1 'ERROR SUMMARY' "$log") (of which API errors inside libnccl: $nccl_api) |" >> "$S"
   done
 else
   printf '\n## compute-sanitizer\n\nSKIPPED: compute-sanitizer is not on PATH\n' >> "$S"

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
 use ferrotron::ops::gemm::{Aux, Epilogue, Gemm, GemmInputs};
 use ferrotron::ops::gemm_provider::GemmProvider;
 use ferrotron::ops::Gelu;
@@ -204,11 +204,14 @@ pub fn run(dev: &Device, r: &mut Report) -> Result<()> {
         for _ in 0..3 {
             call()?;
         }
-        let t0 = cu("event", cu_stream.record_event(None))?;
+        // cudarc's default event flags disable timing (elapsed_ms would
+        // fail with CUDA_ERROR_INVALID_HANDLE): ask for timing events.
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let t0 = cu("event", cu_stream.record_event(timing))?;
         for _ in 0..10 {
             call()?;
         }
-        let t1 = cu("event", cu_stream.record_event(None))?;
+        let t1 = cu("event", cu_stream.record_event(timing))?;
         cu("event sync", t1.synchronize())?;
         let theirs_ms = cu("elapsed", t0.elapsed_ms(&t1))? as f64 / 10.0;
         let theirs = cu("download", cu_stream.clone_dtoh(&yc))?;

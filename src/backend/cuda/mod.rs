@@ -35,8 +35,8 @@ fn driver_err(what: &str, e: DriverError) -> Error {
     }
 }
 
-/// Default dynamic shared memory a kernel may use without opting in.
-const DEFAULT_DYNAMIC_SMEM: u32 = 48 * 1024;
+/// Shared memory (static + dynamic) a block may use without opting in.
+const DEFAULT_SMEM_PER_BLOCK: u32 = 48 * 1024;
 
 struct LoadedModule(sys::CUmodule);
 // SAFETY: a CUmodule handle may be used from any thread with its context bound.
@@ -45,7 +45,12 @@ unsafe impl Send for LoadedModule {}
 #[derive(Clone, Copy)]
 struct LoadedFunction {
     raw: sys::CUfunction,
+    /// Dynamic shared memory a launch may ask for without another opt-in:
+    /// at load, 48 KiB less the kernel's static shared memory (the driver's
+    /// own default); after an opt-in, the amount opted into.
     smem_opt_in: u32,
+    /// The kernel's static shared memory (`__shared__` arrays).
+    static_smem: u32,
 }
 // SAFETY: CUfunction handles are thread-safe driver objects.
 unsafe impl Send for LoadedFunction {}
@@ -281,15 +286,34 @@ impl CudaDevice {
                 // SAFETY: module is a loaded module of this context.
                 let raw = unsafe { result::module::get_function(module, cname) }
                     .map_err(|e| driver_err(&format!("finding kernel {name}"), e))?;
+                // SAFETY: raw is a valid function of this context.
+                let attr = |a| unsafe { result::function::get_function_attribute(raw, a) };
+                let static_smem =
+                    attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                        .map_err(|e| driver_err(&format!("reading {name}'s shared memory"), e))?
+                        .max(0) as u32;
+                // The limit before any opt-in counts static and dynamic
+                // shared memory together: a kernel with static arrays gets
+                // less than 48 KiB of dynamic memory for free.
                 let f = LoadedFunction {
                     raw,
-                    smem_opt_in: DEFAULT_DYNAMIC_SMEM,
+                    smem_opt_in: DEFAULT_SMEM_PER_BLOCK.saturating_sub(static_smem),
+                    static_smem,
                 };
                 fns.insert(name, f);
                 f
             }
         };
         if smem > f.smem_opt_in {
+            if u64::from(smem) + u64::from(f.static_smem) > u64::from(self.max_smem_optin) {
+                return Err(Error::InvalidLaunch {
+                    kernel: name.to_string(),
+                    message: format!(
+                        "{smem} B of dynamic shared memory + {} B static exceeds the {} B a block may opt into on {}",
+                        f.static_smem, self.max_smem_optin, self.name
+                    ),
+                });
+            }
             // SAFETY: raw is a valid function of this context.
             unsafe {
                 result::function::set_function_attribute(
