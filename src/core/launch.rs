@@ -88,9 +88,67 @@ impl DeviceLimits {
     }
 }
 
+/// Shared memory, static and dynamic together, that a block of any kernel
+/// may use without opting in (CUDA's default on every architecture since
+/// sm_70).
+pub const SMEM_WITHOUT_OPT_IN: u32 = 48 * 1024;
+
+/// The dynamic shared memory `kernel` (with `static_smem` bytes of
+/// `__shared__` arrays) must be opted into before a launch asking for
+/// `dynamic` bytes: `None` when static + dynamic fit the 48 KiB every block
+/// gets, `Some(dynamic)` when they do not, and an `InvalidLaunch` naming
+/// both sizes when they exceed `max_opt_in`, the device's per-block limit.
+/// (Counting the static part matters: a kernel with a 256-byte reduction
+/// buffer cannot take 48 KiB of dynamic memory without an opt-in.)
+pub fn dynamic_smem_opt_in(
+    kernel: &str,
+    static_smem: u32,
+    dynamic: u32,
+    max_opt_in: u32,
+) -> Result<Option<u32>> {
+    let total = u64::from(static_smem) + u64::from(dynamic);
+    if total <= u64::from(SMEM_WITHOUT_OPT_IN) {
+        return Ok(None);
+    }
+    if total > u64::from(max_opt_in) {
+        return Err(Error::InvalidLaunch {
+            kernel: kernel.into(),
+            message: format!(
+                "{dynamic} B of dynamic shared memory + {static_smem} B static exceed the {max_opt_in} B a block may opt into"
+            ),
+        });
+    }
+    Ok(Some(dynamic))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn opt_in_counts_static_shared_memory() {
+        let max = DeviceLimits::SM90.max_smem_per_block;
+        // LayerNorm forward at hidden 12288: 48 KiB of gamma and beta plus a
+        // 256-byte reduction buffer (failed to launch on an H200 when only
+        // the dynamic part was counted).
+        assert_eq!(
+            dynamic_smem_opt_in("k", 256, 49152, max).unwrap(),
+            Some(49152)
+        );
+        assert_eq!(dynamic_smem_opt_in("k", 0, 49152, max).unwrap(), None);
+        assert_eq!(dynamic_smem_opt_in("k", 256, 48896, max).unwrap(), None);
+        assert_eq!(
+            dynamic_smem_opt_in("k", 256, max - 256, max).unwrap(),
+            Some(max - 256)
+        );
+        let e = dynamic_smem_opt_in("kern", 256, max - 255, max)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kern") && e.contains("+ 256 B static") && e.contains(&format!("{max} B")),
+            "{e}"
+        );
+    }
 
     #[test]
     fn accepts_the_limits_and_rejects_one_past() {

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 
+use crate::core::launch::{dynamic_smem_opt_in, SMEM_WITHOUT_OPT_IN};
 use crate::core::{Error, LaunchConfig, Result};
 use crate::kernels::{Kernel, KernelParams};
 pub(crate) use memory::CudaMemory;
@@ -34,9 +35,6 @@ fn driver_err(what: &str, e: DriverError) -> Error {
         message: format!("{what}: {e:?}"),
     }
 }
-
-/// Shared memory (static + dynamic) a block may use without opting in.
-const DEFAULT_SMEM_PER_BLOCK: u32 = 48 * 1024;
 
 struct LoadedModule(sys::CUmodule);
 // SAFETY: a CUmodule handle may be used from any thread with its context bound.
@@ -297,7 +295,7 @@ impl CudaDevice {
                 // less than 48 KiB of dynamic memory for free.
                 let f = LoadedFunction {
                     raw,
-                    smem_opt_in: DEFAULT_SMEM_PER_BLOCK.saturating_sub(static_smem),
+                    smem_opt_in: SMEM_WITHOUT_OPT_IN.saturating_sub(static_smem),
                     static_smem,
                 };
                 fns.insert(name, f);
@@ -305,14 +303,8 @@ impl CudaDevice {
             }
         };
         if smem > f.smem_opt_in {
-            if u64::from(smem) + u64::from(f.static_smem) > u64::from(self.max_smem_optin) {
-                return Err(Error::InvalidLaunch {
-                    kernel: name.to_string(),
-                    message: format!(
-                        "{smem} B of dynamic shared memory + {} B static exceeds the {} B a block may opt into on {}",
-                        f.static_smem, self.max_smem_optin, self.name
-                    ),
-                });
+            if dynamic_smem_opt_in(name, f.static_smem, smem, self.max_smem_optin)?.is_none() {
+                return Ok(f);
             }
             // SAFETY: raw is a valid function of this context.
             unsafe {
