@@ -13,8 +13,8 @@
 //! Families, one table each, buffers freed before the next:
 //! - fused scale + mask + softmax, bf16 logits `[b·np·sq, sk]` of 2^28
 //!   elements (512 MiB) for sk = sq ∈ {1024, 2048, 4096, 16384}: forward
-//!   with a `[b, 1, sq, sk]` padding mask (floor 2n·2 B + the mask once),
-//!   forward causal (floor: x read only in the kept lower triangle, the
+//!   without a mask (floor 2n·2 B), forward with a `[b, 1, sq, sk]`
+//!   padding mask (floor 2n·2 B + the mask once), forward causal (floor: x read only in the kept lower triangle, the
 //!   kernel skips the masked columns, + y written), backward (no mask
 //!   argument: 3n·2 B); plus one long-path row (sk 65536).
 //! - LayerNorm / RMSNorm, bf16 `[2^28 / hidden, hidden]` for hidden ∈ {1024,
@@ -167,6 +167,23 @@ fn softmax(dev: &Device, s: &Stream, r: &mut Report, copy_gbps: f64) -> Result<(
         let op = ScaleMaskSoftmax::new(batch, heads, sq, sk, 0.125);
         let path = format!("{:?}", op.chosen_path());
         let shape = format!("b {batch} × np {heads} × sq {sq} × sk {sk}");
+        // Without a mask: the model's case, and what separates the mask's
+        // cost from the forward's own (2026-12-04: the masked forwards
+        // measured 0.54-0.84 of copy, the model predicted 0.97-1.00).
+        let ms = per_call_ms(s, WARMUP, RUNS, || {
+            op.forward(s, &x, SoftmaxMask::None, &mut y)
+        })?;
+        row(
+            r,
+            copy_gbps,
+            Row {
+                case: "forward, no mask",
+                shape: &shape,
+                path: &path,
+                floor: 2 * n * BF,
+                ms,
+            },
+        );
         let mask = dev.upload(&padding_mask(batch, sq, sk))?;
         let ms = per_call_ms(s, WARMUP, RUNS, || {
             op.forward(s, &x, SoftmaxMask::Padding(&mask), &mut y)
