@@ -17,7 +17,8 @@
 //   warp   (cols <= 1024): one warp per row, 4 rows per 128-thread block, a
 //          grid-stride loop over rows; the row lives in registers (32 fp32
 //          per lane), reductions are shuffles.
-//   block  (cols <= 12288): a block per row, the fewest whole warps that
+//   block  (cols <= 12288; the forward's 16-bit 128-bit builds up to
+//          16384): a block per row, the fewest whole warps that
 //          hold it at <= 24 values per thread in registers (32..512 threads;
 //          more resident blocks per SM); warp shuffles then a shared-memory
 //          step. Both directions keep the row (x; x and dy) in its storage
@@ -39,7 +40,11 @@
 // fused backward's chunk loop hides its pointers from the optimiser).
 // With 16-byte-aligned pointers and cols % (16 / sizeof(T)) == 0 every access
 // is one 128-bit load/store (`vec` > 1); otherwise scalar accesses.
-// ptxas (sm_80, sm_90a): zero spills in every kernel.
+// ptxas (sm_80, sm_90a): zero spills in every kernel of the debug build CI
+// checks. Release builds (-DNDEBUG) spill in two: ftn_layernorm_fwd_global_
+// f32 on sm_80 (44 B, in the statistics loop, around the call to the fp32
+// division's slow path in ln_merge_stats) and ftn_layernorm_fwd_block_
+// scalar_bf16 on sm_90a (8 B, set-up only).
 //
 // Forward floor: reads rows*cols*sizeof(T), writes rows*cols*sizeof(T) and
 //   8*rows bytes of statistics (gamma/beta: 2*cols*sizeof(T), cached; the

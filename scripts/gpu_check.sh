@@ -14,7 +14,8 @@
 #   summary.md, and logs.tgz (every step's full output)
 # Without a GPU it still runs: every GPU step says SKIPPED and why.
 # Env: OUT (default ./gpu-out), FTN_CHECK_TIMEOUT per step (default 180 s),
-# FTN_CHECK_BUDGET (default 420 s), FTN_CHECK_JOBS (default 4).
+# FTN_CHECK_BUDGET (default 420 s), FTN_CHECK_JOBS (default 4),
+# FTN_CHECK_STEPS (the check's steps to run; default all five, in order).
 set -uo pipefail
 BUNDLE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$PWD/gpu-out}"
@@ -55,7 +56,7 @@ S="$OUT/summary.md"
   echo "- compute-sanitizer: $(command -v compute-sanitizer || echo 'not found')"
 } > "$S"
 
-for step in env bandwidth gemm correctness nccl; do
+for step in ${FTN_CHECK_STEPS:-env bandwidth gemm correctness nccl}; do
   lim=$(step_limit)
   if [ "$lim" -le 5 ]; then
     printf '\n## %s\n\nnot run (budget spent)\n' "$step" >> "$S"

@@ -113,8 +113,14 @@ fn cudarc_misuse_is_a_named_error() {
         Err(Error::InvalidArgument { arg: "stream", .. }) => {}
         r => panic!("expected InvalidArgument on stream, got {r:?}"),
     }
-    // A stream of another context.
-    let other_ctx = CudaContext::new(0).unwrap();
+    // `CudaContext::new(0)` again is the same primary context (the first
+    // GPU run expected a mismatch here, wrongly): its streams are ours.
+    let same = CudaContext::new(0).unwrap();
+    assert_eq!(same.cu_ctx(), ctx.cu_ctx());
+    ferrotron::Stream::from_cudarc(&dev, same.new_stream().unwrap()).unwrap();
+    // A stream of another context of the same GPU.
+    let other_ctx = CudaContext::new_non_primary(0, 0).unwrap();
+    assert_ne!(other_ctx.cu_ctx(), ctx.cu_ctx());
     let foreign = other_ctx.new_stream().unwrap();
     match ferrotron::Stream::from_cudarc(&dev, foreign) {
         Err(Error::DeviceMismatch { arg: "stream", .. }) => {}

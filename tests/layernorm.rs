@@ -526,7 +526,8 @@ fn fused_block_path_several_chunks() {
 /// RMSNorm, without beta, and at the block path's widest row (512 threads,
 /// 40 rows in one chunk); its wide build on the global path (32 values per
 /// thread, gamma from global memory) from just past the block path to its
-/// widest row, 16384.
+/// widest row, 16384. The forwards of those wide 16-bit rows run the staged
+/// block forward (512 threads of 32 values at 16384), not the global one.
 #[test]
 fn fused_pipelined_path() {
     use ferrotron::core::plan::layernorm::{self as plan, RowPath, BLOCK_MAX_HIDDEN};
@@ -548,6 +549,10 @@ fn fused_pipelined_path() {
         (w.path, w.pipelined, w.cfg.block[0]),
         (RowPath::Global, true, 512)
     );
+    for h in [wide as u64 + 8, 13_000, 16_384] {
+        assert_eq!(plan::forward(35, h, 2, true).path, RowPath::Block, "{h}");
+    }
+    assert_eq!(plan::forward(35, 16_384, 2, true).cfg.block[0], 512);
     for dev in devices("fused_pipelined_path", 10) {
         run_case::<bf16>(&dev, Case::new(70, 2056, false));
         for zero_centered in [false, true] {

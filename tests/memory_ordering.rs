@@ -7,12 +7,9 @@
 //! test opens it. An operation that should not wait runs on a helper thread
 //! that must report back within a generous limit while the gate is shut.
 //!
-//! On an H200 (2026-12-04) the CUDA cases of the four gate tests fail:
-//! `alloc_zeros`, a device-to-host copy, and a run of uploads behind a held
-//! stream with a kernel queued wait for the host function that holds it
-//! (`each_host_operation_ignores_a_busy_stream` names the single operations
-//! that wait). An open bug, kept failing on purpose; see docs/perf.md
-//! ("Second GPU run").
+//! On an H200 the CUDA cases of the four gate tests fail (an open bug, kept
+//! failing on purpose; `each_host_operation_ignores_a_busy_stream` names the
+//! operations that wait). What is known: docs/perf.md, "Third GPU run".
 
 mod common;
 

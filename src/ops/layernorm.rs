@@ -4,7 +4,8 @@
 //! Both normalise every row of a row-major `[rows, hidden]` matrix over its
 //! `hidden` columns, with fp32 statistics and arithmetic for fp32, fp16 and
 //! bf16 storage. Any `hidden >= 1` works (a warp-per-row path up to 1024, a
-//! block-per-row path up to 12288, a path through global memory beyond).
+//! block-per-row path up to 12288, or 16384 for the forward of 16-bit rows
+//! with 128-bit access, a path through global memory beyond).
 //!
 //! * LayerNorm: `y = (x - mean) * rsqrt(var + eps) * g + beta`, biased
 //!   variance (divide by `hidden`), computed two-pass (never

@@ -14,16 +14,10 @@
 //! * a drop inside a host function (where CUDA calls are illegal) is
 //!   deferred to the next allocation or free made by an ordinary thread.
 //!
-//! Measured on an H200 (driver 580, 2026-12-04): while another stream is
-//! blocked inside a host function, one upload, a drop, a drop followed by an
-//! upload and a new stream return at once, but `alloc_zeros` of 4 MiB and a
-//! device-to-host copy wait until the host function returns (also with
-//! `CUDA_DEVICE_MAX_CONNECTIONS=32`), and so do 16 uploads in a row behind
-//! a held stream with a kernel queued (not yet isolated: the memset, or the
-//! pool growing, are the suspects). Under ordinary load (queued kernels, no
-//! blocked host function) `alloc_zeros` does not wait: the GPU check's
-//! zeroing-race case. `tests/memory_ordering.rs` states the stricter promise
-//! and fails on that GPU: an open bug (docs/perf.md, "Second GPU run").
+//! On an H200, while another stream is blocked inside a host function,
+//! `alloc_zeros` and device-to-host copies still wait for it, although the
+//! same driver operations issued alone do not (an open bug; what is known:
+//! docs/perf.md, "Third GPU run"; `tests/memory_ordering.rs` fails there).
 //!
 //! Devices without memory-pool support (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_
 //! SUPPORTED` = 0) fall back to `cuMemAlloc`/`cuMemFree` after a context

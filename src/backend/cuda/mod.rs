@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 
-use crate::core::launch::{dynamic_smem_opt_in, SMEM_WITHOUT_OPT_IN};
+use crate::core::launch::dynamic_smem_opt_in;
 use crate::core::{Error, LaunchConfig, Result};
 use crate::kernels::{Kernel, KernelParams};
 pub(crate) use memory::CudaMemory;
@@ -43,10 +43,8 @@ unsafe impl Send for LoadedModule {}
 #[derive(Clone, Copy)]
 struct LoadedFunction {
     raw: sys::CUfunction,
-    /// Dynamic shared memory a launch may ask for without another opt-in:
-    /// at load, 48 KiB less the kernel's static shared memory (the driver's
-    /// own default); after an opt-in, the amount opted into.
-    smem_opt_in: u32,
+    /// Dynamic shared memory opted into so far (0 at load).
+    opted_in: u32,
     /// The kernel's static shared memory (`__shared__` arrays).
     static_smem: u32,
 }
@@ -290,39 +288,39 @@ impl CudaDevice {
                     attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
                         .map_err(|e| driver_err(&format!("reading {name}'s shared memory"), e))?
                         .max(0) as u32;
-                // The limit before any opt-in counts static and dynamic
-                // shared memory together: a kernel with static arrays gets
-                // less than 48 KiB of dynamic memory for free.
                 let f = LoadedFunction {
                     raw,
-                    smem_opt_in: SMEM_WITHOUT_OPT_IN.saturating_sub(static_smem),
+                    opted_in: 0,
                     static_smem,
                 };
                 fns.insert(name, f);
                 f
             }
         };
-        if smem > f.smem_opt_in {
-            if dynamic_smem_opt_in(name, f.static_smem, smem, self.max_smem_optin)?.is_none() {
-                return Ok(f);
+        // Static and dynamic shared memory count together against the
+        // 48 KiB a block gets without opting in.
+        match dynamic_smem_opt_in(name, f.static_smem, smem, self.max_smem_optin)? {
+            Some(bytes) if bytes > f.opted_in => {
+                // SAFETY: raw is a valid function of this context.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f.raw,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
+                }
+                .map_err(|e| {
+                    driver_err(&format!("opting {name} into {bytes} B of shared memory"), e)
+                })?;
+                let updated = LoadedFunction {
+                    opted_in: bytes,
+                    ..f
+                };
+                fns.insert(name, updated);
+                Ok(updated)
             }
-            // SAFETY: raw is a valid function of this context.
-            unsafe {
-                result::function::set_function_attribute(
-                    f.raw,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-            }
-            .map_err(|e| driver_err(&format!("opting {name} into {smem} B of shared memory"), e))?;
-            let updated = LoadedFunction {
-                smem_opt_in: smem,
-                ..f
-            };
-            fns.insert(name, updated);
-            return Ok(updated);
+            _ => Ok(f),
         }
-        Ok(f)
     }
 
     fn module(&self, name: &'static str) -> Result<sys::CUmodule> {

@@ -146,14 +146,34 @@ pub fn fwd_stages_params(elem_size: usize, vec: u32) -> bool {
     elem_size == 2 && vec > 1
 }
 
-/// Plan of the forward: [`rows`], except on the block path: a run of
-/// [`fwd_rows_per_block`] consecutive rows per block, and, where the kernel
-/// stages gamma and beta ([`fwd_stages_params`]), [`FWD_HELD_ITEMS`] values
-/// per thread (the fewest whole warps that hold the row) and
-/// `2 * hidden * elem_size` bytes of dynamic shared memory for them.
+/// Widest row of the block forward's staged builds ([`fwd_stages_params`]):
+/// [`BLOCK_THREADS`] threads of [`FWD_HELD_ITEMS`] values (16384). Those
+/// rows between [`BLOCK_MAX_HIDDEN`] and this take the block path forward
+/// although their backward takes the global one: the global forward reads
+/// the row twice and measured 0.40 of copy at 16384 on an H200 (2026-12-04).
+pub const FWD_STAGED_MAX_HIDDEN: u64 = BLOCK_THREADS as u64 * FWD_HELD_ITEMS;
+
+/// The forward's row path: [`path`], except that rows of the staged builds
+/// up to [`FWD_STAGED_MAX_HIDDEN`] stay on the block path.
+pub fn forward_path(hidden: u64, elem_size: usize, vec: u32) -> RowPath {
+    match path(hidden) {
+        RowPath::Global if fwd_stages_params(elem_size, vec) && hidden <= FWD_STAGED_MAX_HIDDEN => {
+            RowPath::Block
+        }
+        p => p,
+    }
+}
+
+/// Plan of the forward: [`rows`], except on the block path
+/// ([`forward_path`]): a run of [`fwd_rows_per_block`] consecutive rows per
+/// block, and, where the kernel stages gamma and beta
+/// ([`fwd_stages_params`]), [`FWD_HELD_ITEMS`] values per thread (the
+/// fewest whole warps that hold the row) and `2 * hidden * elem_size` bytes
+/// of dynamic shared memory for them.
 pub fn forward(rows_: u64, hidden: u64, elem_size: usize, aligned16: bool) -> RowPlan {
     let mut p = rows(rows_, hidden, elem_size, aligned16);
-    if p.path == RowPath::Block {
+    if forward_path(hidden, elem_size, p.vec) == RowPath::Block {
+        p.path = RowPath::Block;
         p.cfg.grid = row_grid(div_ceil(rows_.max(1), fwd_rows_per_block(rows_)));
         if fwd_stages_params(elem_size, p.vec) {
             let threads = (div_ceil(div_ceil(hidden, FWD_HELD_ITEMS), 32) * 32)
@@ -488,6 +508,7 @@ mod tests {
         // memory; fp32 and unaligned rows keep the 24-value tile.
         for &h in &[1032u64, 4096, 8192, 12_288, BLOCK_MAX_HIDDEN] {
             let p = forward(100, h, 2, true);
+            assert_eq!(p.path, RowPath::Block);
             let threads = p.cfg.threads_per_block();
             assert!(threads % 32 == 0 && threads * FWD_HELD_ITEMS >= h, "{h}");
             assert!(threads == 32 || (threads - 32) * FWD_HELD_ITEMS < h, "{h}");
@@ -498,8 +519,29 @@ mod tests {
                 assert_eq!(q.cfg.dynamic_smem_bytes, 0);
             }
         }
+        // Staged rows past the block path's backward limit: still the block
+        // forward, up to 512 threads of 32 values and 64 KiB of parameters.
+        for &h in &[BLOCK_MAX_HIDDEN + 8, 16_000, FWD_STAGED_MAX_HIDDEN] {
+            let p = forward(100, h, 2, true);
+            assert_eq!(p.path, RowPath::Block, "{h}");
+            assert_eq!(rows(100, h, 2, true).path, RowPath::Global, "{h}");
+            let threads = p.cfg.threads_per_block();
+            assert!(
+                threads <= BLOCK_THREADS as u64 && threads * FWD_HELD_ITEMS >= h,
+                "{h}"
+            );
+            assert_eq!(p.cfg.dynamic_smem_bytes as u64, 4 * h);
+            assert!(DeviceLimits::SM90.check("k", &p.cfg).is_ok(), "{h}");
+            // Unstaged builds of the same width cannot hold the row.
+            assert_eq!(forward(100, h, 4, true).path, RowPath::Global, "{h}");
+            assert_eq!(forward(100, h, 2, false).path, RowPath::Global, "{h}");
+        }
         // Other paths: the same plan as the input gradient.
         assert_eq!(forward(1000, 512, 2, true), rows(1000, 512, 2, true));
+        assert_eq!(
+            forward(1000, FWD_STAGED_MAX_HIDDEN + 8, 2, true),
+            rows(1000, FWD_STAGED_MAX_HIDDEN + 8, 2, true)
+        );
         assert_eq!(forward(1000, 50_000, 2, true), rows(1000, 50_000, 2, true));
     }
 
