@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds what a GPU session carries to the device machine (which has no
-# Rust): the release program `ferrotron-gpu-check` and, unless
+# Rust): the release programs `ferrotron-gpu-check` and `train_gpt` and, unless
 # FTN_BUNDLE_TESTS=none, integration-test binaries with GPU cases
 # (debug; a test file that never asks for a CUDA device is left out), all built
 # with `--features cuda` (sm_80 + sm_90a SASS embedded: the device's CUDA 13.0
-# driver needs no JIT), stripped, with scripts/gpu_check.sh, into
+# driver needs no JIT), stripped, the probes of tools/probes (when NVCC is
+# set), with scripts/gpu_check.sh, into
 # gpu-bundle/ (gitignored), packed as gpu-bundle.tar.xz (it must stay under
 # the 64 MiB a device call carries). Then, from the device tool's `run`:
 #   carry ["gpu-bundle.tar.xz"],
@@ -43,6 +44,11 @@ executables build --release --bin ferrotron-gpu-check | while read -r kind name 
   cp "$exe" "$OUT/ferrotron-gpu-check"
 done
 [ -x "$OUT/ferrotron-gpu-check" ] || { echo "ferrotron-gpu-check did not build"; exit 1; }
+echo "== train_gpt (release example, --features cuda)"
+executables build --release --example train_gpt | while read -r kind name exe; do
+  cp "$exe" "$OUT/train_gpt"
+done
+[ -x "$OUT/train_gpt" ] || { echo "train_gpt did not build"; exit 1; }
 
 if [ "${FTN_BUNDLE_TESTS:-all}" != none ]; then
   echo "== test binaries (debug, --features cuda)"
@@ -59,7 +65,17 @@ if [ "${FTN_BUNDLE_TESTS:-all}" != none ]; then
     cp "$exe" "$OUT/tests/$name"
   done
 fi
-strip "$OUT"/ferrotron-gpu-check "$OUT"/tests/* 2>/dev/null || true
+# The driver-level probes (tools/probes, CUDA runtime only), when an nvcc is
+# at hand: gpu_check.sh runs them first.
+if [ -n "${NVCC:-}" ] && [ -x "$NVCC" ]; then
+  echo "== probes (nvcc: $NVCC)"
+  mkdir -p "$OUT/probes"
+  for src in tools/probes/*.cu; do
+    "$NVCC" -O2 -std=c++17 -arch=sm_90a -cudart static -L"$(dirname "$NVCC")/../lib" \
+      -o "$OUT/probes/$(basename "$src" .cu)" "$src"
+  done
+fi
+strip "$OUT"/ferrotron-gpu-check "$OUT"/train_gpt "$OUT"/tests/* 2>/dev/null || true
 cp scripts/gpu_check.sh "$OUT/"
 git rev-parse HEAD > "$OUT/COMMIT"
 du -sh "$OUT"

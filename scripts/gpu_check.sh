@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the device machine from the repository root, over a carried
 # gpu-bundle/ (scripts/gpu_bundle.sh): the one-shot device check.
+#   0. the driver-level probes of tools/probes, if the bundle has them;
 #   1. ferrotron-gpu-check's steps, each its own process under its own
 #      timeout: env, bandwidth and gemm first (timings on a quiet GPU), then
 #      correctness and nccl;
-#   2. every test binary in the bundle, FTN_CHECK_JOBS at a time (their GPU
+#   2. train_gpt, if the bundle has it (FTN_CHECK_TRAIN: its arguments, or
+#      `none`; at most 120 s);
+#   3. every test binary in the bundle, FTN_CHECK_JOBS at a time (their GPU
 #      cases run; the emulator cases too);
-#   3. compute-sanitizer memcheck, racecheck and synccheck over
+#   4. compute-sanitizer memcheck, racecheck and synccheck over
 #      `ferrotron-gpu-check small` (one small launch of every kernel).
 # Every step's timeout is clipped to what is left of FTN_CHECK_BUDGET
 # (seconds, default 420), and summary.md is appended to as each step ends,
@@ -56,6 +59,19 @@ S="$OUT/summary.md"
   echo "- compute-sanitizer: $(command -v compute-sanitizer || echo 'not found')"
 } > "$S"
 
+# The driver-level probes first (tools/probes: plain CUDA, no ferrotron),
+# each under its own 60 s limit; their full output goes to the logs.
+if [ -d "$BUNDLE/probes" ]; then
+  printf '\n## Probes (tools/probes)\n\n' >> "$S"
+  for probe in "$BUNDLE"/probes/*; do
+    name="$(basename "$probe")"
+    timeout 60 "$probe" > "$OUT/logs/probe-$name.log" 2>&1
+    rc=$?
+    echo "- $name: rc $rc, $(grep -c WAITS "$OUT/logs/probe-$name.log") case(s) waited:" >> "$S"
+    grep WAITS "$OUT/logs/probe-$name.log" | sort | uniq -c | sed 's/^/    /' >> "$S"
+  done
+fi
+
 for step in ${FTN_CHECK_STEPS:-env bandwidth gemm correctness nccl}; do
   lim=$(step_limit)
   if [ "$lim" -le 5 ]; then
@@ -67,6 +83,27 @@ for step in ${FTN_CHECK_STEPS:-env bandwidth gemm correctness nccl}; do
   [ $rc -eq 124 ] && printf '\n**%s: TIMEOUT after %s s** (the rows above are what it measured)\n' "$step" "$lim" >> "$S"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '\n**%s: exit %s** (see logs/step-%s.log)\n' "$step" "$rc" "$step" >> "$S"
 done
+
+# A GPT trained on one GPU (NCCL, one rank), run from the repository root
+# (its corpus, data/sonnets.txt): the last lines give tokens/s and MFU.
+TRAIN="${FTN_CHECK_TRAIN:---launch 1 --tp 1 --pp 1 --dp 1 --layers 8 --hidden 1024 --heads 16 --seq 1024 --micro-batch 8 --micro-batches 4 --steps 30 --sample 0}"
+if [ -x "$BUNDLE/train_gpt" ] && [ "$TRAIN" != none ]; then
+  lim=$(step_limit)
+  [ "$lim" -gt 120 ] && lim=120
+  if [ "$lim" -le 10 ]; then
+    printf '\n## train_gpt\n\nnot run (budget spent)\n' >> "$S"
+  else
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    timeout "$lim" "$BUNDLE/train_gpt" $TRAIN > "$OUT/logs/train_gpt.log" 2>&1
+    rc=$?
+    {
+      printf '\n## train_gpt\n\n`train_gpt %s`: rc %s, %s s\n\n```text\n' "$TRAIN" "$rc" "$(($(date +%s) - start))"
+      grep -E 'parameters|step +[0-9]+/|^done|loss [0-9.]+ ->|MFU' "$OUT/logs/train_gpt.log" | tail -12
+      printf '```\n'
+    } >> "$S"
+  fi
+fi
 
 if [ -d "$BUNDLE/tests" ]; then
   {
