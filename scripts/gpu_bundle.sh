@@ -15,7 +15,8 @@
 # test names). Each debug test binary embeds every fatbin (~53 MB stripped,
 # ~11.5 MB packed alone), but they are the same bytes in every binary: xz
 # with a dictionary larger than the bundle stores them once, so the check
-# and all 16 test binaries pack to 41 MB (2026-12-04; 6 min on 2 cores).
+# and all 16 test binaries (with train_gpt and the probes) pack to 42 MB
+# (2026-12-04; 6 min on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FTN_BUNDLE_TESTS="${FTN_BUNDLE_TESTS:-all}"
