@@ -78,7 +78,7 @@ fn bench(c: &mut Criterion) {
                 es,
                 true,
                 true,
-                stream.device().limits().max_smem_per_block,
+                stream.device().limits(),
             );
             let passes = if fused.is_some() { 3 } else { 5 };
             g.throughput(Throughput::Bytes((passes * n * es + 8 * rows) as u64));

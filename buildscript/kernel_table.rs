@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 pub struct KernelDecl {
     pub name: String,
     pub params: String,
+    /// Blocks per thread block cluster (`FTN_KERNEL_CLUSTER`), else 1.
+    pub cluster: u32,
     /// The .cu file stem: the fatbin module that holds the kernel.
     pub module: String,
 }
@@ -43,14 +45,23 @@ pub fn scan(files: &[PathBuf]) -> Vec<KernelDecl> {
         while let Some(tok) = tokens.next() {
             if tok == "ftn_kernel_decl" {
                 let name = tokens.next().expect("kernel name after marker").to_string();
-                let params = tokens
-                    .next()
-                    .expect("params type after kernel name")
-                    .trim_end_matches(';')
-                    .to_string();
+                let params_tok = tokens.next().expect("params type after kernel name");
+                let params = params_tok.trim_end_matches(';').to_string();
+                // `ftn_kernel_decl <name> <Params> ftn_cluster <C> ;`
+                let mut cluster = 1;
+                if !params_tok.ends_with(';') {
+                    let marker = tokens.next();
+                    assert_eq!(marker, Some("ftn_cluster"), "kernel {name}: marker");
+                    let c = tokens.next().expect("cluster size after ftn_cluster");
+                    cluster = c
+                        .trim_end_matches(';')
+                        .parse()
+                        .unwrap_or_else(|e| panic!("kernel {name}: cluster size {c:?}: {e}"));
+                }
                 out.push(KernelDecl {
                     name,
                     params,
+                    cluster,
                     module: module.clone(),
                 });
             }
@@ -128,7 +139,12 @@ pub fn write(kernels: &[KernelDecl], path: &Path) {
     for k in kernels {
         let _ = writeln!(
             s,
-            "/// `{name}` from `cuda/{module}.cu`.\npub static {upper}: Kernel<crate::kernel_params::{params}> = Kernel::new(\"{name}\", \"{module}\", EmuEntry {{ run: ftn_emu_entry_{name}, params_size: ftn_emu_params_size_{name} }});",
+            "/// `{name}` from `cuda/{module}.cu`.\npub static {upper}: Kernel<crate::kernel_params::{params}> = Kernel::new(\"{name}\", \"{module}\", EmuEntry {{ run: ftn_emu_entry_{name}, params_size: ftn_emu_params_size_{name} }}){cluster};",
+            cluster = if k.cluster > 1 {
+                format!(".in_clusters_of({})", k.cluster)
+            } else {
+                String::new()
+            },
             name = k.name,
             module = k.module,
             params = k.params,

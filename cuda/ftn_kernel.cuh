@@ -12,6 +12,10 @@
 //   FTN_KERNEL_GRID_CONSTANT(name, Params, p, MAX) { }  same, with the argument
 //       __grid_constant__ (its address is the parameter space's, as TMA
 //       tensor maps in it need; cuda/gemm_sm90.cu)
+//   FTN_KERNEL_CLUSTER(name, Params, p, MAX, C) { }   same as BOUNDED, launched
+//       in thread block clusters of C blocks along x (__cluster_dims__(C,1,1)
+//       on sm_90 and later; an sm_80 build has no clusters and is never
+//       launched); cuda/cluster.cuh
 //   FTN_SHARED(T, name, [N][M]...)                 static shared array
 //   FTN_DYNAMIC_SHARED(T, name)                    `T *name` = dynamic shared
 //   FTN_ASSERT(cond)                               device assert: fails the
@@ -35,6 +39,9 @@
   void ftn_scan_##name(const Params p)
 #define FTN_KERNEL_BOUNDED(name, Params, p, max_threads) FTN_KERNEL(name, Params, p)
 #define FTN_KERNEL_GRID_CONSTANT(name, Params, p, max_threads) FTN_KERNEL(name, Params, p)
+#define FTN_KERNEL_CLUSTER(name, Params, p, max_threads, cluster) \
+  ftn_kernel_decl name Params ftn_cluster cluster;                  \
+  void ftn_scan_##name(const Params p)
 #define FTN_SHARED(T, name, dims) T name dims
 #define FTN_DYNAMIC_SHARED(T, name) T *name
 #define FTN_ASSERT(cond)
@@ -56,6 +63,14 @@
   extern "C" __global__ void __launch_bounds__(max_threads) name(const Params p)
 #define FTN_KERNEL_GRID_CONSTANT(name, Params, p, max_threads) \
   extern "C" __global__ void __launch_bounds__(max_threads, 1) name(const __grid_constant__ Params p)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FTN_CLUSTER_DIMS(cluster)  // no clusters before sm_90
+#else
+#define FTN_CLUSTER_DIMS(cluster) __cluster_dims__(cluster, 1, 1)
+#endif
+#define FTN_KERNEL_CLUSTER(name, Params, p, max_threads, cluster)                 \
+  extern "C" __global__ void FTN_CLUSTER_DIMS(cluster) __launch_bounds__(max_threads) \
+      name(const Params p)
 #define FTN_SHARED(T, name, dims) __shared__ T name dims
 #define FTN_DYNAMIC_SHARED(T, name)                             \
   extern __shared__ __align__(16) unsigned char ftn_dyn_smem_raw[]; \

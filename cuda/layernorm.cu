@@ -74,6 +74,7 @@
 //   reads 2*chunks*cols*4, writes 2*cols*sizeof(T) bytes.
 #include <type_traits>
 
+#include "cluster.cuh"
 #include "mma.cuh"
 #include "reduce.cuh"
 #include "vec.cuh"
@@ -1037,19 +1038,56 @@ FTN_DEVICE void block_sum2_single_barrier(float &a, float &b, float4 *red, int p
   }
 }
 
+// The sums of a and b over the blocks of the cluster, added in rank order
+// (every block gets the same bits): each block's thread 0 puts its block's
+// pair in xch[parity], a barrier.cluster, then every thread reads the
+// cluster's pairs through distributed shared memory. Alternating parity
+// between rows: a block writes a slot again only after the next row's
+// barrier, which every block reaches after reading this row's slots.
+template <int CL>
+FTN_DEVICE void cluster_sum2(float &a, float &b, float2 *xch, int parity) {
+  if (threadIdx.x == 0) xch[parity] = make_float2(a, b);
+  ftn_cluster_sync();
+  a = 0.0f;
+  b = 0.0f;
+#pragma unroll
+  for (int r = 0; r < CL; ++r) {
+    const float2 v = ftn_cluster_ld_f32x2(xch + parity, (unsigned)r);
+    a += v.x;
+    b += v.y;
+  }
+}
+
 // ITEMS values per thread; GS: gamma staged in shared memory as fp32 (else
-// read from global memory in each pass: the wide build).
-template <typename T, int ITEMS, bool GS>
-FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, float *smem) {
+// read from global memory in each pass: the wide build). CL > 1: launched
+// in clusters of CL blocks along x, one cluster per chunk of rows, block
+// rank k owning the columns [k * slice, (k + 1) * slice) of every row
+// (slice = the row's 8-column vectors split evenly; the last block's may be
+// short or empty); the two row sums are then added over the cluster
+// (cluster_sum2), and each block writes the partials of its own columns.
+template <typename T, int ITEMS, bool GS, int CL = 1>
+FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, float *smem,
+                               float2 *xch = nullptr) {
   static_assert(sizeof(T) == 2, "16-bit storage");
+  static_assert(CL == 1 || !GS, "clusters take the wide build");
   constexpr int V = 8, C = ITEMS / V, S = kLnPipeStages;
   FTN_ASSERT(blockDim.x % 32 == 0 && blockDim.x <= 512 && p.cols % V == 0 &&
-             p.cols <= (int64_t)blockDim.x * ITEMS && p.partial_gamma != nullptr &&
-             p.rows_per_chunk >= 1);
-  const int64_t chunk = block_row();
+             p.partial_gamma != nullptr && p.rows_per_chunk >= 1);
+  int64_t chunk;
+  int col0 = 0, n = (int)p.cols;  // this block's columns: [col0, col0 + n)
+  if constexpr (CL > 1) {
+    chunk = blockIdx.x / CL;
+    const int slice = (int)((p.cols / V + CL - 1) / CL) * V;
+    col0 = (int)ftn_cluster_rank() * slice;
+    n = col0 >= n ? 0 : (n - col0 < slice ? n - col0 : slice);
+    FTN_ASSERT(slice <= (int)blockDim.x * ITEMS && xch != nullptr);
+  } else {
+    chunk = block_row();
+    FTN_ASSERT(p.cols <= (int64_t)blockDim.x * ITEMS);
+  }
   int64_t r0, r1;
-  if (!chunk_rows(p, chunk, r0, r1)) return;
-  const int n = (int)p.cols, t = threadIdx.x, G = blockDim.x;
+  if (!chunk_rows(p, chunk, r0, r1)) return;  // the whole cluster: same chunk
+  const int t = threadIdx.x, G = blockDim.x;
   float *gs = smem;
   T *stages = reinterpret_cast<T *>(smem + (GS ? n : 0));  // [S][2][n]
   if constexpr (GS) {
@@ -1057,7 +1095,7 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
     for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
       if (col < n) {
         float g[V];
-        load_gamma<T, V>(static_cast<const T *>(p.gamma), col, p.zero_centered_gamma, g);
+        load_gamma<T, V>(static_cast<const T *>(p.gamma), col0 + col, p.zero_centered_gamma, g);
         ftn_store<float, 4>(gs + col, g);
         ftn_store<float, 4>(gs + col + 4, g + 4);
       }
@@ -1072,7 +1110,7 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
       (void)gamma;
       ln_lds_f32x8(gs + col, g);
     } else {
-      load_gamma<T, V>(gamma, col, p.zero_centered_gamma, g);
+      load_gamma<T, V>(gamma, col0 + col, p.zero_centered_gamma, g);
     }
   };
   // x and dy of the 8 columns at col from a stage (sx, sd), widened, and
@@ -1093,8 +1131,8 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
   // column is added, not row * cols recomputed.)
   auto fetch = [&](int64_t row, int s) {
     if (row < r1) {
-      const T *x = static_cast<const T *>(p.x) + row * p.cols;
-      const T *dy = static_cast<const T *>(p.dy) + row * p.cols;
+      const T *x = static_cast<const T *>(p.x) + row * p.cols + col0;
+      const T *dy = static_cast<const T *>(p.dy) + row * p.cols + col0;
       T *sx = stages + s * 2 * n;
       ftn_ln_opaque(x);
       ftn_ln_opaque(dy);
@@ -1116,7 +1154,7 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
 #pragma unroll
   for (int k = 0; k < C * V; ++k) ag[k] = ab[k] = 0.0f;
   const bool rms = p.kind == FTN_NORM_RMS;
-  const float inv_n = 1.0f / (float)n;
+  const float inv_n = 1.0f / (float)p.cols;
   // The statistics of rows row .. row + S - 2, loaded as far ahead as the
   // rows themselves (a DRAM round trip per row otherwise); moved down at
   // the end of a row, a round after their load was issued.
@@ -1162,11 +1200,12 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
       }
     }
     block_sum2_single_barrier(s1, s2, red, (int)((row - r0) & 1));
+    if constexpr (CL > 1) cluster_sum2<CL>(s1, s2, xch, (int)((row - r0) & 1));
     const float m1 = rms ? 0.0f : s1 * inv_n;
     const float m2 = s2 * inv_n;
     const float c0 = -rstd * m1;
     const float c2 = -(rstd * rstd) * m2;
-    T *dx = static_cast<T *>(p.dx) + row * p.cols;
+    T *dx = static_cast<T *>(p.dx) + row * p.cols + col0;
 #pragma unroll
     for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
       if (col < n) {
@@ -1187,8 +1226,8 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
     s = s + 1 == S ? 0 : s + 1;
   }
   ftn_cp_async_wait<0>();
-  float *pg = p.partial_gamma + chunk * p.cols;
-  float *pb = p.partial_beta == nullptr ? nullptr : p.partial_beta + chunk * p.cols;
+  float *pg = p.partial_gamma + chunk * p.cols + col0;
+  float *pb = p.partial_beta == nullptr ? nullptr : p.partial_beta + chunk * p.cols + col0;
 #pragma unroll
   for (int c = 0, col = t * V; c < C; ++c, col += G * V) {
     if (col < n) {
@@ -1200,6 +1239,9 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
       }
     }
   }
+  // Peers may still read this block's last row-sum slot: its shared memory
+  // must outlive their reads.
+  if constexpr (CL > 1) ftn_cluster_sync();
 }
 
 // Two passes over dy and x: the two row sums, then dx.
@@ -1410,9 +1452,22 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
     FTN_ASSERT(p.vec == 8);                                                            \
     bwd_fused_pipe<T, items, staged>(p, red, smem);                                    \
   }
+// Rows past the wide build: split over the blocks of a cluster of CL.
+#define FTN_LN_CLUSTER_KERNEL(suffix, T, CL)                                                  \
+  FTN_KERNEL_CLUSTER(ftn_layernorm_bwd_fused_cluster##CL##_##suffix, FtnLayerNormBwdParams, p, \
+                     kBlockThreads, CL) {                                                     \
+    FTN_SHARED(float4, red, [kBlockThreads / 32]);                                            \
+    FTN_SHARED(float2, xch, [2]);                                                             \
+    FTN_DYNAMIC_SHARED(float, smem);                                                          \
+    FTN_ASSERT(p.vec == 8);                                                                   \
+    bwd_fused_pipe<T, kLnPipeWideItems, false, CL>(p, red, smem, xch);                        \
+  }
 #define FTN_STAMP_LAYERNORM_PIPE(suffix, T)                                            \
   FTN_LN_PIPE_KERNEL(ftn_layernorm_bwd_fused_pipe_##suffix, T, kBlockItems, true)       \
-  FTN_LN_PIPE_KERNEL(ftn_layernorm_bwd_fused_pipe_wide_##suffix, T, kLnPipeWideItems, false)
+  FTN_LN_PIPE_KERNEL(ftn_layernorm_bwd_fused_pipe_wide_##suffix, T, kLnPipeWideItems, false) \
+  FTN_LN_CLUSTER_KERNEL(suffix, T, 2)                                                   \
+  FTN_LN_CLUSTER_KERNEL(suffix, T, 4)                                                   \
+  FTN_LN_CLUSTER_KERNEL(suffix, T, 8)
 
 FTN_STAMP_LAYERNORM(f32, float)
 FTN_STAMP_LAYERNORM(f16, __half)

@@ -31,6 +31,10 @@ pub struct Kernel<P> {
     /// The `.cu` file (stem) that defines it: the fatbin module on CUDA.
     pub module: &'static str,
     pub(crate) emu: EmuEntry,
+    /// Blocks per thread block cluster along x (1: no clusters). Fixed by
+    /// the kernel's declaration (`__cluster_dims__`): a launch's gridDim.x
+    /// must be a multiple of it, and only an sm_90 or later device runs it.
+    pub cluster: u32,
     _params: PhantomData<fn(P)>,
 }
 
@@ -46,7 +50,16 @@ impl<P> Kernel<P> {
             name,
             module,
             emu,
+            cluster: 1,
             _params: PhantomData,
+        }
+    }
+
+    /// The same kernel, declared for clusters of `blocks` blocks.
+    pub const fn in_clusters_of(self, blocks: u32) -> Self {
+        Kernel {
+            cluster: blocks,
+            ..self
         }
     }
 }

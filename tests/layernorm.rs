@@ -42,6 +42,10 @@ struct Case {
     offset: f64,
     scale: f64,
     eps: f32,
+    /// dy = N(0, 1) + dy_shift * (1 + x): row sums of dy * gamma and of
+    /// dy * gamma * xhat of order dy_shift * hidden (random dy alone makes
+    /// them ~sqrt(hidden), too small against dx for a wrong sum to show).
+    dy_shift: f64,
 }
 
 impl Case {
@@ -57,6 +61,7 @@ impl Case {
             offset: 0.0,
             scale: 1.0,
             eps: 1e-5,
+            dy_shift: 0.0,
         }
     }
 }
@@ -92,7 +97,16 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
     let gscale = if c.zero_centered { 0.2 } else { 1.0 };
     let (g, gf) = rng.tensor::<T>(c.hidden, gscale);
     let (b, bf) = rng.tensor::<T>(c.hidden, 1.0);
-    let (dy, dyf) = rng.tensor::<T>(n, 1.0);
+    let (dy, dyf) = if c.dy_shift == 0.0 {
+        rng.tensor::<T>(n, 1.0)
+    } else {
+        let dy: Vec<T> = xf
+            .iter()
+            .map(|&v| T::from_f64(rng.normal() + c.dy_shift * (1.0 + v)))
+            .collect();
+        let dyf = to_f64(&dy);
+        (dy, dyf)
+    };
     let xd = dev.upload(&x).unwrap();
     let gd = dev.upload(&g).unwrap();
     let bd = dev.upload(&b).unwrap();
@@ -584,6 +598,50 @@ fn fused_pipelined_path() {
             ..Case::new(4, 13_000, false)
         };
         run_case::<bf16>(&dev, absent);
+    }
+}
+
+/// Rows past the wide build (16-bit, 128-bit access): the fused backward
+/// split over the blocks of a thread block cluster, which add their row
+/// sums through distributed shared memory (sm_90; the emulator runs a
+/// cluster's blocks at once). Clusters of 2 (16392: slices of 8200, two
+/// chunks, the last of 8 rows), 4 (32776: the last slice 8 columns shorter;
+/// 65536 = 4 x 16384, the Megatron-scale row) and 8 (131072), RMSNorm,
+/// zero-centred gamma, no gamma, no beta. An sm_80 part (no clusters)
+/// takes the unfused kernels for the same rows.
+#[test]
+fn fused_cluster_path() {
+    use ferrotron::core::launch::DeviceLimits;
+    use ferrotron::core::plan::layernorm as plan;
+    for (h, c) in [(16_392u64, 2), (32_776, 4), (65_536, 4), (131_072, 8)] {
+        let f = plan::fused_backward(40, h, 2, true, true).unwrap();
+        assert_eq!((f.cluster, f.path), (c, plan::RowPath::Global), "{h}");
+        assert!(plan::fused_backward_within(40, h, 2, true, true, DeviceLimits::SM80).is_none());
+    }
+    // Row sums that matter against dx (see `Case::dy_shift`; zero-centred
+    // gamma keeps the effective gamma near 1, not of mean 0), so a block
+    // missing a peer's sums fails.
+    let shifted = |rows, hidden, rms| Case {
+        dy_shift: 1.0,
+        zero_centered: true,
+        ..Case::new(rows, hidden, rms)
+    };
+    for dev in devices("fused_cluster_path", 6) {
+        run_case::<bf16>(&dev, shifted(40, 16_392, false));
+        run_case::<f16>(&dev, shifted(3, 32_776, true));
+        let zc = Case {
+            zero_centered: true,
+            ..Case::new(5, 65_536, false)
+        };
+        run_case::<bf16>(&dev, zc);
+        let absent = Case {
+            gamma: false,
+            beta: false,
+            ..Case::new(2, 32_776, false)
+        };
+        run_case::<f16>(&dev, absent);
+        run_case::<bf16>(&dev, shifted(2, 131_072, true));
+        run_case::<bf16>(&dev, Case::new(33, 65_536, false));
     }
 }
 

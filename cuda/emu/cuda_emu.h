@@ -95,7 +95,7 @@ bool in_shared(const void *p, size_t bytes);
 bool overlaps_shared(const void *p, size_t bytes);
 
 namespace detail {
-enum BarrierKind : int { kBarPlain, kBarCount, kBarAnd, kBarOr };
+enum BarrierKind : int { kBarPlain, kBarCount, kBarAnd, kBarOr, kBarCluster };
 int block_barrier(int kind, int pred, const char *file, unsigned line);
 
 enum WarpOp : int {
@@ -145,6 +145,17 @@ inline T from_bits(uint64_t b) {
   }                                                                        \
   extern "C" size_t ftn_emu_params_size_##name(void) { return sizeof(Params); } \
   static void ftn_emu_body_##name(const Params &p)
+// A kernel launched in thread block clusters of `cluster` blocks along x
+// (the emulator fails a launch with another cluster size).
+#define FTN_KERNEL_CLUSTER(name, Params, p, max_threads, cluster)          \
+  static void ftn_emu_body_##name(const Params &p);                        \
+  extern "C" void ftn_emu_entry_##name(const void *ftn_emu_raw) {          \
+    ::ftn_emu::check_launch_bounds((max_threads), #max_threads);           \
+    ::ftn_emu::check_cluster((cluster));                                   \
+    ftn_emu_body_##name(*static_cast<const Params *>(ftn_emu_raw));        \
+  }                                                                        \
+  extern "C" size_t ftn_emu_params_size_##name(void) { return sizeof(Params); } \
+  static void ftn_emu_body_##name(const Params &p)
 #define FTN_SHARED(T, name, dims)        \
   static char ftn_emu_smem_site_##name;  \
   auto &name = *::ftn_emu::static_shared<T dims>(&ftn_emu_smem_site_##name)
@@ -171,6 +182,19 @@ inline void check_launch_bounds(unsigned max_threads, const char *text) {
   const dim3 &b = ftn_emu_tl_block->bdim;
   if (b.x * b.y * b.z > max_threads) launch_bounds_fail(max_threads, text);
 }
+
+// Thread block clusters (cluster.cpp; cuda/cluster.cuh wraps these). The
+// blocks of a cluster are consecutive along x and run at once.
+unsigned cluster_ctarank();   // this block's rank in its cluster (0 without one)
+unsigned cluster_nctarank();  // blocks per cluster (1 without one)
+// Fails unless the launch's cluster size is `declared` (the kernel's).
+void check_cluster(unsigned declared);
+// barrier.cluster.arrive.release + wait.acquire: every thread of every
+// block of the cluster.
+void cluster_sync(const char *file, unsigned line);
+// mapa: the address of the variable at p (this block's shared memory) in
+// the shared memory of block `rank` of the cluster.
+void *cluster_map_shared(const void *p, unsigned rank, const char *file, unsigned line);
 }  // namespace ftn_emu
 
 // -------------------------------------------------------------- vector types

@@ -29,6 +29,9 @@ typedef struct ftn_emu_launch_desc {
   size_t dynamic_smem_bytes;
   uint32_t num_workers;     /* OS threads to spread blocks over; 0 = default
                                (env FTN_EMU_THREADS, else hardware threads) */
+  uint32_t cluster_x;       /* thread block cluster size along x (0 or 1: none;
+                               2..8, dividing grid[0]: its blocks run at once,
+                               one OS thread each; cuda/emu/README.md) */
 } ftn_emu_launch_desc;
 
 /* Runs the grid to completion. Returns 0 on success; otherwise non-zero and
@@ -57,6 +60,7 @@ size_t ftn_emu_schedule(char *buf, size_t len);
 #define FTN_EMU_MAX_GRID_YZ 65535u
 #define FTN_EMU_MAX_STATIC_SMEM 49152u      /* 48 KiB of __shared__ */
 #define FTN_EMU_MAX_SMEM_PER_BLOCK 232448u  /* 227 KiB, static + dynamic */
+#define FTN_EMU_MAX_CLUSTER 8u              /* portable cluster size */
 
 /* TMA descriptors: the emulator's cuTensorMapEncodeTiled (same arguments,
  * checks and enum values as the CUDA driver's; cuda/emu/README.md, "Hopper

@@ -6,6 +6,7 @@
 #define FTN_EMU_INTERNAL_H
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <cstdint>
 #include <memory>
@@ -188,8 +189,31 @@ struct Launch {
   std::vector<uint32_t> race_touched;
 };
 
+struct Worker;
+
+// The blocks of one thread block cluster (cluster.cpp): they run at once,
+// one Worker (OS thread) per rank, and meet at barrier.cluster through
+// this; a cluster launch runs its clusters one after another.
+struct ClusterGroup {
+  explicit ClusterGroup(unsigned n) : size(n), members(n, nullptr) {}
+  const unsigned size;
+  std::vector<Worker *> members;  // by rank, for mapa (distributed shared memory)
+  std::mutex mu;
+  std::condition_variable cv;
+  unsigned arrived = 0;  // blocks whose threads all reached the current barrier.cluster
+  uint64_t gen = 0;      // completed barrier.cluster of the current cluster
+  unsigned exited = 0;   // blocks of the current cluster that finished
+  unsigned exited_rank = 0;
+  bool aborted = false;  // one of them failed (its error is already recorded)
+  uint64_t round = 0;    // clusters finished
+  bool stop = false;     // the launch failed: no more clusters
+  int start = 0;         // 1: every worker started; -1: give up
+};
+
 struct Worker {
   Launch *launch = nullptr;
+  ClusterGroup *cluster = nullptr;  // a cluster launch's group, else null
+  unsigned cluster_rank = 0;
   ftn_emu_block_pub blk{};
   std::vector<Thread> threads;
   std::vector<Warp> warps;
@@ -197,6 +221,7 @@ struct Worker {
   // __syncthreads state.
   unsigned bar_count = 0;
   int bar_acc = 0, bar_result = 0;
+  int bar_kind = 0;  // what the first arriver called (kBarCluster or another)
   const char *bar_file = nullptr;
   unsigned bar_line = 0;
   bool aborting = false;  // unwind every fiber of this block
@@ -245,6 +270,19 @@ void block_current(Worker &w, Thread &t);         // switch out; throws Unwind o
 std::string thread_name(const Worker &w, const Thread &t);
 const char *warp_op_name(int op);
 std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// cluster.cpp: the cross-block half of barrier.cluster, run by the last
+// thread of the block to arrive (may throw: a peer exited or failed);
+// a cluster launch (desc->cluster_x > 1).
+void cluster_barrier_wait(Worker &w, const char *file, unsigned line);
+void run_cluster_launch(Launch &l);
+void cluster_blocks(Worker &w);  // worker_main's loop for rank w.cluster_rank
+// runtime.cpp: an OS thread's share of a launch (the blocks it takes from
+// the grid; in a cluster launch, its rank of every cluster), and one block.
+void worker_main(Launch &l, ClusterGroup *cluster, unsigned rank);
+void run_block(Worker &w, uint64_t b);
+void poison_block_shared(Worker &w);  // a finished block's shared memory
+void record_error(Launch &l, const std::string &msg);
 
 // strict.cpp: the process's strict-mode settings.
 struct StrictConfig {

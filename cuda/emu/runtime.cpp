@@ -28,13 +28,13 @@ constexpr size_t kRedzone = 64;
 constexpr unsigned char kPoison = 0xFF;  // 0xFFFFFFFF is a NaN as a float
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
 
 void record_error(Launch &l, const std::string &msg) {
   std::lock_guard<std::mutex> lock(l.mu);
   if (l.err.empty()) l.err = msg;
   l.failed.store(true);
 }
-}  // namespace
 
 std::string strprintf(const char *fmt, ...) {
   char buf[1024];
@@ -121,10 +121,18 @@ int block_barrier(int kind, int pred, const char *file, unsigned line) {
   if (w.bar_count == 0) {
     w.bar_file = file;
     w.bar_line = line;
+    w.bar_kind = kind;
+  } else if ((kind == kBarCluster) != (w.bar_kind == kBarCluster)) {
+    fail(strprintf("%s at %s:%u while %u thread(s) of the block wait at %s (%s:%u)",
+                   kind == kBarCluster ? "barrier.cluster" : "__syncthreads", file, line,
+                   w.bar_count, w.bar_kind == kBarCluster ? "barrier.cluster" : "__syncthreads",
+                   w.bar_file, w.bar_line));
   }
   ++w.bar_count;
   w.bar_acc += pred;
   if (w.bar_count == w.nthreads) {  // last to arrive: release everyone
+    // barrier.cluster: every block of the cluster, too.
+    if (kind == kBarCluster && w.cluster) cluster_barrier_wait(w, file, line);
     w.bar_result = w.bar_acc;
     w.bar_count = 0;
     w.bar_acc = 0;
@@ -394,6 +402,8 @@ void teardown_launch(Worker &w) {
   stacks_return(w.free_stacks);
 }
 
+}  // namespace
+
 void run_block(Worker &w, uint64_t b) {
   const ftn_emu_launch_desc &d = *w.launch->desc;
   w.blk.bid.x = unsigned(b % d.grid[0]);
@@ -462,19 +472,30 @@ void run_block(Worker &w, uint64_t b) {
   }
 }
 
-void worker_main(Launch &l) {
+void poison_block_shared(Worker &w) {
+  std::memset(w.arena, kPoison, w.dyn_bytes);
+  std::memset(w.arena + w.static_off, kPoison, w.static_used);
+}
+
+void worker_main(Launch &l, ClusterGroup *cluster, unsigned rank) {
   Worker w;
   Worker *prev = tl_worker;
   ftn_emu_block_pub *prev_blk = ftn_emu_tl_block;
   ftn_emu_thread_pub *prev_thr = ftn_emu_tl_thread;
   tl_worker = &w;
   ftn_emu_tl_block = &w.blk;
+  w.cluster = cluster;
+  w.cluster_rank = rank;
   try {
     setup_launch(w, l);
-    while (!l.failed.load(std::memory_order_relaxed)) {
-      uint64_t b = l.next.fetch_add(1, std::memory_order_relaxed);
-      if (b >= l.nblocks) break;
-      run_block(w, b);
+    if (cluster) {
+      cluster_blocks(w);
+    } else {
+      while (!l.failed.load(std::memory_order_relaxed)) {
+        uint64_t b = l.next.fetch_add(1, std::memory_order_relaxed);
+        if (b >= l.nblocks) break;
+        run_block(w, b);
+      }
     }
   } catch (const std::exception &e) {
     record_error(l, strprintf("kernel '%s': emulator error: %s", l.name, e.what()));
@@ -489,6 +510,7 @@ void worker_main(Launch &l) {
   ftn_emu_tl_thread = prev_thr;
 }
 
+namespace {
 unsigned default_workers() {
   if (const char *e = std::getenv("FTN_EMU_THREADS")) {
     long v = std::atol(e);
@@ -519,6 +541,12 @@ std::string validate(const ftn_emu_launch_desc &d, const char *name) {
   if (d.dynamic_smem_bytes > FTN_EMU_MAX_SMEM_PER_BLOCK)
     return pre + strprintf("%zu bytes of dynamic shared memory exceed the %u-byte limit",
                            d.dynamic_smem_bytes, FTN_EMU_MAX_SMEM_PER_BLOCK);
+  if (d.cluster_x > FTN_EMU_MAX_CLUSTER)
+    return pre + strprintf("cluster of %u blocks exceeds the portable limit of %u", d.cluster_x,
+                           FTN_EMU_MAX_CLUSTER);
+  if (d.cluster_x > 1 && g[0] % d.cluster_x != 0)
+    return pre + strprintf("gridDim.x = %u is not a multiple of the cluster size %u", g[0],
+                           d.cluster_x);
   return {};
 }
 
@@ -559,15 +587,19 @@ extern "C" int ftn_emu_launch(const ftn_emu_launch_desc *desc, char *err, size_t
     if (nw > l.nblocks) nw = l.nblocks;
     if (nw > 1024) nw = 1024;
     race_launch_begin(l);  // before any worker writes
+    if (desc->cluster_x > 1) {
+      run_cluster_launch(l);
+      nw = 0;
+    }
     std::vector<std::thread> pool;
     for (uint64_t i = 1; i < nw; ++i) {
       try {
-        pool.emplace_back(worker_main, std::ref(l));
+        pool.emplace_back(worker_main, std::ref(l), nullptr, 0u);
       } catch (const std::exception &) {
         break;  // fewer workers than asked; the blocks still all run
       }
     }
-    worker_main(l);  // the caller is worker 0 (keeps 1-worker runs debuggable)
+    if (nw > 0) worker_main(l, nullptr, 0);  // the caller is worker 0 (keeps 1-worker runs debuggable)
     for (std::thread &t : pool) t.join();
     race_launch_end(l);
     if (l.failed.load()) {

@@ -209,6 +209,11 @@ impl Device {
                 max_smem_per_block: DeviceLimits::SM90
                     .max_smem_per_block
                     .min(c.max_smem_per_block()),
+                max_cluster_size: if c.compute_capability().0 >= 9 {
+                    DeviceLimits::SM90.max_cluster_size
+                } else {
+                    1
+                },
                 ..DeviceLimits::SM90
             },
         }

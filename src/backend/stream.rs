@@ -244,7 +244,9 @@ impl Stream {
         cfg: LaunchConfig,
         params: P,
     ) -> Result<()> {
-        self.device.limits().check(kernel.name, &cfg)?;
+        let limits = self.device.limits();
+        limits.check(kernel.name, &cfg)?;
+        limits.check_cluster(kernel.name, kernel.cluster, &cfg)?;
         match (&*self.imp, &self.device.inner.imp) {
             (StreamImpl::Emu(s), _) => emu::launch(s, kernel, cfg, params),
             #[cfg(feature = "cuda")]

@@ -38,6 +38,9 @@ pub struct DeviceLimits {
     pub max_block: [u32; 3],
     pub max_grid: [u32; 3],
     pub max_smem_per_block: u32,
+    /// Most blocks of a thread block cluster (8, the portable size, on sm_90
+    /// and later; 1 before: no clusters).
+    pub max_cluster_size: u32,
 }
 
 impl DeviceLimits {
@@ -47,7 +50,40 @@ impl DeviceLimits {
         max_block: [1024, 1024, 64],
         max_grid: [i32::MAX as u32, 65535, 65535],
         max_smem_per_block: 232_448,
+        max_cluster_size: 8,
     };
+
+    /// An sm_80 (A100) part: 163 KiB of shared memory per block, no clusters.
+    pub const SM80: DeviceLimits = DeviceLimits {
+        max_smem_per_block: 166_912,
+        max_cluster_size: 1,
+        ..DeviceLimits::SM90
+    };
+
+    /// Checks that a kernel declared for clusters of `cluster` blocks can run
+    /// here with this grid.
+    pub fn check_cluster(&self, kernel: &str, cluster: u32, cfg: &LaunchConfig) -> Result<()> {
+        if cluster <= 1 {
+            return Ok(());
+        }
+        let message = if cluster > self.max_cluster_size {
+            format!(
+                "the kernel runs in clusters of {cluster} blocks; this device takes at most {} (clusters need sm_90 or later)",
+                self.max_cluster_size
+            )
+        } else if cfg.grid[0] % cluster != 0 {
+            format!(
+                "gridDim.x = {} is not a multiple of the kernel's cluster size {cluster}",
+                cfg.grid[0]
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidLaunch {
+            kernel: kernel.into(),
+            message,
+        })
+    }
 
     /// Checks a launch of `kernel` against these limits.
     pub fn check(&self, kernel: &str, cfg: &LaunchConfig) -> Result<()> {

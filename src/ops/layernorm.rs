@@ -110,11 +110,11 @@ fn bwd_kernel(d: DType, path: RowPath, vec: u32) -> Result<&'static Kernel<FtnLa
 /// row path that has one.
 fn fused_bwd_kernel(
     d: DType,
-    path: RowPath,
-    vec: u32,
-    pipelined: bool,
+    f: &plan::FusedBwdPlan,
 ) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
+    let (path, vec, pipelined) = (f.path, f.vec, f.pipelined);
     match path {
+        _ if f.cluster > 1 => kernels::LAYERNORM_BWD_FUSED_CLUSTER.variant(f.cluster, d),
         RowPath::Block if pipelined => kernels::LAYERNORM_BWD_FUSED_PIPE.for_dtype(d),
         RowPath::Global if pipelined => kernels::LAYERNORM_BWD_FUSED_PIPE_WIDE.for_dtype(d),
         RowPath::Warp if vec == 1 => kernels::LAYERNORM_BWD_FUSED_WARP_SCALAR.for_dtype(d),
@@ -302,20 +302,15 @@ impl Norm {
 
         // dx and the chunks' partials in one pass over dy and x, then the
         // fixed-order sum of the chunks.
-        let max_smem = stream.device().limits().max_smem_per_block;
-        if let Some(f) =
-            plan::fused_backward_within(rows, hidden, es, vectorize, with_beta, max_smem)
+        let limits = stream.device().limits();
+        if let Some(f) = plan::fused_backward_within(rows, hidden, es, vectorize, with_beta, limits)
         {
             let (pg, pb) = self.partials(op, stream, f.chunks, with_beta)?;
             params.vec = f.vec;
             params.partial_gamma = pg as *mut f32;
             params.partial_beta = pb as *mut f32;
             params.rows_per_chunk = f.rows_per_chunk as i64;
-            stream.launch(
-                fused_bwd_kernel(T::DTYPE, f.path, f.vec, f.pipelined)?,
-                f.cfg,
-                params,
-            )?;
+            stream.launch(fused_bwd_kernel(T::DTYPE, &f)?, f.cfg, params)?;
             return sums.launch::<T>(stream, (pg, pb), f.chunks, hidden, f.reduce_cfg);
         }
 

@@ -265,7 +265,7 @@ fn norms(dev: &Device, s: &Stream, r: &mut Report, copy_gbps: f64) -> Result<()>
             BF,
             true,
             true,
-            dev.limits().max_smem_per_block,
+            dev.limits(),
         )
         .is_some();
         let grads_passes = if fused { 3 } else { 5 };

@@ -184,6 +184,7 @@ pub(crate) fn launch<P: KernelParams>(
             block: cfg.block,
             dynamic_smem_bytes: cfg.dynamic_smem_bytes as usize,
             num_workers: workers,
+            cluster_x: kernel.cluster,
         };
         let mut err = vec![0u8; 1024];
         // SAFETY: desc points at live locals; err is writable for its length;

@@ -11,6 +11,7 @@ pub struct LaunchDesc {
     pub block: [u32; 3],
     pub dynamic_smem_bytes: usize,
     pub num_workers: u32,
+    pub cluster_x: u32,
 }
 
 extern "C" {

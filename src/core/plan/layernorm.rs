@@ -211,6 +211,13 @@ pub struct FusedBwdPlan {
     /// `ftn_layernorm_bwd_fused_pipe_wide_*` (32 values per thread, gamma
     /// read from global memory).
     pub pipelined: bool,
+    /// Blocks per thread block cluster (1: none). Global-path rows past
+    /// [`FUSED_PIPE_WIDE_MAX_HIDDEN`] (16-bit, 128-bit access, sm_90) take
+    /// `ftn_layernorm_bwd_fused_cluster<C>_*`: the row's columns split over
+    /// the C blocks of a cluster (each a wide pipelined block over its
+    /// slice of [`cluster_slice`] columns), which add their row sums through
+    /// distributed shared memory; the grid is `chunks * C` blocks along x.
+    pub cluster: u32,
     /// One block per chunk (grid x * y >= chunks; the block path also asks
     /// for dynamic shared memory: `8 * hidden` bytes of accumulators, or,
     /// pipelined, [`fused_pipe_smem`] bytes).
@@ -261,8 +268,20 @@ pub const fn fused_pipe_smem(hidden: u64) -> u64 {
 fn pipe_wide_threads(hidden: u64) -> u64 {
     (div_ceil(div_ceil(hidden, FUSED_PIPE_WIDE_ITEMS), 32) * 32).min(BLOCK_THREADS as u64)
 }
-/// Its static shared memory (the reduction's 16 float4).
+/// Its static shared memory (the reduction's 16 float4), and what the
+/// cluster build adds (its two float2 row-sum slots).
 pub const FUSED_PIPE_STATIC_SMEM: u64 = 256;
+pub const FUSED_CLUSTER_STATIC_SMEM: u64 = 16;
+
+/// Cluster sizes the fused backward is built for (`ftn_layernorm_bwd_fused_
+/// cluster<C>_*`): rows up to `8 * FUSED_PIPE_WIDE_MAX_HIDDEN` = 131072.
+pub const FUSED_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
+
+/// Columns of one block of a `cluster`-block cluster: the row's 8-column
+/// vectors split evenly, the last block taking what is left.
+pub const fn cluster_slice(hidden: u64, cluster: u32) -> u64 {
+    div_ceil(div_ceil(hidden, 8), cluster as u64) * 8
+}
 
 /// Stage two over `chunks` partial rows of `hidden` columns.
 fn column_sum_cfg(hidden: u64, chunks: u64, with_beta: bool) -> LaunchConfig {
@@ -273,9 +292,10 @@ fn column_sum_cfg(hidden: u64, chunks: u64, with_beta: bool) -> LaunchConfig {
     }
 }
 
-/// The fused backward of a shape, or `None` when its row path has none:
-/// fp32 or scalar-access rows wider than [`FUSED_BLOCK_MAX_HIDDEN`], and
-/// rows wider than [`FUSED_PIPE_WIDE_MAX_HIDDEN`]. The
+/// The fused backward of a shape on an sm_90 device, or `None` when its row
+/// path has none: fp32 or scalar-access rows wider than
+/// [`FUSED_BLOCK_MAX_HIDDEN`], and rows wider than 8 *
+/// [`FUSED_PIPE_WIDE_MAX_HIDDEN`] (131072). The
 /// chunking depends on the row count alone, so the partials (and dgamma,
 /// dbeta) are bitwise reproducible for a shape.
 pub fn fused_backward(
@@ -291,29 +311,50 @@ pub fn fused_backward(
         elem_size,
         aligned16,
         with_beta,
-        DeviceLimits::SM90.max_smem_per_block,
+        DeviceLimits::SM90,
     )
 }
 
-/// [`fused_backward`] on a device with `max_smem` bytes of shared memory
-/// per block (static and dynamic): a pipelined row that does not fit there
-/// (an sm_80 part, 163 KiB: block-path rows wider than 10416, global-path
-/// rows wider than 13888) takes the unfused kernels.
+/// [`fused_backward`] on a device with these limits: a pipelined row that
+/// does not fit its shared memory per block (an sm_80 part, 163 KiB:
+/// block-path rows wider than 10416, global-path rows wider than 13888)
+/// takes the unfused kernels, and so do rows that need a cluster larger
+/// than it takes (none before sm_90).
 pub fn fused_backward_within(
     rows: u64,
     hidden: u64,
     elem_size: usize,
     aligned16: bool,
     with_beta: bool,
-    max_smem: u32,
+    limits: DeviceLimits,
 ) -> Option<FusedBwdPlan> {
     let path = path(hidden);
     let vec = vec_width(hidden, elem_size, aligned16);
-    let pipelined = elem_size == 2
-        && vec > 1
-        && (path == RowPath::Block
-            || (path == RowPath::Global && hidden <= FUSED_PIPE_WIDE_MAX_HIDDEN));
-    if pipelined && fused_pipe_smem(hidden) + FUSED_PIPE_STATIC_SMEM > max_smem as u64 {
+    let pipelined = elem_size == 2 && vec > 1 && path != RowPath::Warp;
+    // Past the wide build: the row split over the blocks of a cluster.
+    let cluster = if path == RowPath::Global && hidden > FUSED_PIPE_WIDE_MAX_HIDDEN {
+        *FUSED_CLUSTER_SIZES
+            .iter()
+            .find(|&&c| c as u64 * FUSED_PIPE_WIDE_MAX_HIDDEN >= hidden)?
+    } else {
+        1
+    };
+    if cluster > limits.max_cluster_size {
+        return None;
+    }
+    let slice = cluster_slice(hidden, cluster);
+    let pipe_smem = if cluster > 1 {
+        4 * FUSED_PIPE_STAGES * slice // the wide build's stages
+    } else {
+        fused_pipe_smem(hidden)
+    };
+    let static_smem = FUSED_PIPE_STATIC_SMEM
+        + if cluster > 1 {
+            FUSED_CLUSTER_STATIC_SMEM
+        } else {
+            0
+        };
+    if pipelined && pipe_smem + static_smem > limits.max_smem_per_block as u64 {
         return None;
     }
     let block = match path {
@@ -321,21 +362,27 @@ pub fn fused_backward_within(
         RowPath::Block if pipelined || hidden <= FUSED_BLOCK_MAX_HIDDEN => {
             [block_threads(hidden) as u32, 1, 1]
         }
-        RowPath::Global if pipelined => [pipe_wide_threads(hidden) as u32, 1, 1],
+        RowPath::Global if pipelined => [pipe_wide_threads(slice) as u32, 1, 1],
         _ => return None,
     };
     let smem = match path {
-        _ if pipelined => fused_pipe_smem(hidden),
+        _ if pipelined => pipe_smem,
         // The fp32 accumulators.
         RowPath::Block => 8 * hidden,
         _ => 0,
     };
     let (rows_per_chunk, chunks) = row_chunks(rows, FUSED_MIN_ROWS_PER_CHUNK, FUSED_TARGET_CHUNKS);
+    let grid = if cluster > 1 {
+        [(chunks * cluster as u64) as u32, 1, 1]
+    } else {
+        row_grid(chunks)
+    };
     Some(FusedBwdPlan {
         path,
         pipelined,
+        cluster,
         cfg: LaunchConfig {
-            grid: row_grid(chunks),
+            grid,
             block,
             dynamic_smem_bytes: smem as u32,
         },
@@ -572,7 +619,7 @@ mod tests {
                 for es in [2usize, 4] {
                     let Some(f) = fused_backward(r, h, es, true, true) else {
                         assert!(
-                            h > FUSED_PIPE_WIDE_MAX_HIDDEN
+                            h > 8 * FUSED_PIPE_WIDE_MAX_HIDDEN
                                 || (h > FUSED_BLOCK_MAX_HIDDEN && (es == 4 || h % 8 != 0))
                         );
                         continue;
@@ -584,8 +631,13 @@ mod tests {
                     assert!((f.chunks - 1) * f.rows_per_chunk < r);
                     assert!(f.rows_per_chunk >= FUSED_MIN_ROWS_PER_CHUNK);
                     assert!(f.chunks <= FUSED_TARGET_CHUNKS);
-                    let covered = f.cfg.grid[0] as u64 * f.cfg.grid[1] as u64;
-                    assert!(covered >= f.chunks && covered - f.chunks < f.cfg.grid[0] as u64);
+                    if f.cluster > 1 {
+                        // One cluster per chunk, along x.
+                        assert_eq!(f.cfg.grid, [(f.chunks * f.cluster as u64) as u32, 1, 1]);
+                    } else {
+                        let covered = f.cfg.grid[0] as u64 * f.cfg.grid[1] as u64;
+                        assert!(covered >= f.chunks && covered - f.chunks < f.cfg.grid[0] as u64);
+                    }
                     assert_eq!(f.vec, rows(r, h, es, true).vec);
                     match f.path {
                         RowPath::Warp => {
@@ -608,11 +660,22 @@ mod tests {
                         }
                         RowPath::Global => {
                             // The wide pipelined build: three stages, gamma
-                            // from global memory.
+                            // from global memory; past 16384 columns over
+                            // the blocks of the smallest cluster that holds
+                            // the row.
                             let t = f.cfg.block[0] as u64;
+                            let c = f.cluster as u64;
+                            let slice = cluster_slice(h, f.cluster);
                             assert!(f.pipelined && es == 2);
-                            assert!(t <= BLOCK_THREADS as u64 && t * FUSED_PIPE_WIDE_ITEMS >= h);
-                            assert_eq!(f.cfg.dynamic_smem_bytes as u64, 12 * h);
+                            assert!(
+                                t <= BLOCK_THREADS as u64 && t * FUSED_PIPE_WIDE_ITEMS >= slice
+                            );
+                            assert!(slice * c >= h && slice * (c - 1) < h && slice % 8 == 0);
+                            assert_eq!(c == 1, h <= FUSED_PIPE_WIDE_MAX_HIDDEN);
+                            assert!(c == 1 || (c / 2) * FUSED_PIPE_WIDE_MAX_HIDDEN < h);
+                            assert_eq!(f.cfg.dynamic_smem_bytes as u64, 12 * slice);
+                            let limits = DeviceLimits::SM90;
+                            assert!(limits.check_cluster("k", f.cluster, &f.cfg).is_ok());
                         }
                     }
                     assert_eq!(f.reduce_cfg.block[1] as u64, f.chunks.min(REDUCE_SPLIT));
@@ -626,7 +689,7 @@ mod tests {
         let pipe = fused_backward(10, BLOCK_MAX_HIDDEN, 2, true, true).unwrap();
         assert!(pipe.pipelined && pipe.cfg.block[0] == BLOCK_THREADS);
         // On an sm_80 part (163 KiB per block) the widest rows are unfused.
-        let a100 = 166_912;
+        let a100 = DeviceLimits::SM80;
         assert!(fused_backward_within(10, 10_368, 2, true, true, a100).is_some());
         assert!(fused_backward_within(10, 10_416, 2, true, true, a100).is_some());
         assert!(fused_backward_within(10, 10_424, 2, true, true, a100).is_none());
@@ -635,11 +698,33 @@ mod tests {
         assert!(fused_backward_within(10, 13_888, 2, true, true, a100).is_some());
         assert!(fused_backward_within(10, 13_896, 2, true, true, a100).is_none());
         assert!(fused_backward(10, BLOCK_MAX_HIDDEN, 2, false, true).is_none());
-        assert!(fused_backward(10, 65536, 2, true, true).is_none());
         let wide = fused_backward(10, FUSED_PIPE_WIDE_MAX_HIDDEN, 2, true, true).unwrap();
         assert!(wide.pipelined && wide.path == RowPath::Global && wide.cfg.block[0] == 512);
-        assert!(fused_backward(10, FUSED_PIPE_WIDE_MAX_HIDDEN + 8, 2, true, true).is_none());
+        assert_eq!(wide.cluster, 1);
         assert!(fused_backward(10, FUSED_PIPE_WIDE_MAX_HIDDEN, 4, true, true).is_none());
+        // Wider 16-bit rows: clusters of 2, 4, 8 blocks, on sm_90 only.
+        for (h, c, slice) in [(16_392, 2, 8200), (32_768, 2, 16_384), (32_776, 4, 8200)] {
+            let f = fused_backward(70, h, 2, true, true).unwrap();
+            assert_eq!((f.cluster, cluster_slice(h, c)), (c, slice), "{h}");
+            assert!(fused_backward_within(70, h, 2, true, true, a100).is_none());
+        }
+        let f = fused_backward(2048, 65_536, 2, true, true).unwrap();
+        assert_eq!((f.cluster, f.cfg.block[0], f.chunks), (4, 512, 64));
+        assert_eq!(f.cfg.grid, [256, 1, 1]);
+        assert_eq!(f.cfg.dynamic_smem_bytes, 3 * 2 * 2 * 16_384);
+        assert_eq!(
+            fused_backward(10, 131_072, 2, true, true).unwrap().cluster,
+            8
+        );
+        assert!(fused_backward(10, 131_080, 2, true, true).is_none());
+        assert!(fused_backward(10, 65_536, 4, true, true).is_none());
+        assert!(fused_backward(10, 65_536, 2, false, true).is_none());
+        let four = DeviceLimits {
+            max_cluster_size: 4,
+            ..DeviceLimits::SM90
+        };
+        assert!(fused_backward_within(10, 65_536, 2, true, true, four).is_some());
+        assert!(fused_backward_within(10, 65_544, 2, true, true, four).is_none());
         // The chunking depends on the rows only.
         let a = fused_backward(100_000, 1024, 2, true, true).unwrap();
         let b = fused_backward(100_000, 4096, 4, false, false).unwrap();
