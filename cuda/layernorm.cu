@@ -58,14 +58,18 @@
 // Backward with parameter gradients (deterministic, no float atomics):
 //   warp path, block path (16-bit 128-bit rows up to 12288, others up to
 //   9216), and 16-bit 128-bit global-path rows up to 16384 (the wide
-//   pipelined build): fused. One block per chunk of rows_per_chunk rows (>= 32, ~1024
+//   pipelined build) and, on sm_90, up to 131072 (the cluster builds: the
+//   row's columns split over the 2, 4 or 8 blocks of a thread block
+//   cluster, which add their two row sums through distributed shared
+//   memory, one barrier.cluster per row): fused. One block per chunk of rows_per_chunk rows (>= 32, ~1024
 //   chunks) computes dx and adds dy*xhat and dy of every column to fp32
 //   accumulators (each column owned by one thread; in shared memory, or in
 //   registers in the pipelined kernel), then writes the chunk's partials
 //   [chunks, cols] (ftn_layernorm_bwd_fused_*): reads 2*rows*cols*sizeof(T),
 //   writes rows*cols*sizeof(T) + 2*chunks*cols*4 bytes, i.e. the 3n floor
 //   plus ~8 bytes per column per 32+ rows.
-//   other rows > 9216 (fp32, scalar access, 16-bit past 16384): stage one
+//   other rows > 9216 (fp32, scalar access, 16-bit past 131072 or past
+//   16384 before sm_90): stage one
 //   (ftn_layernorm_param_grad_*) re-reads dy and x column-wise, each thread
 //   owning `vec` adjacent columns of a chunk of rows, and writes fp32 partial
 //   sums per chunk: 2*rows*cols*sizeof(T) + 2*chunks*cols*4 bytes; the row

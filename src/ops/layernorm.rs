@@ -110,11 +110,13 @@ fn bwd_kernel(d: DType, path: RowPath, vec: u32) -> Result<&'static Kernel<FtnLa
 /// row path that has one.
 fn fused_bwd_kernel(
     d: DType,
-    f: &plan::FusedBwdPlan,
+    path: RowPath,
+    vec: u32,
+    pipelined: bool,
+    cluster: u32,
 ) -> Result<&'static Kernel<FtnLayerNormBwdParams>> {
-    let (path, vec, pipelined) = (f.path, f.vec, f.pipelined);
     match path {
-        _ if f.cluster > 1 => kernels::LAYERNORM_BWD_FUSED_CLUSTER.variant(f.cluster, d),
+        _ if cluster > 1 => kernels::LAYERNORM_BWD_FUSED_CLUSTER.variant(cluster, d),
         RowPath::Block if pipelined => kernels::LAYERNORM_BWD_FUSED_PIPE.for_dtype(d),
         RowPath::Global if pipelined => kernels::LAYERNORM_BWD_FUSED_PIPE_WIDE.for_dtype(d),
         RowPath::Warp if vec == 1 => kernels::LAYERNORM_BWD_FUSED_WARP_SCALAR.for_dtype(d),
@@ -310,7 +312,8 @@ impl Norm {
             params.partial_gamma = pg as *mut f32;
             params.partial_beta = pb as *mut f32;
             params.rows_per_chunk = f.rows_per_chunk as i64;
-            stream.launch(fused_bwd_kernel(T::DTYPE, &f)?, f.cfg, params)?;
+            let kernel = fused_bwd_kernel(T::DTYPE, f.path, f.vec, f.pipelined, f.cluster)?;
+            stream.launch(kernel, f.cfg, params)?;
             return sums.launch::<T>(stream, (pg, pb), f.chunks, hidden, f.reduce_cfg);
         }
 
@@ -561,16 +564,27 @@ mod tests {
                     fwd_kernel(d, path, vec).unwrap();
                     bwd_kernel(d, path, vec).unwrap();
                 }
-                fused_bwd_kernel(d, RowPath::Warp, vec, false).unwrap();
-                fused_bwd_kernel(d, RowPath::Block, vec, false).unwrap();
-                assert!(fused_bwd_kernel(d, RowPath::Global, vec, false).is_err());
+                fused_bwd_kernel(d, RowPath::Warp, vec, false, 1).unwrap();
+                fused_bwd_kernel(d, RowPath::Block, vec, false, 1).unwrap();
+                assert!(fused_bwd_kernel(d, RowPath::Global, vec, false, 1).is_err());
             }
-            // The pipelined fused backward (and its wide build): 16-bit
-            // storage only.
-            for path in [RowPath::Block, RowPath::Global] {
-                let pipe = fused_bwd_kernel(d, path, 16 / d.size() as u32, true);
+            // The pipelined fused backward (its wide build, its cluster
+            // builds): 16-bit storage only.
+            let v = 16 / d.size() as u32;
+            for (path, cluster) in [
+                (RowPath::Block, 1),
+                (RowPath::Global, 1),
+                (RowPath::Global, 2),
+                (RowPath::Global, 4),
+                (RowPath::Global, 8),
+            ] {
+                let pipe = fused_bwd_kernel(d, path, v, true, cluster);
                 assert_eq!(pipe.is_ok(), d.size() == 2);
+                if let Ok(k) = pipe {
+                    assert_eq!(k.cluster, cluster, "{}", k.name);
+                }
             }
+            assert!(fused_bwd_kernel(DType::BF16, RowPath::Global, 8, true, 16).is_err());
             // The warp and block paths have a separate scalar build.
             assert_ne!(
                 fwd_kernel(d, RowPath::Block, 1).unwrap().name,

@@ -58,6 +58,8 @@
   X(cp_async_deferred)              \
   X(schedule_perturbation)          \
   X(wgmma_accumulator_layout)       \
+  X(cluster_exchange)               \
+  X(cluster_misuse)                 \
   X(wgmma_operand_layouts)          \
   X(wgmma_f64_oracle)               \
   X(wgmma_strict)                   \

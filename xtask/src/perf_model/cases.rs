@@ -520,10 +520,20 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                 RowPath::Block => plan::layernorm::BLOCK_ITEMS,
                 RowPath::Global => plan::layernorm::FUSED_PIPE_WIDE_ITEMS,
             };
+            // A cluster's block holds a slice of the row.
+            let per = if f.cluster > 1 {
+                (plan::layernorm::cluster_slice(hidden, f.cluster) as f64 / f.cfg.block[0] as f64)
+                    .ceil()
+            } else {
+                per
+            };
             let partials = 8.0 * f.chunks as f64 / rows as f64;
             // The pipelined kernel: x and dy reach shared memory by
             // cp.async, FUSED_PIPE_STAGES - 1 rows ahead.
-            let (kind, within) = if f.pipelined && f.path == RowPath::Global {
+            let cluster_kind = format!("cluster{}", f.cluster);
+            let (kind, within) = if f.cluster > 1 {
+                (cluster_kind.as_str(), "void bwd_fused_pipe(")
+            } else if f.pipelined && f.path == RowPath::Global {
                 ("pipe_wide", "void bwd_fused_pipe(")
             } else if f.pipelined {
                 ("pipe", "void bwd_fused_pipe(")

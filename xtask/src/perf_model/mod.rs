@@ -207,6 +207,7 @@ pub fn prepare(inputs: &Inputs, case: &Case) -> Result<Prepared, String> {
             mufu_per_round: path.mufu as f64 * scale,
             shfl: path.shfl as f64,
             bar: path.bar as f64,
+            cluster_bar: path.cluster_bar as f64,
             load_groups: (path.load_groups + cached_waits) as f64,
             data_waits: data_waits as f64,
             one_round_per_block: spec.one_round_per_block,

@@ -156,6 +156,8 @@ pub struct PathStats {
     pub widest_load: u32,
     pub shfl: u32,
     pub bar: u32,
+    /// Thread block cluster barriers (`UCGABAR_WAIT`, barrier.cluster.wait).
+    pub cluster_bar: u32,
     pub mufu: u32,
     pub shared: u32,
     /// Subroutine calls (`CALL`): the model counts one instruction for
@@ -339,6 +341,10 @@ impl PathStats {
                 self.bar += 1;
                 self.sync_since_load = true;
             }
+            "UCGABAR_WAIT" => {
+                self.cluster_bar += 1;
+                self.sync_since_load = true;
+            }
             "MUFU" => self.mufu += 1,
             "CALL" => self.calls += 1,
             "LDS" | "STS" => self.shared += 1,
@@ -504,6 +510,7 @@ mod tests {
         assert_eq!(s.load_groups, 2);
         assert_eq!(s.shfl, 1);
         assert_eq!(s.bar, 1);
+        assert_eq!(s.cluster_bar, 0);
         assert_eq!(s.ldg_bytes, 8);
         assert_eq!(s.stg_bytes, 4);
     }
@@ -527,6 +534,17 @@ mod tests {
         let fs = parse(FIXTURE);
         let (a, b) = fs[0].loops()[0];
         assert_eq!(fs[0].hot_path(a, Some(b)).unwrap().calls, 0);
+    }
+
+    #[test]
+    fn cluster_barriers_are_counted_apart_from_block_barriers() {
+        // barrier.cluster.arrive + wait: the wait is the one the thread
+        // stalls on.
+        let s = PathStats::default()
+            .add(&instr("UCGABAR_ARV", ""), 16)
+            .add(&instr("UCGABAR_WAIT", ""), 16)
+            .add(&instr("BAR.SYNC.DEFER_BLOCKING", " 0x0"), 16);
+        assert_eq!((s.cluster_bar, s.bar, s.instrs), (1, 1, 3));
     }
 
     #[test]
