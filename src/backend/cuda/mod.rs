@@ -297,6 +297,10 @@ impl CudaDevice {
                 f
             }
         };
+        // Already opted into at least this much: nothing to check or set.
+        if smem <= f.opted_in {
+            return Ok(f);
+        }
         // Static and dynamic shared memory count together against the
         // 48 KiB a block gets without opting in.
         match dynamic_smem_opt_in(name, f.static_smem, smem, self.max_smem_optin)? {

@@ -365,6 +365,9 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
     let pf = plan::layernorm::forward(rows, hidden, BF16, true);
     let w = p.vec * BF16 as u32;
     let bw_cached = "void bwd_row_cached(";
+    // The staged block forward, wherever the forward's plan takes it.
+    let block_fwd = (pf.path == RowPath::Block)
+        .then(|| layernorm_block_forward(&pf, hidden, n, 2.0 * e + stats, e));
     let (fwd, bwd) = match p.path {
         RowPath::Warp | RowPath::Block => {
             let (kind, items, per) = if p.path == RowPath::Warp {
@@ -394,11 +397,12 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
                     w,
                 )
             };
-            let fwd = if warp {
-                let a = anchor("layernorm.cu", "void fwd_warp(", "for (int64_t row =", w);
-                mk("ftn_layernorm_fwd_warp_bf16".into(), a, 2.0 * e + stats, e)
-            } else {
-                layernorm_block_forward(&pf, hidden, n, 2.0 * e + stats, e)
+            let fwd = match block_fwd {
+                Some(f) => f,
+                None => {
+                    let a = anchor("layernorm.cu", "void fwd_warp(", "for (int64_t row =", w);
+                    mk("ftn_layernorm_fwd_warp_bf16".into(), a, 2.0 * e + stats, e)
+                }
             };
             (
                 vec![fwd],
@@ -423,8 +427,8 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             );
             let (fw, bw) = ("void fwd_global(", "void bwd_global(");
             // 16-bit rows up to FWD_STAGED_MAX_HIDDEN: the block forward.
-            let fwd = if pf.path == RowPath::Block {
-                vec![layernorm_block_forward(&pf, hidden, n, 2.0 * e + stats, e)]
+            let fwd = if let Some(f) = block_fwd {
+                vec![f]
             } else {
                 vec![
                     {
