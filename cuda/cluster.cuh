@@ -7,9 +7,19 @@
 //   ftn_cluster_sync()                    barrier.cluster.arrive.release +
 //       wait.acquire: every thread of every block of the cluster; writes
 //       to shared memory before it are visible to the cluster after it
+//       (SASS: MEMBAR.ALL.GPU, UCGABAR_ARV/WAIT, CCTL.IVALL: costly in a
+//       loop; st.async below is the per-iteration exchange)
 //   ftn_cluster_ld_f32x2(local, rank)     the float2 at `local` (this
 //       block's shared memory) as block `rank` of the cluster holds it
 //       (mapa + ld.shared::cluster)
+//   ftn_cluster_st_async_f32x2(local, rank, v, bar)   stores v into block
+//       `rank`'s copy of `local` and completes its 8 bytes on that block's
+//       copy of the mbarrier `bar` (st.async...mbarrier::complete_tx): the
+//       receiver waits on its own mbarrier (cuda/sm90.cuh), no barrier
+//       across the cluster, no memory fence
+//   ftn_cluster_fence_mbar_init()         makes this thread's mbarrier.init
+//       visible to the cluster (before the barrier.cluster that precedes
+//       any peer's st.async to it)
 //
 // Under nvcc these are inline PTX for sm_90 and later; older targets get a
 // trap (the plans launch cluster kernels on sm_90 devices only). Under the
@@ -69,6 +79,38 @@ FTN_DEVICE float2 ftn_cluster_ld_f32x2(const float2 *local, unsigned rank) {
 #endif
 }
 
+FTN_DEVICE void ftn_cluster_st_async_f32x2(float2 *local, unsigned rank, float2 v,
+                                           uint64_t *bar) {
+#ifdef FTN_CLUSTER_PTX
+  uint32_t dst, rbar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(dst)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(rbar)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(rank));
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+          dst),
+      "f"(v.x), "f"(v.y), "r"(rbar)
+      : "memory");
+#else
+  (void)local;
+  (void)rank;
+  (void)v;
+  (void)bar;
+  __trap();
+#endif
+}
+
+FTN_DEVICE void ftn_cluster_fence_mbar_init() {
+#ifdef FTN_CLUSTER_PTX
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
 #else  // the CPU emulator
 
 inline unsigned ftn_cluster_rank() { return ftn_emu::cluster_ctarank(); }
@@ -83,6 +125,13 @@ inline float2 ftn_cluster_ld_f32x2(const float2 *local, unsigned rank FTN_CALLER
   FTN_ASSERT_ALIGNED_CALLER(remote, 8, "ftn_cluster_ld_f32x2's remote address");
   return *remote;
 }
+
+inline void ftn_cluster_st_async_f32x2(float2 *local, unsigned rank, float2 v,
+                                       uint64_t *bar FTN_CALLER_LOC) {
+  ftn_emu::cluster_st_async(local, rank, &v, sizeof v, bar, ftn_loc.file_name(), ftn_loc.line());
+}
+
+inline void ftn_cluster_fence_mbar_init() {}
 
 #endif
 

@@ -60,8 +60,8 @@
 //   9216), and 16-bit 128-bit global-path rows up to 16384 (the wide
 //   pipelined build) and, on sm_90, up to 131072 (the cluster builds: the
 //   row's columns split over the 2, 4 or 8 blocks of a thread block
-//   cluster, which add their two row sums through distributed shared
-//   memory, one barrier.cluster per row): fused. One block per chunk of rows_per_chunk rows (>= 32, ~1024
+//   cluster, which push their two row sums to each other by st.async into
+//   distributed shared memory, waited on with an mbarrier): fused. One block per chunk of rows_per_chunk rows (>= 32, ~1024
 //   chunks) computes dx and adds dy*xhat and dy of every column to fp32
 //   accumulators (each column owned by one thread; in shared memory, or in
 //   registers in the pipelined kernel), then writes the chunk's partials
@@ -81,6 +81,7 @@
 #include "cluster.cuh"
 #include "mma.cuh"
 #include "reduce.cuh"
+#include "sm90.cuh"
 #include "vec.cuh"
 
 namespace {
@@ -1042,21 +1043,47 @@ FTN_DEVICE void block_sum2_single_barrier(float &a, float &b, float4 *red, int p
   }
 }
 
-// The sums of a and b over the blocks of the cluster, added in rank order
-// (every block gets the same bits): each block's thread 0 puts its block's
-// pair in xch[parity], a barrier.cluster, then every thread reads the
-// cluster's pairs through distributed shared memory. Alternating parity
-// between rows: a block writes a slot again only after the next row's
-// barrier, which every block reaches after reading this row's slots.
-template <int CL>
-FTN_DEVICE void cluster_sum2(float &a, float &b, float2 *xch, int parity) {
-  if (threadIdx.x == 0) xch[parity] = make_float2(a, b);
+// The row-sum exchange of a cluster (CL > 1): slots [2][CL] float2 and two
+// mbarriers (arrival count 1), both by row parity, in each block's shared
+// memory. Row k: thread r < CL pushes the block's pair into slot [k & 1][me]
+// of block r by st.async, which completes its 8 bytes on block r's mbarrier
+// [k & 1]; thread 0 arrives on the block's own one expecting CL * 8 bytes;
+// every thread waits for that phase, then adds the CL slots in rank order
+// (every block gets the same bits). No barrier across the cluster and no
+// memory fence per row: a block waits only for the pairs it needs. A slot
+// is written again two rows later, by a peer that has by then received
+// this block's next pair, which this block sent after every thread read the
+// slot (the block reduction's __syncthreads lies between).
+struct LnClusterXch {
+  float2 *slot;
+  uint64_t *bar;
+};
+
+// Before the first row: the mbarriers initialised and visible to the peers
+// before any of them sends (one barrier.cluster per chunk).
+FTN_DEVICE void cluster_xch_init(const LnClusterXch &x) {
+  if (threadIdx.x == 0) {
+    ftn_mbar_init(&x.bar[0], 1);
+    ftn_mbar_init(&x.bar[1], 1);
+    ftn_cluster_fence_mbar_init();
+  }
   ftn_cluster_sync();
+}
+
+template <int CL>
+FTN_DEVICE void cluster_sum2(float &a, float &b, const LnClusterXch &x, int64_t k) {
+  const int par = (int)(k & 1);
+  float2 *slots = x.slot + par * CL;
+  uint64_t *bar = &x.bar[par];
+  if (threadIdx.x == 0) ftn_mbar_arrive_expect_tx(bar, CL * (uint32_t)sizeof(float2));
+  if (threadIdx.x < CL)
+    ftn_cluster_st_async_f32x2(slots + ftn_cluster_rank(), threadIdx.x, make_float2(a, b), bar);
+  ftn_mbar_wait(bar, (uint32_t)((k >> 1) & 1));
   a = 0.0f;
   b = 0.0f;
 #pragma unroll
   for (int r = 0; r < CL; ++r) {
-    const float2 v = ftn_cluster_ld_f32x2(xch + parity, (unsigned)r);
+    const float2 v = slots[r];
     a += v.x;
     b += v.y;
   }
@@ -1071,7 +1098,7 @@ FTN_DEVICE void cluster_sum2(float &a, float &b, float2 *xch, int parity) {
 // (cluster_sum2), and each block writes the partials of its own columns.
 template <typename T, int ITEMS, bool GS, int CL = 1>
 FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, float *smem,
-                               float2 *xch = nullptr) {
+                               LnClusterXch xch = {}) {
   static_assert(sizeof(T) == 2, "16-bit storage");
   static_assert(CL == 1 || !GS, "clusters take the wide build");
   constexpr int V = 8, C = ITEMS / V, S = kLnPipeStages;
@@ -1084,13 +1111,14 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
     const int slice = (int)((p.cols / V + CL - 1) / CL) * V;
     col0 = (int)ftn_cluster_rank() * slice;
     n = col0 >= n ? 0 : (n - col0 < slice ? n - col0 : slice);
-    FTN_ASSERT(slice <= (int)blockDim.x * ITEMS && xch != nullptr);
+    FTN_ASSERT(slice <= (int)blockDim.x * ITEMS && xch.slot != nullptr && blockDim.x >= CL);
   } else {
     chunk = block_row();
     FTN_ASSERT(p.cols <= (int64_t)blockDim.x * ITEMS);
   }
   int64_t r0, r1;
   if (!chunk_rows(p, chunk, r0, r1)) return;  // the whole cluster: same chunk
+  if constexpr (CL > 1) cluster_xch_init(xch);
   const int t = threadIdx.x, G = blockDim.x;
   float *gs = smem;
   T *stages = reinterpret_cast<T *>(smem + (GS ? n : 0));  // [S][2][n]
@@ -1204,7 +1232,7 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
       }
     }
     block_sum2_single_barrier(s1, s2, red, (int)((row - r0) & 1));
-    if constexpr (CL > 1) cluster_sum2<CL>(s1, s2, xch, (int)((row - r0) & 1));
+    if constexpr (CL > 1) cluster_sum2<CL>(s1, s2, xch, row - r0);
     const float m1 = rms ? 0.0f : s1 * inv_n;
     const float m2 = s2 * inv_n;
     const float c0 = -rstd * m1;
@@ -1243,8 +1271,8 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
       }
     }
   }
-  // Peers may still read this block's last row-sum slot: its shared memory
-  // must outlive their reads.
+  // No block leaves while a peer's st.async may still be on its way to it
+  // or from it (one barrier.cluster per chunk).
   if constexpr (CL > 1) ftn_cluster_sync();
 }
 
@@ -1461,10 +1489,11 @@ FTN_DEVICE void column_sum(const FtnLayerNormColumnSumParams &p, float (*red)[33
   FTN_KERNEL_CLUSTER(ftn_layernorm_bwd_fused_cluster##CL##_##suffix, FtnLayerNormBwdParams, p, \
                      kBlockThreads, CL) {                                                     \
     FTN_SHARED(float4, red, [kBlockThreads / 32]);                                            \
-    FTN_SHARED(float2, xch, [2]);                                                             \
+    FTN_SHARED(float2, xslot, [2 * CL]);                                                      \
+    FTN_SHARED(uint64_t, xbar, [2]);                                                          \
     FTN_DYNAMIC_SHARED(float, smem);                                                          \
     FTN_ASSERT(p.vec == 8);                                                                   \
-    bwd_fused_pipe<T, kLnPipeWideItems, false, CL>(p, red, smem, xch);                        \
+    bwd_fused_pipe<T, kLnPipeWideItems, false, CL>(p, red, smem, LnClusterXch{xslot, xbar});  \
   }
 #define FTN_STAMP_LAYERNORM_PIPE(suffix, T)                                            \
   FTN_LN_PIPE_KERNEL(ftn_layernorm_bwd_fused_pipe_##suffix, T, kBlockItems, true)       \

@@ -14,6 +14,7 @@
 // of C blocks fails when launched with another size.
 // Not modelled: the race check does not follow accesses to another
 // block's shared memory (they count as global-memory reads).
+#include <cstring>
 #include <thread>
 
 #include "emu_internal.h"
@@ -30,6 +31,7 @@ void cluster_barrier_wait(Worker &w, const char *file, unsigned line) {
     g.cv.notify_all();
     return;
   }
+  g.cv.notify_all();  // a block waiting for mail may now see the cluster stuck
   g.cv.wait(lock, [&] { return g.gen != gen || g.exited > 0; });
   if (g.gen != gen) return;
   w.aborting = true;
@@ -39,6 +41,60 @@ void cluster_barrier_wait(Worker &w, const char *file, unsigned line) {
   fail(strprintf("barrier.cluster at %s:%u can never complete: block rank %u of the cluster "
                  "exited without reaching it",
                  file, line, peer));
+}
+
+void cluster_drain(Worker &w) {
+  if (!w.cluster) return;
+  ClusterGroup &g = *w.cluster;
+  std::vector<ClusterMail> mail;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    mail.swap(g.mail[w.cluster_rank]);
+  }
+  for (const ClusterMail &m : mail) {
+    std::memcpy(w.arena + m.dst, m.data, m.bytes);
+    mbar_complete_tx(w, m.bar, m.bytes, m.file, m.line);
+  }
+}
+
+bool cluster_wait_mail(Worker &w) {
+  if (!w.cluster || !has_async_waiters(w)) return false;
+  ClusterGroup &g = *w.cluster;
+  {
+    std::unique_lock<std::mutex> lock(g.mu);
+    auto &box = g.mail[w.cluster_rank];
+    if (box.empty()) {
+      // Stuck when every block of the cluster waits (for mail, at a
+      // barrier.cluster) or has exited, and no mail is on its way.
+      ++g.mail_waiters;
+      auto all_stuck = [&] {
+        if (g.mail_waiters + g.arrived + g.exited < g.size) return false;
+        for (unsigned r = 0; r < g.size; ++r)  // mail for a block that left never lands
+          if (!g.mail[r].empty() && !g.gone[r]) return false;
+        return true;
+      };
+      if (all_stuck()) {
+        g.stuck = true;
+        g.cv.notify_all();
+      }
+      g.cv.wait(lock, [&] { return !box.empty() || g.stuck || all_stuck(); });
+      --g.mail_waiters;
+      if (box.empty()) {
+        g.stuck = true;
+        g.cv.notify_all();
+        for (unsigned r = 0; r < g.size; ++r)
+          if (!g.mail[r].empty() && g.gone[r]) {
+            const ClusterMail &m = g.mail[r].front();
+            fail(strprintf("the cluster is stuck: st.async at %s:%u went into block rank %u, "
+                           "which exited before it landed (its own pair never came)",
+                           m.file, m.line, r));
+          }
+        return false;
+      }
+    }
+  }
+  cluster_drain(w);
+  return true;
 }
 
 void cluster_blocks(Worker &w) {
@@ -58,10 +114,22 @@ void cluster_blocks(Worker &w) {
     const uint64_t round = g.round;
     ++g.exited;
     g.exited_rank = w.cluster_rank;
+    g.gone[w.cluster_rank] = 1;
     if (w.aborting || l.failed.load()) g.aborted = true;
     if (g.exited == g.size) {  // the cluster is done: the next one starts
-      g.exited = g.arrived = 0;
-      g.aborted = false;
+      for (unsigned r = 0; r < g.size; ++r) {
+        if (!g.mail[r].empty() && !l.failed.load()) {
+          const ClusterMail &m = g.mail[r].front();
+          record_error(l, strprintf("kernel '%s': st.async at %s:%u into block rank %u of "
+                                    "cluster %llu, which exited before it landed (never "
+                                    "waited on its mbarrier)",
+                                    l.name, m.file, m.line, r, (unsigned long long)c));
+        }
+        g.mail[r].clear();
+        g.gone[r] = 0;
+      }
+      g.exited = g.arrived = g.mail_waiters = 0;
+      g.aborted = g.stuck = false;
       g.gen = 0;
       g.stop = l.failed.load();
       ++g.round;
@@ -116,6 +184,36 @@ void check_cluster(unsigned declared) {
 
 void cluster_sync(const char *file, unsigned line) {
   block_barrier(kBarCluster, 0, file, line);
+}
+
+void cluster_st_async(void *local_dst, unsigned rank, const void *data, uint32_t bytes,
+                      uint64_t *local_bar, const char *file, unsigned line) {
+  Worker &w = *tl_worker;
+  check_aligned(local_dst, bytes, "st.async destination", file, line);
+  if (!in_shared(local_dst, bytes) || !in_shared(local_bar, 8))
+    fail(strprintf("st.async at %s:%u: the destination %p or the mbarrier %p is not in the "
+                   "block's shared memory",
+                   file, line, local_dst, static_cast<void *>(local_bar)));
+  const unsigned n = cluster_nctarank();
+  if (rank >= n)
+    fail(strprintf("st.async to rank %u at %s:%u: the cluster has %u block(s)", rank, file, line,
+                   n));
+  const uint32_t dst = uint32_t(static_cast<char *>(local_dst) - w.arena);
+  const uint32_t bar = uint32_t(reinterpret_cast<char *>(local_bar) - w.arena);
+  if (!w.cluster || rank == w.cluster_rank) {
+    std::memcpy(w.arena + dst, data, bytes);
+    mbar_complete_tx(w, bar, bytes, file, line);
+    return;
+  }
+  ClusterGroup &g = *w.cluster;
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.gone[rank])
+    fail(strprintf("st.async at %s:%u into block rank %u of the cluster, which has exited", file,
+                   line, rank));
+  ClusterMail m{dst, bar, bytes, {}, file, line};
+  std::memcpy(m.data, data, bytes);
+  g.mail[rank].push_back(m);
+  g.cv.notify_all();
 }
 
 void *cluster_map_shared(const void *p, unsigned rank, const char *file, unsigned line) {

@@ -195,6 +195,11 @@ void cluster_sync(const char *file, unsigned line);
 // mapa: the address of the variable at p (this block's shared memory) in
 // the shared memory of block `rank` of the cluster.
 void *cluster_map_shared(const void *p, unsigned rank, const char *file, unsigned line);
+// st.async.shared::cluster.mbarrier::complete_tx::bytes: `bytes` (<= 16) from
+// data to the variable at local_dst (this block's shared memory) in block
+// `rank`, completing them on that block's copy of the mbarrier local_bar.
+void cluster_st_async(void *local_dst, unsigned rank, const void *data, uint32_t bytes,
+                      uint64_t *local_bar, const char *file, unsigned line);
 }  // namespace ftn_emu
 
 // -------------------------------------------------------------- vector types

@@ -194,10 +194,27 @@ struct Worker;
 // The blocks of one thread block cluster (cluster.cpp): they run at once,
 // one Worker (OS thread) per rank, and meet at barrier.cluster through
 // this; a cluster launch runs its clusters one after another.
+// An st.async into another block of the cluster, queued until that
+// block's own OS thread lands it (cluster.cpp: its mbarrier state is that
+// thread's).
+struct ClusterMail {
+  uint32_t dst;  // arena offset of the destination
+  uint32_t bar;  // arena offset of the mbarrier it completes bytes on
+  uint32_t bytes;
+  unsigned char data[16];
+  const char *file;
+  unsigned line;
+};
+
 struct ClusterGroup {
-  explicit ClusterGroup(unsigned n) : size(n), members(n, nullptr) {}
+  explicit ClusterGroup(unsigned n)
+      : size(n), members(n, nullptr), mail(n), gone(n, 0) {}
   const unsigned size;
   std::vector<Worker *> members;  // by rank, for mapa (distributed shared memory)
+  std::vector<std::vector<ClusterMail>> mail;  // by destination rank
+  std::vector<char> gone;                      // by rank: exited in this cluster
+  unsigned mail_waiters = 0;  // blocks whose threads all wait, for mail among others
+  bool stuck = false;         // no block of the cluster can go on: a deadlock
   std::mutex mu;
   std::condition_variable cv;
   unsigned arrived = 0;  // blocks whose threads all reached the current barrier.cluster
@@ -277,6 +294,15 @@ std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 void cluster_barrier_wait(Worker &w, const char *file, unsigned line);
 void run_cluster_launch(Launch &l);
 void cluster_blocks(Worker &w);  // worker_main's loop for rank w.cluster_rank
+// Lands the st.async copies queued for this block (no-op outside a cluster).
+void cluster_drain(Worker &w);
+// The block's threads all wait and some wait on an mbarrier: blocks until
+// mail arrives (true, landed) or the whole cluster is stuck (false).
+bool cluster_wait_mail(Worker &w);
+// hopper.cpp: completes `bytes` transaction bytes on this block's mbarrier
+// at arena offset `off` (an st.async landing).
+void mbar_complete_tx(Worker &w, uint32_t off, uint32_t bytes, const char *file, unsigned line);
+bool has_async_waiters(const Worker &w);
 // runtime.cpp: an OS thread's share of a launch (the blocks it takes from
 // the grid; in a cluster launch, its rank of every cluster), and one block.
 void worker_main(Launch &l, ClusterGroup *cluster, unsigned rank);

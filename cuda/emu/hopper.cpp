@@ -112,6 +112,25 @@ void maybe_complete(Worker &w, Mbar &b) {
   wake_async(w);
 }
 
+}  // namespace
+
+void mbar_complete_tx(Worker &w, uint32_t off, uint32_t bytes, const char *file, unsigned line) {
+  auto it = hb(w).bars.find(off);
+  if (it == hb(w).bars.end())
+    fail(strprintf("st.async at %s:%u: no mbarrier at shared address 0x%x of the destination "
+                   "block (mbarrier.init; and the cluster barrier after it before peers send)",
+                   file, line, off));
+  it->second.tx -= int64_t(bytes);
+  maybe_complete(w, it->second);
+}
+
+bool has_async_waiters(const Worker &w) {
+  for (const Thread &t : w.threads)
+    if (t.state == TState::WaitAsync) return true;
+  return false;
+}
+
+namespace {
 // Lands the TMA copies that complete transactions on the mbarrier at `off`.
 void land_tma(Worker &w, uint32_t off) {
   HopperBlock &h = hb(w);
@@ -223,6 +242,7 @@ bool mbar_wait_parity(uint64_t *bar, uint32_t parity, bool blocking, const char 
   const uint32_t off = shared_off(w, bar);
   for (;;) {
     bar_at(w, bar, "mbarrier.try_wait.parity", file, line);
+    cluster_drain(w);  // st.async from the cluster's other blocks
     land_tma(w, off);  // the copies it waits for complete (a GPU: some time after issue)
     Mbar &b = bar_at(w, bar, "mbarrier.try_wait.parity", file, line);
     Thread &t = *w.cur;

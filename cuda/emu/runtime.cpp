@@ -450,6 +450,8 @@ void run_block(Worker &w, uint64_t b) {
         k = w.rank[run_fiber(w, t)];  // the pass goes on after the last fiber that ran
       }
       if (w.aborting || w.done_count == n) break;
+      // All wait, some on an mbarrier another block of the cluster completes.
+      if (!progress && cluster_wait_mail(w)) continue;
       if (!progress) {
         record_error(*w.launch,
                      strprintf("kernel '%s': ", w.launch->name) + describe_deadlock(w));

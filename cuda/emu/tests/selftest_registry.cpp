@@ -60,6 +60,7 @@
   X(wgmma_accumulator_layout)       \
   X(cluster_exchange)               \
   X(cluster_misuse)                 \
+  X(cluster_st_async)               \
   X(wgmma_operand_layouts)          \
   X(wgmma_f64_oracle)               \
   X(wgmma_strict)                   \

@@ -3,9 +3,11 @@
 // shared memory across many barrier.cluster rounds and several clusters;
 // the planted misuses must fail with the right message.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../cluster.cuh"
+#include "../../sm90.cuh"
 #include "selftest.h"
 
 namespace {
@@ -111,6 +113,79 @@ void test_cluster_misuse() {
   p.bad = 0;
   std::string err;
   CHECK(launch_cluster("st_cluster_exchange", FTN_ENTRY(st_cluster_exchange), p, blocks, threads,
+                       4, &err) == 0,
+        "a good launch after the failures: %s", err.c_str());
+}
+
+// Round r: threads k < 4 push (in[block's thread 0] + r, rank) into slot
+// [r & 1][rank] of block k by st.async, completing 8 bytes on its mbarrier
+// [r & 1]; thread 0 expects 32 bytes on its own; everyone waits for the
+// phase, then adds the four slots. The __syncthreads at a round's start
+// keeps a slot from being overwritten (two rounds later) before every
+// thread read it. bad 4: rank 1 leaves early (its peers' st.async into it
+// must fail); bad 5: the wrong phase parity (a deadlock, reported).
+FTN_KERNEL_CLUSTER(st_cluster_st_async, ClusterParams, p, 64, 4) {
+  FTN_SHARED(float2, slot, [2][4]);
+  FTN_SHARED(uint64_t, bar, [2]);
+  const unsigned t = threadIdx.x, rank = ftn_cluster_rank();
+  if (t == 0) {
+    ftn_mbar_init(&bar[0], 1);
+    ftn_mbar_init(&bar[1], 1);
+    ftn_cluster_fence_mbar_init();
+  }
+  ftn_cluster_sync();
+  if (p.bad == 4 && rank == 1) return;
+  const float mine = p.in[blockIdx.x * blockDim.x];
+  for (int r = 0; r < p.rounds; ++r) {
+    __syncthreads();
+    const int par = r & 1;
+    if (t == 0) ftn_mbar_arrive_expect_tx(&bar[par], 4 * sizeof(float2));
+    if (t < 4) ftn_cluster_st_async_f32x2(&slot[par][rank], t, make_float2(mine + float(r), float(rank)), &bar[par]);
+    ftn_mbar_wait(&bar[par], uint32_t(p.bad == 5 ? (r & 1) : ((r >> 1) & 1)));
+    float sum = 0.0f;
+    for (int k = 0; k < 4; ++k) sum += slot[par][k].x;
+    p.out[(blockIdx.x * blockDim.x + t) * p.rounds + r] = sum;
+  }
+  ftn_cluster_sync();
+}
+
+void test_cluster_st_async() {
+  const unsigned blocks = 8, threads = 64, rounds = 6;
+  std::vector<float> in(blocks * threads);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 89) * 0.5f;
+  std::vector<float> out(in.size() * rounds, -1.0f);
+  std::vector<unsigned> rank(blocks);
+  ClusterParams p{in.data(), out.data(), rank.data(), int(rounds), 0};
+  std::string err;
+  int rc = launch_cluster("st_cluster_st_async", FTN_ENTRY(st_cluster_st_async), p, blocks,
+                          threads, 4, &err);
+  CHECK(rc == 0, "launch failed: %s", err.c_str());
+  for (unsigned b = 0; b < blocks; ++b)
+    for (unsigned t = 0; t < threads; ++t)
+      for (unsigned r = 0; r < rounds; ++r) {
+        float want = 0.0f;
+        for (unsigned k = 0; k < 4; ++k) want += in[((b / 4) * 4 + k) * threads] + float(r);
+        const float got = out[(b * threads + t) * rounds + r];
+        CHECK(got == want, "block %u thread %u round %u: %g, want %g", b, t, r, got, want);
+      }
+  // The wrong parity shows as whichever check sees it first: strict mode's
+  // parity check, a second arrival in one phase (a wait that passed on an
+  // old phase), or the cluster stuck.
+  for (auto [bad, needles] :
+       {std::pair<int, std::vector<const char *>>{4, {"exited"}},
+        {5, {"deadlock", "phase/parity mismatch", "arrive count overflow"}}}) {
+    p.bad = bad;
+    rc = launch_cluster("st_cluster_st_async", FTN_ENTRY(st_cluster_st_async), p, blocks, threads,
+                        4, &err);
+    CHECK(rc != 0, "planted misuse %d: the launch succeeded", bad);
+    bool named = false;
+    for (const char *n : needles) named |= err.find(n) != std::string::npos;
+    CHECK(named && err.find("st_cluster_st_async") != std::string::npos,
+          "planted misuse %d: message '%s' lacks '%s'", bad, err.c_str(), needles[0]);
+  }
+  // The emulator still works after each failure.
+  p.bad = 0;
+  CHECK(launch_cluster("st_cluster_st_async", FTN_ENTRY(st_cluster_st_async), p, blocks, threads,
                        4, &err) == 0,
         "a good launch after the failures: %s", err.c_str());
 }

@@ -269,9 +269,9 @@ fn pipe_wide_threads(hidden: u64) -> u64 {
     (div_ceil(div_ceil(hidden, FUSED_PIPE_WIDE_ITEMS), 32) * 32).min(BLOCK_THREADS as u64)
 }
 /// Its static shared memory (the reduction's 16 float4), and what the
-/// cluster build adds (its two float2 row-sum slots).
+/// cluster builds add at most (row-sum slots [2][8] float2, two mbarriers).
 pub const FUSED_PIPE_STATIC_SMEM: u64 = 256;
-pub const FUSED_CLUSTER_STATIC_SMEM: u64 = 16;
+pub const FUSED_CLUSTER_STATIC_SMEM: u64 = 2 * 8 * 8 + 16;
 
 /// Cluster sizes the fused backward is built for (`ftn_layernorm_bwd_fused_
 /// cluster<C>_*`): rows up to `8 * FUSED_PIPE_WIDE_MAX_HIDDEN` = 131072.

@@ -37,6 +37,10 @@ pub struct Machine {
     /// cluster) and CCTL.IVALL (the acquire empties L1: the next pass's
     /// cached loads, e.g. gamma, become L2 hits, one more L2 latency).
     pub cluster_bar_latency: f64,
+    /// One wait on an mbarrier that another block of the cluster completes
+    /// by st.async, cycles: assumed, not measured (the store's hop between
+    /// SMs plus the skew between the blocks that send).
+    pub mbar_wait_latency: f64,
 }
 
 /// NVIDIA H200 SXM (sm_90): 132 SMs at up to 1980 MHz; the copy bandwidth is
@@ -58,6 +62,7 @@ pub const H200: Machine = Machine {
     shfl_latency: 30.0,
     bar_latency: 40.0,
     cluster_bar_latency: 1000.0,
+    mbar_wait_latency: 500.0,
 };
 
 impl Machine {
@@ -109,6 +114,7 @@ pub struct Phase {
     pub shfl: f64,
     pub bar: f64,
     pub cluster_bar: f64,
+    pub mbar_wait: f64,
     pub load_groups: f64,
     /// Data-path loads issued only after an earlier one's result was used
     /// (each one more DRAM latency in the chain).
@@ -178,8 +184,10 @@ pub fn estimate(m: &Machine, p: &Phase) -> PhaseEstimate {
         m.dram_latency
     };
     let loads = first * (1.0 + p.data_waits) + (p.load_groups - 1.0).max(0.0) * m.l2_latency;
-    let sync =
-        p.shfl * m.shfl_latency + p.bar * m.bar_latency + p.cluster_bar * m.cluster_bar_latency;
+    let sync = p.shfl * m.shfl_latency
+        + p.bar * m.bar_latency
+        + p.cluster_bar * m.cluster_bar_latency
+        + p.mbar_wait * m.mbar_wait_latency;
     let memory = loads + sync;
     let transfer = round_elems * p.read_bytes_per_elem / peak;
     // The warps that wait for each other: a block when the round has a
@@ -262,6 +270,7 @@ mod tests {
             shfl: 0.0,
             bar: 0.0,
             cluster_bar: 0.0,
+            mbar_wait: 0.0,
             load_groups: 1.0,
             data_waits: 0.0,
             one_round_per_block: false,
@@ -307,10 +316,11 @@ mod tests {
         p.shfl = 10.0;
         p.bar = 2.0;
         p.cluster_bar = 1.0;
+        p.mbar_wait = 2.0;
         p.load_groups = 3.0;
         let m = H200;
         let e = estimate(&m, &p);
-        let want = m.dram_latency + 2.0 * 300.0 + 10.0 * 30.0 + 2.0 * 40.0 + 1000.0;
+        let want = m.dram_latency + 2.0 * 300.0 + 10.0 * 30.0 + 2.0 * 40.0 + 1000.0 + 2.0 * 500.0;
         assert!((e.memory_cycles - want).abs() < 1e-9);
         // A barrier: the whole block's reads arrive before its compute.
         let unit = 256.0 * 4.0 * 4.0 / m.copy_bytes_per_cycle_sm();

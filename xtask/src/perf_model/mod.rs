@@ -208,6 +208,7 @@ pub fn prepare(inputs: &Inputs, case: &Case) -> Result<Prepared, String> {
             shfl: path.shfl as f64,
             bar: path.bar as f64,
             cluster_bar: path.cluster_bar as f64,
+            mbar_wait: path.mbar_wait as f64,
             load_groups: (path.load_groups + cached_waits) as f64,
             data_waits: data_waits as f64,
             one_round_per_block: spec.one_round_per_block,

@@ -158,6 +158,9 @@ pub struct PathStats {
     pub bar: u32,
     /// Thread block cluster barriers (`UCGABAR_WAIT`, barrier.cluster.wait).
     pub cluster_bar: u32,
+    /// Waits on an mbarrier phase (`SYNCS.PHASECHK`, mbarrier.try_wait):
+    /// in the modelled loops, for another block's st.async.
+    pub mbar_wait: u32,
     pub mufu: u32,
     pub shared: u32,
     /// Subroutine calls (`CALL`): the model counts one instruction for
@@ -343,6 +346,10 @@ impl PathStats {
             }
             "UCGABAR_WAIT" => {
                 self.cluster_bar += 1;
+                self.sync_since_load = true;
+            }
+            "SYNCS" if i.op.starts_with("SYNCS.PHASECHK") => {
+                self.mbar_wait += 1;
                 self.sync_since_load = true;
             }
             "MUFU" => self.mufu += 1,
@@ -543,8 +550,13 @@ mod tests {
         let s = PathStats::default()
             .add(&instr("UCGABAR_ARV", ""), 16)
             .add(&instr("UCGABAR_WAIT", ""), 16)
-            .add(&instr("BAR.SYNC.DEFER_BLOCKING", " 0x0"), 16);
-        assert_eq!((s.cluster_bar, s.bar, s.instrs), (1, 1, 3));
+            .add(&instr("BAR.SYNC.DEFER_BLOCKING", " 0x0"), 16)
+            .add(&instr("SYNCS.ARRIVE.TRANS64", " RZ, [UR17], R82"), 16)
+            .add(
+                &instr("SYNCS.PHASECHK.TRANS64.TRYWAIT", " P0, [UR18], R80"),
+                16,
+            );
+        assert_eq!((s.cluster_bar, s.bar, s.mbar_wait, s.instrs), (1, 1, 1, 5));
     }
 
     #[test]
