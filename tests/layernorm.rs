@@ -645,6 +645,35 @@ fn fused_cluster_path() {
     }
 }
 
+/// Every row path's backward with row sums large against dx (see
+/// `Case::dy_shift`): with random dy and gamma of mean zero the sums are
+/// ~sqrt(hidden) and a wrong one can hide inside the bf16 tolerance. The
+/// warp and block paths (fused and dx-only), the pipelined block and wide
+/// builds, the global path's unfused kernels (fp32 past the fused block
+/// path, scalar 16-bit past 16384), LayerNorm and RMSNorm.
+#[test]
+fn row_sums_that_matter() {
+    let shifted = |rows, hidden, rms| Case {
+        dy_shift: 1.0,
+        zero_centered: true,
+        ..Case::new(rows, hidden, rms)
+    };
+    for dev in devices("row_sums_that_matter", 8) {
+        run_case::<bf16>(&dev, shifted(9, 1000, false));
+        run_case::<f16>(&dev, shifted(3, 4096, true));
+        run_case::<f32>(&dev, shifted(3, 9000, false));
+        run_case::<bf16>(&dev, shifted(34, 12_288, false));
+        run_case::<f16>(&dev, shifted(3, 16_384, true));
+        run_case::<f32>(&dev, shifted(2, 20_000, true));
+        let scalar = Case {
+            vectorize: false,
+            ..shifted(2, 20_003, false)
+        };
+        run_case::<bf16>(&dev, scalar);
+        run_case::<bf16>(&dev, shifted(2, 70_000, false));
+    }
+}
+
 /// The two-pass variance keeps a 1e4 offset with unit spread to fp32
 /// accuracy; one-pass E[x^2] - E[x]^2 in fp32 would be off by O(1).
 #[test]
