@@ -92,7 +92,7 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
     dc = (int)((2 * stride * V) % cols);
   }
   for (; i + stride < nvec; i += 2 * stride) {
-    uint32_t xw0[W], xw1[W], bw0[W], bw1[W];
+    uint32_t xw0[W], xw1[W], bw0[W] = {}, bw1[W] = {};  // bw*: read only when vec_bias
     ftn_load_packed<T, V>(x + i * V, xw0);
     ftn_load_packed<T, V>(x + (i + stride) * V, xw1);
     if (vec_bias) {

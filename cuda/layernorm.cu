@@ -138,8 +138,10 @@ template <bool WARP>
 FTN_DEVICE void group_sum2(float &a, float &b, float *red) {
   if constexpr (WARP) {
     (void)red;
-    a = ftn_warp_allreduce<FtnSumOp>(a);
-    b = ftn_warp_allreduce<FtnSumOp>(b);
+    float v[2] = {a, b};
+    ftn_group_allreduce_n<FtnSumOp, 32, 2>(v);
+    a = v[0];
+    b = v[1];
   } else {
     float v[2] = {a, b};
     ftn_block_allreduce_n<FtnSumOp, 2>(v, red);
@@ -1108,6 +1110,7 @@ FTN_DEVICE void bwd_fused_pipe(const FtnLayerNormBwdParams &p, float4 *red, floa
   int col0 = 0, n = (int)p.cols;  // this block's columns: [col0, col0 + n)
   if constexpr (CL > 1) {
     chunk = blockIdx.x / CL;
+    // The plan's cluster_slice (src/core/plan/layernorm.rs): keep in step.
     const int slice = (int)((p.cols / V + CL - 1) / CL) * V;
     col0 = (int)ftn_cluster_rank() * slice;
     n = col0 >= n ? 0 : (n - col0 < slice ? n - col0 : slice);

@@ -17,21 +17,41 @@ struct FtnSumOp {
   static FTN_DEVICE float identity() { return 0.0f; }
 };
 
-// On the emulator, one warp rendezvous computing the same butterfly
-// (cuda/emu/warp.cpp) instead of five: bitwise the same results.
+// Each aligned group of LANES lanes (a power of two <= 32) reduces each of
+// its N values with an xor butterfly (offsets LANES/2, ..., 1); every lane of
+// the warp must call it. On the emulator, one warp rendezvous computing the
+// same butterflies (cuda/emu/warp.cpp) instead of log2(LANES) * N shuffles:
+// bitwise the same results.
 #if defined(__CUDACC__)
-template <class Op> FTN_DEVICE float ftn_warp_allreduce(float v) {
+template <class Op, int LANES, int N> FTN_DEVICE void ftn_group_allreduce_n(float (&v)[N]) {
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "group width");
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
+  for (int off = LANES / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = Op::apply(v[i], __shfl_xor_sync(0xffffffffu, v[i], off));
+  }
 }
 #else
-template <class Op>
-FTN_DEVICE float ftn_warp_allreduce(float v,
-                                    std::source_location ftn_loc = std::source_location::current()) {
-  return ::ftn_emu::warp_allreduce_f32(v, &Op::apply, ftn_loc.file_name(), ftn_loc.line());
+template <class Op, int LANES, int N>
+FTN_DEVICE void ftn_group_allreduce_n(float (&v)[N], std::source_location ftn_loc =
+                                                         std::source_location::current()) {
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "group width");
+  static_assert(N >= 1 && N <= 4, "the emulator's collective takes 1..4 values");
+  ::ftn_emu::warp_allreduce_f32(v, N, LANES, &Op::apply, ftn_loc.file_name(), ftn_loc.line());
 }
 #endif
+
+// One value over a group of LANES lanes.
+template <class Op, int LANES> FTN_DEVICE float ftn_group_allreduce(float v) {
+  float a[1] = {v};
+  ftn_group_allreduce_n<Op, LANES, 1>(a);
+  return a[0];
+}
+
+// One value over the whole warp.
+template <class Op> FTN_DEVICE float ftn_warp_allreduce(float v) {
+  return ftn_group_allreduce<Op, 32>(v);
+}
 
 // Every thread of the block gets the reduction of each of the N values v[i],
 // through one pair of barriers for all N. `red` holds 32 floats per value
@@ -41,8 +61,7 @@ template <class Op, int N> FTN_DEVICE void ftn_block_allreduce_n(float (&v)[N], 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = ftn_warp_allreduce<Op>(v[i]);
+  ftn_group_allreduce_n<Op, 32, N>(v);
   if (lane == 0) {
 #pragma unroll
     for (int i = 0; i < N; ++i) red[32 * i + warp] = v[i];
@@ -50,8 +69,7 @@ template <class Op, int N> FTN_DEVICE void ftn_block_allreduce_n(float (&v)[N], 
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] = lane < warps ? red[32 * i + lane] : Op::identity();
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = ftn_warp_allreduce<Op>(v[i]);
+  ftn_group_allreduce_n<Op, 32, N>(v);
   __syncthreads();  // `red` may be reused by the next call
 }
 

@@ -225,16 +225,6 @@ FTN_DEVICE void sm_store_probs(const FtnSoftmaxFwdParams &p, T *yr, T *yd, int64
   }
 }
 
-// Lanes [g*LANES, (g+1)*LANES) of a warp (LANES a power of two <= 32) all
-// get the reduction of their v; every lane of the warp must call it.
-template <class Op, int LANES> FTN_DEVICE float sm_group_allreduce(float v) {
-#pragma unroll
-  for (int off = LANES / 2; off > 0; off >>= 1) {
-    v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
-  }
-  return v;
-}
-
 // True on every lane of the group when `pred` holds on one of them; every
 // lane of the warp must call it.
 template <int LANES> FTN_DEVICE bool sm_group_any(bool pred) {
@@ -344,7 +334,7 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
 #pragma unroll
       for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[c][k]);
     }
-    mx = sm_group_allreduce<FtnMaxOp, LANES>(mx);
+    mx = ftn_group_allreduce<FtnMaxOp, LANES>(mx);
     if (padded) any = sm_group_any<LANES>(any);
     float sum = 0.0f;
 #pragma unroll
@@ -355,7 +345,7 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
         sum += v[c][k];
       }
     }
-    sum = sm_group_allreduce<FtnSumOp, LANES>(sum);
+    sum = ftn_group_allreduce<FtnSumOp, LANES>(sum);
     const float inv = any ? 1.0f / sum : 0.0f;
     if (live) {
       T *yr = y + r * p.sk + first;
@@ -629,7 +619,7 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
     if constexpr (BLOCK) {
       dot = ftn_block_allreduce<FtnSumOp>(dot, red);
     } else {
-      dot = sm_group_allreduce<FtnSumOp, LANES>(dot);
+      dot = ftn_group_allreduce<FtnSumOp, LANES>(dot);
     }
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {

@@ -64,6 +64,17 @@ impl Case {
             dy_shift: 0.0,
         }
     }
+
+    /// Row sums that matter against dx (see `dy_shift`; zero-centred gamma
+    /// keeps the effective gamma near 1, not of mean 0), so a block or lane
+    /// missing part of a row sum fails.
+    fn shifted(rows: usize, hidden: usize, rms: bool) -> Case {
+        Case {
+            dy_shift: 1.0,
+            zero_centered: true,
+            ..Case::new(rows, hidden, rms)
+        }
+    }
 }
 
 fn poisoned<T: FloatElement>(stream: &Stream, n: usize) -> DeviceBuffer<T> {
@@ -618,14 +629,9 @@ fn fused_cluster_path() {
         assert_eq!((f.cluster, f.path), (c, plan::RowPath::Global), "{h}");
         assert!(plan::fused_backward_within(40, h, 2, true, true, DeviceLimits::SM80).is_none());
     }
-    // Row sums that matter against dx (see `Case::dy_shift`; zero-centred
-    // gamma keeps the effective gamma near 1, not of mean 0), so a block
-    // missing a peer's sums fails.
-    let shifted = |rows, hidden, rms| Case {
-        dy_shift: 1.0,
-        zero_centered: true,
-        ..Case::new(rows, hidden, rms)
-    };
+    // Row sums that matter (`Case::shifted`), so a block missing a peer's
+    // sums fails.
+    let shifted = Case::shifted;
     for dev in devices("fused_cluster_path", 6) {
         run_case::<bf16>(&dev, shifted(40, 16_392, false));
         run_case::<f16>(&dev, shifted(3, 32_776, true));
@@ -653,11 +659,7 @@ fn fused_cluster_path() {
 /// path, scalar 16-bit past 16384), LayerNorm and RMSNorm.
 #[test]
 fn row_sums_that_matter() {
-    let shifted = |rows, hidden, rms| Case {
-        dy_shift: 1.0,
-        zero_centered: true,
-        ..Case::new(rows, hidden, rms)
-    };
+    let shifted = Case::shifted;
     for dev in devices("row_sums_that_matter", 8) {
         run_case::<bf16>(&dev, shifted(9, 1000, false));
         run_case::<f16>(&dev, shifted(3, 4096, true));

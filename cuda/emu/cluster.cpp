@@ -21,6 +21,23 @@
 
 namespace ftn_emu::detail {
 
+namespace {
+// An st.async still queued for block `rank`, which exited before it landed.
+std::string mail_to_exited(const ClusterMail &m, unsigned rank) {
+  return strprintf("st.async at %s:%u into block rank %u of the cluster, which exited before "
+                   "it landed",
+                   m.file, m.line, rank);
+}
+
+// A block of the current cluster that exited (call with g.mu held and
+// g.exited > 0).
+unsigned an_exited_rank(const ClusterGroup &g) {
+  for (unsigned r = 0; r < g.size; ++r)
+    if (g.gone[r]) return r;
+  return 0;
+}
+}  // namespace
+
 void cluster_barrier_wait(Worker &w, const char *file, unsigned line) {
   ClusterGroup &g = *w.cluster;
   std::unique_lock<std::mutex> lock(g.mu);
@@ -36,7 +53,7 @@ void cluster_barrier_wait(Worker &w, const char *file, unsigned line) {
   if (g.gen != gen) return;
   w.aborting = true;
   if (g.aborted) throw Unwind{};  // the peer's own error is already recorded
-  const unsigned peer = g.exited_rank;
+  const unsigned peer = an_exited_rank(g);
   lock.unlock();
   fail(strprintf("barrier.cluster at %s:%u can never complete: block rank %u of the cluster "
                  "exited without reaching it",
@@ -83,12 +100,9 @@ bool cluster_wait_mail(Worker &w) {
         g.stuck = true;
         g.cv.notify_all();
         for (unsigned r = 0; r < g.size; ++r)
-          if (!g.mail[r].empty() && g.gone[r]) {
-            const ClusterMail &m = g.mail[r].front();
-            fail(strprintf("the cluster is stuck: st.async at %s:%u went into block rank %u, "
-                           "which exited before it landed (its own pair never came)",
-                           m.file, m.line, r));
-          }
+          if (!g.mail[r].empty() && g.gone[r])
+            fail("the cluster is stuck: " + mail_to_exited(g.mail[r].front(), r) +
+                 " (its own pair never came)");
         return false;
       }
     }
@@ -113,18 +127,15 @@ void cluster_blocks(Worker &w) {
     std::unique_lock<std::mutex> lock(g.mu);
     const uint64_t round = g.round;
     ++g.exited;
-    g.exited_rank = w.cluster_rank;
     g.gone[w.cluster_rank] = 1;
     if (w.aborting || l.failed.load()) g.aborted = true;
     if (g.exited == g.size) {  // the cluster is done: the next one starts
       for (unsigned r = 0; r < g.size; ++r) {
-        if (!g.mail[r].empty() && !l.failed.load()) {
-          const ClusterMail &m = g.mail[r].front();
-          record_error(l, strprintf("kernel '%s': st.async at %s:%u into block rank %u of "
-                                    "cluster %llu, which exited before it landed (never "
-                                    "waited on its mbarrier)",
-                                    l.name, m.file, m.line, r, (unsigned long long)c));
-        }
+        if (!g.mail[r].empty() && !l.failed.load())
+          record_error(l, strprintf("kernel '%s', cluster %llu: ", l.name,
+                                    (unsigned long long)c) +
+                              mail_to_exited(g.mail[r].front(), r) +
+                              " (never waited on its mbarrier)");
         g.mail[r].clear();
         g.gone[r] = 0;
       }

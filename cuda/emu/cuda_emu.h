@@ -426,7 +426,31 @@ inline __nv_bfloat162 __hfma2(__nv_bfloat162 a, __nv_bfloat162 b, __nv_bfloat162
 }
 
 // ------------------------------------------------------------ math, bits
-inline float __expf(float x) { return expf(x); }
+// fmaxf/fminf inline (the libm calls cost a call per element): a NaN
+// operand yields the other, and -0 counts as less than +0 (libm leaves the
+// sign of an equal pair open; IEEE 754-2019 maximumNumber/minimumNumber
+// order it so, and so do the builtins Rust links in place of glibc's).
+// Self-test `fmax_fmin` checks them.
+namespace ftn_emu {
+inline float fmax_f32(float a, float b) {
+  if (a > b) return a;
+  if (a < b) return b;
+  if (a == b) return bits_f32(f32_bits(a) & f32_bits(b));  // +0 if either is +0
+  return a != a ? b : a;
+}
+inline float fmin_f32(float a, float b) {
+  if (a < b) return a;
+  if (a > b) return b;
+  if (a == b) return bits_f32(f32_bits(a) | f32_bits(b));  // -0 if either is -0
+  return a != a ? b : a;
+}
+}  // namespace ftn_emu
+#define fmaxf(a, b) ::ftn_emu::fmax_f32(a, b)
+#define fminf(a, b) ::ftn_emu::fmin_f32(a, b)
+// __expf as the GPU computes it, ex2.approx of the fp32 product x * log2(e)
+// (so with that product's rounding, |x| * 2^-24 relative), with glibc's
+// exp2f (< 1 ulp) for ex2.approx (PTX allows it 2 ulp).
+inline float __expf(float x) { return exp2f(x * 1.4426950408889634f); }
 inline float __exp10f(float x) { return powf(10.0f, x); }
 inline float __logf(float x) { return logf(x); }
 inline float __log2f(float x) { return log2f(x); }
@@ -463,6 +487,7 @@ inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const unsigned long long xy = ((unsigned long long)y << 32) | x;
   unsigned r = 0;
+#pragma GCC unroll 4
   for (int n = 0; n < 4; ++n) r |= (unsigned)((xy >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
   return r;
 }
@@ -688,10 +713,13 @@ void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const 
 // Operands are registers (no addresses to check).
 void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, const float *c,
                   const char *file, unsigned line);
-// ftn_warp_allreduce (cuda/reduce.cuh) in one rendezvous instead of five
-// shuffles: the full warp's xor butterfly, lane l combining op(own value,
-// lane l ^ off's) for off = 16, 8, 4, 2, 1, exactly as the shuffles would.
-float warp_allreduce_f32(float v, float (*op)(float, float), const char *file, unsigned line);
+// ftn_group_allreduce_n (cuda/reduce.cuh) in one rendezvous instead of
+// log2(width) shuffles per value: in each aligned group of `width` lanes (a
+// power of two <= 32), the xor butterfly of each of the n <= 4 values v[i],
+// lane l combining op(own value, lane l ^ off's) for off = width/2, ..., 1,
+// exactly as the shuffles would. Full warp; v is updated in place.
+void warp_allreduce_f32(float *v, unsigned n, unsigned width, float (*op)(float, float),
+                        const char *file, unsigned line);
 // A warp tile of mma.sync ops, in place: for i < mi, j < ni (i outer),
 // acc[i][j] = a[i] * b[j] + acc[i][j], with acc float[mi][ni][4], a
 // uint32_t[mi][4], b uint32_t[ni][2] (1 <= mi, ni <= 8). Exactly the mi * ni

@@ -219,8 +219,7 @@ struct ClusterGroup {
   std::condition_variable cv;
   unsigned arrived = 0;  // blocks whose threads all reached the current barrier.cluster
   uint64_t gen = 0;      // completed barrier.cluster of the current cluster
-  unsigned exited = 0;   // blocks of the current cluster that finished
-  unsigned exited_rank = 0;
+  unsigned exited = 0;   // blocks of the current cluster that finished: the count of gone
   bool aborted = false;  // one of them failed (its error is already recorded)
   uint64_t round = 0;    // clusters finished
   bool stop = false;     // the launch failed: no more clusters

@@ -251,39 +251,54 @@ void warp_lane_exited(Worker &w, Thread &t) {
 
 namespace ftn_emu {
 namespace {
-// One lane's part of warp_allreduce_f32: its value in, the result out.
+// One lane's part of warp_allreduce_f32: its values in, the results out.
 struct AllreduceLane {
-  float v;
+  float *v;
+  unsigned n, width;
   float (*op)(float, float);
 };
 
-// The xor butterfly of ftn_warp_allreduce (cuda/reduce.cuh), all lanes at
-// once: at each step lane l computes op(own, lane l ^ off's), as its
-// __shfl_xor_sync would give it, so every lane's result is bitwise the same
-// as with five shuffles.
+// The xor butterflies of ftn_group_allreduce_n (cuda/reduce.cuh), all lanes
+// at once: at each step lane l computes op(own, lane l ^ off's), as its
+// __shfl_xor_sync would give it, so every lane's results are bitwise the
+// same as with the shuffles.
 void allreduce_collective(unsigned mask, void *const *data) {
   if (mask != 0xFFFFFFFFu)
-    detail::fail(detail::strprintf("ftn_warp_allreduce needs the full warp, got mask 0x%08x", mask));
-  float (*op)(float, float) = static_cast<AllreduceLane *>(data[0])->op;
-  float v[32];
+    detail::fail(detail::strprintf("ftn_group_allreduce_n needs the full warp, got mask 0x%08x",
+                                   mask));
+  const AllreduceLane &first = *static_cast<AllreduceLane *>(data[0]);
+  float v[4][32];
   for (unsigned l = 0; l < 32; ++l) {
     const AllreduceLane &x = *static_cast<AllreduceLane *>(data[l]);
-    if (x.op != op)
-      detail::fail("ftn_warp_allreduce: lanes of one warp meet with different operations");
-    v[l] = x.v;
+    if (x.op != first.op || x.n != first.n || x.width != first.width)
+      detail::fail(detail::strprintf(
+          "ftn_group_allreduce_n: lanes of one warp meet with different operations, counts or "
+          "widths (lane 0: %u value(s) over %u lanes; lane %u: %u over %u)",
+          first.n, first.width, l, x.n, x.width));
+    for (unsigned i = 0; i < x.n; ++i) v[i][l] = x.v[i];
   }
-  for (unsigned off = 16; off > 0; off >>= 1) {
-    float n[32];
-    for (unsigned l = 0; l < 32; ++l) n[l] = op(v[l], v[l ^ off]);
-    std::memcpy(v, n, sizeof v);
+  for (unsigned i = 0; i < first.n; ++i) {
+    for (unsigned off = first.width / 2; off > 0; off >>= 1) {
+      float nv[32];
+      for (unsigned l = 0; l < 32; ++l) nv[l] = first.op(v[i][l], v[i][l ^ off]);
+      std::memcpy(v[i], nv, sizeof nv);
+    }
   }
-  for (unsigned l = 0; l < 32; ++l) static_cast<AllreduceLane *>(data[l])->v = v[l];
+  for (unsigned l = 0; l < 32; ++l) {
+    const AllreduceLane &x = *static_cast<AllreduceLane *>(data[l]);
+    for (unsigned i = 0; i < x.n; ++i) x.v[i] = v[i][l];
+  }
 }
 }  // namespace
 
-float warp_allreduce_f32(float v, float (*op)(float, float), const char *file, unsigned line) {
-  AllreduceLane me{v, op};
+void warp_allreduce_f32(float *v, unsigned n, unsigned width, float (*op)(float, float),
+                        const char *file, unsigned line) {
+  if (n < 1 || n > 4 || width < 1 || width > 32 || (width & (width - 1)) != 0)
+    detail::fail(detail::strprintf(
+        "ftn_group_allreduce_n at %s:%u: %u value(s) over groups of %u lanes (expected 1..4 "
+        "values, a power-of-two width <= 32)",
+        file, line, n, width));
+  AllreduceLane me{v, n, width, op};
   detail::warp_collective(0xFFFFFFFFu, &allreduce_collective, &me, file, line);
-  return me.v;
 }
 }  // namespace ftn_emu

@@ -28,6 +28,7 @@
   X(atomics_many_blocks)            \
   X(atomic_cas_spin)                \
   X(half_conversions)               \
+  X(fmax_fmin)                     \
   X(vector_types)                   \
   X(grid_stride_64bit)              \
   X(workers_identical)              \

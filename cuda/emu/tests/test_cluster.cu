@@ -65,6 +65,25 @@ FTN_KERNEL_CLUSTER(st_cluster_exchange, ClusterParams, p, 64, 4) {
   ftn_cluster_sync();
 }
 
+namespace {
+// What the exchange self-tests expect in out[(b * threads + t) * rounds + r]:
+// the sum, in rank order over the 4 blocks of b's cluster, of each block's
+// value plus r -- thread t's own value (per_thread) or its block's thread
+// 0's.
+void check_cluster_sums(const std::vector<float> &in, const std::vector<float> &out,
+                        unsigned blocks, unsigned threads, unsigned rounds, bool per_thread) {
+  for (unsigned b = 0; b < blocks; ++b)
+    for (unsigned t = 0; t < threads; ++t)
+      for (unsigned r = 0; r < rounds; ++r) {
+        float want = 0.0f;
+        for (unsigned k = 0; k < 4; ++k)
+          want += in[((b / 4) * 4 + k) * threads + (per_thread ? t : 0)] + float(r);
+        const float got = out[(b * threads + t) * rounds + r];
+        CHECK(got == want, "block %u thread %u round %u: %g, want %g", b, t, r, got, want);
+      }
+}
+}  // namespace
+
 void test_cluster_exchange() {
   const unsigned blocks = 12, threads = 64, rounds = 5;
   std::vector<float> in(blocks * threads);
@@ -77,16 +96,8 @@ void test_cluster_exchange() {
       launch_cluster("st_cluster_exchange", FTN_ENTRY(st_cluster_exchange), p, blocks, threads,
                      4, &err);
   CHECK(rc == 0, "launch failed: %s", err.c_str());
-  for (unsigned b = 0; b < blocks; ++b) {
-    CHECK(rank[b] == b % 4, "block %u has rank %u", b, rank[b]);
-    for (unsigned t = 0; t < threads; ++t)
-      for (unsigned r = 0; r < rounds; ++r) {
-        float want = 0.0f;
-        for (unsigned k = 0; k < 4; ++k) want += in[((b / 4) * 4 + k) * threads + t] + float(r);
-        const float got = out[(b * threads + t) * rounds + r];
-        CHECK(got == want, "block %u thread %u round %u: %g, want %g", b, t, r, got, want);
-      }
-  }
+  for (unsigned b = 0; b < blocks; ++b) CHECK(rank[b] == b % 4, "block %u has rank %u", b, rank[b]);
+  check_cluster_sums(in, out, blocks, threads, rounds, true);
 }
 
 void test_cluster_misuse() {
@@ -160,14 +171,7 @@ void test_cluster_st_async() {
   int rc = launch_cluster("st_cluster_st_async", FTN_ENTRY(st_cluster_st_async), p, blocks,
                           threads, 4, &err);
   CHECK(rc == 0, "launch failed: %s", err.c_str());
-  for (unsigned b = 0; b < blocks; ++b)
-    for (unsigned t = 0; t < threads; ++t)
-      for (unsigned r = 0; r < rounds; ++r) {
-        float want = 0.0f;
-        for (unsigned k = 0; k < 4; ++k) want += in[((b / 4) * 4 + k) * threads] + float(r);
-        const float got = out[(b * threads + t) * rounds + r];
-        CHECK(got == want, "block %u thread %u round %u: %g, want %g", b, t, r, got, want);
-      }
+  check_cluster_sums(in, out, blocks, threads, rounds, false);
   // The wrong parity shows as whichever check sees it first: strict mode's
   // parity check, a second arrival in one phase (a wait that passed on an
   // old phase), or the cluster stuck.

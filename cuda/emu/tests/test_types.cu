@@ -1,6 +1,8 @@
 // Self-tests: __half/__nv_bfloat16 conversions bit-exact with the CUDA
 // headers (round to nearest even, subnormals, overflow, NaN -> 0x7FFF),
-// vector-type sizes and alignments, and 64-bit grid-stride indexing.
+// vector-type sizes and alignments, 64-bit grid-stride indexing, and the
+// inline fmaxf/fminf of cuda_emu.h.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -136,4 +138,39 @@ void test_grid_stride_64bit() {
   LAUNCH_OK(st_grid_stride, q, dim3(70001), dim3(1), 0, 2);
   CHECK(seen == 70000, "last block %u", seen);
   for (uint64_t i = 0; i < 70001; ++i) CHECK(out2[i] == i + 1, "wide grid out[%llu]", (unsigned long long)i);
+}
+
+// fmaxf/fminf in kernel code (inline in cuda_emu.h): the larger/smaller of
+// two ordered values, the other operand when one is NaN, NaN for two NaNs,
+// and -0 below +0 in either order; the same as libm wherever libm's result
+// is specified (all but the sign of an equal pair of zeros).
+void test_fmax_fmin() {
+  const float vals[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, INFINITY, -INFINITY, NAN, -NAN,
+                        0x1p-149f, 3.4e38f};
+  // Through volatile pointers: the library functions themselves, not the
+  // compiler's constant folding of them.
+  float (*volatile libm_max)(float, float) = &::fmaxf;
+  float (*volatile libm_min)(float, float) = &::fminf;
+  auto same = [](float x, float y) {
+    return std::memcmp(&x, &y, 4) == 0 || (std::isnan(x) && std::isnan(y));
+  };
+  for (float a : vals) {
+    for (float b : vals) {
+      const float mx = fmaxf(a, b), mn = fminf(a, b);
+      if (a == 0.0f && b == 0.0f) {
+        const bool neg = std::signbit(a) && std::signbit(b), pos = !std::signbit(a) && !std::signbit(b);
+        CHECK(std::signbit(mx) == neg && mx == 0.0f, "fmaxf(%a, %a) = %a", double(a), double(b),
+              double(mx));
+        CHECK(std::signbit(mn) == !pos && mn == 0.0f, "fminf(%a, %a) = %a", double(a), double(b),
+              double(mn));
+        continue;
+      }
+      CHECK(same(mx, libm_max(a, b)), "fmaxf(%a, %a) = %a, libm %a", double(a), double(b),
+            double(mx), double(libm_max(a, b)));
+      CHECK(same(mn, libm_min(a, b)), "fminf(%a, %a) = %a, libm %a", double(a), double(b),
+            double(mn), double(libm_min(a, b)));
+      if (std::isnan(a) && !std::isnan(b)) CHECK(same(mx, b) && same(mn, b), "NaN first");
+      if (std::isnan(b) && !std::isnan(a)) CHECK(same(mx, a) && same(mn, a), "NaN second");
+    }
+  }
 }

@@ -237,8 +237,11 @@ void test_warp_reduce() {
 // whose rounding depends on the order and for max with -0.0/+0.0 and NaN-free
 // ties; and a block of 16 threads (no full warp) must fail loudly.
 namespace {
+// Per lane: sum via allreduce, sum via shuffles, max, max; then groups of 8
+// lanes with two values at once (a sum and a max) and the same by shuffles.
+constexpr unsigned kAllreduceOut = 8;
 struct AllreduceParams {
-  float *out;  // per lane: sum via allreduce, sum via shuffles, max, max
+  float *out;
 };
 }  // namespace
 
@@ -253,23 +256,51 @@ FTN_KERNEL(st_warp_allreduce, AllreduceParams, p) {
     shfl_sum = FtnSumOp::apply(shfl_sum, __shfl_xor_sync(0xFFFFFFFFu, shfl_sum, off));
     shfl_max = FtnMaxOp::apply(shfl_max, __shfl_xor_sync(0xFFFFFFFFu, shfl_max, off));
   }
-  float *o = p.out + 4 * threadIdx.x;
+  float *o = p.out + kAllreduceOut * threadIdx.x;
   o[0] = ftn_warp_allreduce<FtnSumOp>(v);
   o[1] = shfl_sum;
   o[2] = ftn_warp_allreduce<FtnMaxOp>(w);
   o[3] = shfl_max;
+  float g[2] = {v, -3.0f * v};
+  ftn_group_allreduce_n<FtnSumOp, 8, 2>(g);
+  float s8 = v, t8 = -3.0f * v;
+  for (int off = 4; off > 0; off >>= 1) {
+    s8 = FtnSumOp::apply(s8, __shfl_xor_sync(0xFFFFFFFFu, s8, off));
+    t8 = FtnSumOp::apply(t8, __shfl_xor_sync(0xFFFFFFFFu, t8, off));
+  }
+  o[4] = g[0];
+  o[5] = s8;
+  o[6] = g[1];
+  o[7] = t8;
+}
+
+// Lanes of one warp that meet with different group widths.
+FTN_KERNEL(st_warp_allreduce_mixed, AllreduceParams, p) {
+  float v = 1.0f;
+  if (threadIdx.x < 16) {
+    v = ftn_group_allreduce<FtnSumOp, 8>(v);
+  } else {
+    v = ftn_group_allreduce<FtnSumOp, 16>(v);
+  }
+  p.out[threadIdx.x] = v;
 }
 
 void test_warp_allreduce() {
-  std::vector<float> out(4 * 64, 1.0f);
+  std::vector<float> out(kAllreduceOut * 64, 1.0f);
   AllreduceParams p{out.data()};
   LAUNCH_OK(st_warp_allreduce, p, dim3(1), dim3(64), 0, 1);
   for (unsigned t = 0; t < 64; ++t) {
-    const float *o = &out[4 * t];
+    const float *o = &out[kAllreduceOut * t];
     CHECK(std::memcmp(&o[0], &o[1], 4) == 0, "thread %u: sum %.9g, shuffles %.9g", t,
           double(o[0]), double(o[1]));
     CHECK(std::memcmp(&o[2], &o[3], 4) == 0, "thread %u: max %g, shuffles %g", t, double(o[2]),
           double(o[3]));
+    CHECK(std::memcmp(&o[4], &o[5], 4) == 0 && std::memcmp(&o[6], &o[7], 4) == 0,
+          "thread %u: groups of 8 lanes gave %.9g, %.9g; shuffles %.9g, %.9g", t, double(o[4]),
+          double(o[6]), double(o[5]), double(o[7]));
+    // The group sums really are over 8 lanes: lane 0's and lane 8's differ.
+    if (t % 32 == 8) CHECK(o[4] != out[kAllreduceOut * (t - 8) + 4], "thread %u: group of 8", t);
   }
   LAUNCH_FAILS(st_warp_allreduce, p, dim3(1), dim3(16), 0, "do not exist");
+  LAUNCH_FAILS(st_warp_allreduce_mixed, p, dim3(1), dim3(32), 0, "widths");
 }

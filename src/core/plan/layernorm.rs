@@ -278,7 +278,10 @@ pub const FUSED_CLUSTER_STATIC_SMEM: u64 = 2 * 8 * 8 + 16;
 pub const FUSED_CLUSTER_SIZES: [u32; 3] = [2, 4, 8];
 
 /// Columns of one block of a `cluster`-block cluster: the row's 8-column
-/// vectors split evenly, the last block taking what is left.
+/// vectors split evenly, the last block taking what is left. The kernel
+/// (`bwd_fused_pipe` in `cuda/layernorm.cu`) computes the same split; keep
+/// them in step (the oracle tests at 32776 columns, a short last slice,
+/// fail if they drift).
 pub const fn cluster_slice(hidden: u64, cluster: u32) -> u64 {
     div_ceil(div_ceil(hidden, 8), cluster as u64) * 8
 }
