@@ -32,12 +32,22 @@ template <class Op, int LANES, int N> FTN_DEVICE void ftn_group_allreduce_n(floa
   }
 }
 #else
+// The emulator's side: one value's butterfly over all 32 lanes at once
+// (v[l] is lane l's), with Op inlined so the loops vectorise.
+template <class Op> void ftn_emu_butterfly(float *v, unsigned width) {
+  for (unsigned off = width / 2; off > 0; off >>= 1) {
+    float n[32];
+    for (unsigned l = 0; l < 32; ++l) n[l] = Op::apply(v[l], v[l ^ off]);
+    for (unsigned l = 0; l < 32; ++l) v[l] = n[l];
+  }
+}
 template <class Op, int LANES, int N>
 FTN_DEVICE void ftn_group_allreduce_n(float (&v)[N], std::source_location ftn_loc =
                                                          std::source_location::current()) {
   static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "group width");
   static_assert(N >= 1 && N <= 4, "the emulator's collective takes 1..4 values");
-  ::ftn_emu::warp_allreduce_f32(v, N, LANES, &Op::apply, ftn_loc.file_name(), ftn_loc.line());
+  ::ftn_emu::warp_allreduce_f32(v, N, LANES, &ftn_emu_butterfly<Op>, ftn_loc.file_name(),
+                                ftn_loc.line());
 }
 #endif
 

@@ -717,9 +717,12 @@ void mma_m16n8k16(bool bf16, float *d, const uint32_t *a, const uint32_t *b, con
 // log2(width) shuffles per value: in each aligned group of `width` lanes (a
 // power of two <= 32), the xor butterfly of each of the n <= 4 values v[i],
 // lane l combining op(own value, lane l ^ off's) for off = width/2, ..., 1,
-// exactly as the shuffles would. Full warp; v is updated in place.
-void warp_allreduce_f32(float *v, unsigned n, unsigned width, float (*op)(float, float),
-                        const char *file, unsigned line);
+// exactly as the shuffles would. `butterfly(x, width)` runs those steps on
+// one value of all 32 lanes (x[l] is lane l's; reduce.cuh instantiates it
+// per op). Full warp; v is updated in place.
+void warp_allreduce_f32(float *v, unsigned n, unsigned width,
+                        void (*butterfly)(float *x, unsigned width), const char *file,
+                        unsigned line);
 // A warp tile of mma.sync ops, in place: for i < mi, j < ni (i outer),
 // acc[i][j] = a[i] * b[j] + acc[i][j], with acc float[mi][ni][4], a
 // uint32_t[mi][4], b uint32_t[ni][2] (1 <= mi, ni <= 8). Exactly the mi * ni

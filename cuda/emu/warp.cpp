@@ -255,7 +255,7 @@ namespace {
 struct AllreduceLane {
   float *v;
   unsigned n, width;
-  float (*op)(float, float);
+  void (*butterfly)(float *x, unsigned width);
 };
 
 // The xor butterflies of ftn_group_allreduce_n (cuda/reduce.cuh), all lanes
@@ -270,20 +270,14 @@ void allreduce_collective(unsigned mask, void *const *data) {
   float v[4][32];
   for (unsigned l = 0; l < 32; ++l) {
     const AllreduceLane &x = *static_cast<AllreduceLane *>(data[l]);
-    if (x.op != first.op || x.n != first.n || x.width != first.width)
+    if (x.butterfly != first.butterfly || x.n != first.n || x.width != first.width)
       detail::fail(detail::strprintf(
           "ftn_group_allreduce_n: lanes of one warp meet with different operations, counts or "
           "widths (lane 0: %u value(s) over %u lanes; lane %u: %u over %u)",
           first.n, first.width, l, x.n, x.width));
     for (unsigned i = 0; i < x.n; ++i) v[i][l] = x.v[i];
   }
-  for (unsigned i = 0; i < first.n; ++i) {
-    for (unsigned off = first.width / 2; off > 0; off >>= 1) {
-      float nv[32];
-      for (unsigned l = 0; l < 32; ++l) nv[l] = first.op(v[i][l], v[i][l ^ off]);
-      std::memcpy(v[i], nv, sizeof nv);
-    }
-  }
+  for (unsigned i = 0; i < first.n; ++i) first.butterfly(v[i], first.width);
   for (unsigned l = 0; l < 32; ++l) {
     const AllreduceLane &x = *static_cast<AllreduceLane *>(data[l]);
     for (unsigned i = 0; i < x.n; ++i) x.v[i] = v[i][l];
@@ -291,14 +285,15 @@ void allreduce_collective(unsigned mask, void *const *data) {
 }
 }  // namespace
 
-void warp_allreduce_f32(float *v, unsigned n, unsigned width, float (*op)(float, float),
-                        const char *file, unsigned line) {
+void warp_allreduce_f32(float *v, unsigned n, unsigned width,
+                        void (*butterfly)(float *x, unsigned width), const char *file,
+                        unsigned line) {
   if (n < 1 || n > 4 || width < 1 || width > 32 || (width & (width - 1)) != 0)
     detail::fail(detail::strprintf(
         "ftn_group_allreduce_n at %s:%u: %u value(s) over groups of %u lanes (expected 1..4 "
         "values, a power-of-two width <= 32)",
         file, line, n, width));
-  AllreduceLane me{v, n, width, op};
+  AllreduceLane me{v, n, width, butterfly};
   detail::warp_collective(0xFFFFFFFFu, &allreduce_collective, &me, file, line);
 }
 }  // namespace ftn_emu
