@@ -74,7 +74,7 @@ fn emulator_build() -> cc::Build {
     // Floating point as written: no a*b+c contracted into an fma (the host's
     // default for GNU C++), so results do not depend on the ISA flags below.
     b.flag("-ffp-contract=off");
-    // At -O3 g++ reports registers arrays that kernels fill under a condition
+    // At -O3 g++ reports register arrays that kernels fill under a condition
     // and read under the same one (e.g. gamma words only when there is a
     // gamma) as maybe uninitialised: noise in every build, never a finding.
     b.flag("-Wno-maybe-uninitialized");
@@ -88,7 +88,7 @@ fn emulator_build() -> cc::Build {
 /// F16C): building for this machine (target = host), which has them, and not
 /// opted out with `FTN_EMU_NATIVE=0`. Bitwise neutral (`-ffp-contract=off`,
 /// no fast-math): `fmaf` becomes one instruction instead of a call into a
-/// soft fma, and the per-thread loops over a vector's 8 elements vectorise.
+/// soft fma (docs/perf.md has what it bought).
 fn host_isa_v3() -> bool {
     println!("cargo:rerun-if-env-changed=FTN_EMU_NATIVE");
     if std::env::var("FTN_EMU_NATIVE").is_ok_and(|v| v == "0") {

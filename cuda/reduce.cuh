@@ -33,7 +33,7 @@ template <class Op, int LANES, int N> FTN_DEVICE void ftn_group_allreduce_n(floa
 }
 #else
 // The emulator's side: one value's butterfly over all 32 lanes at once
-// (v[l] is lane l's), with Op inlined so the loops vectorise.
+// (v[l] is lane l's), Op inlined rather than called per lane and step.
 template <class Op> void ftn_emu_butterfly(float *v, unsigned width) {
   for (unsigned off = width / 2; off > 0; off >>= 1) {
     float n[32];
