@@ -136,18 +136,15 @@ FTN_DEVICE void ftn_ln_fence() {
 // fixed order, so deterministic). red: 64 floats of shared memory (block).
 template <bool WARP>
 FTN_DEVICE void group_sum2(float &a, float &b, float *red) {
+  float v[2] = {a, b};
   if constexpr (WARP) {
     (void)red;
-    float v[2] = {a, b};
     ftn_group_allreduce_n<FtnSumOp, 32, 2>(v);
-    a = v[0];
-    b = v[1];
   } else {
-    float v[2] = {a, b};
     ftn_block_allreduce_n<FtnSumOp, 2>(v, red);
-    a = v[0];
-    b = v[1];
   }
+  a = v[0];
+  b = v[1];
 }
 
 template <bool WARP>
@@ -542,7 +539,7 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
       // Every load before any use (a use between them makes the later ones
       // wait for the earlier: one more L2 latency per iteration).
       constexpr int W = FtnPacked<T, V>::W;
-      uint32_t xw[W], gw[W], bw[W];
+      uint32_t xw[W], gw[W] = {}, bw[W] = {};  // gw, bw: read only when loaded
       ftn_load_packed<T, V>(x + col, xw);
       if (gamma != nullptr) ftn_load_packed<T, V>(gamma + col, gw);
       if (beta != nullptr) ftn_load_packed<T, V>(beta + col, bw);

@@ -238,17 +238,20 @@ template <int LANES> FTN_DEVICE bool sm_group_any(bool pred) {
 }
 
 // The exponential of the forward: ex2.approx after one multiply by log2(e)
-// (ex2.approx.ftz, what __expf is without its subnormal fix-up), on d = v - max <= 0 (the subtraction is exact near the max, so
-// folding log2(e) into the scale instead would cost accuracy at large
-// logits). Relative error ~2 ulp of fp32 plus the product's rounding
-// (|d| * 2^-24); results below fp32's normal range flush to 0, exp(-inf) = 0.
+// (ex2.approx.ftz, what __expf is without its subnormal fix-up), on
+// d = v - max <= 0 (the subtraction is exact near the max, so folding
+// log2(e) into the scale instead would cost accuracy at large logits).
+// Relative error ~2 ulp of fp32 plus the product's rounding (|d| * 2^-24);
+// results below fp32's normal range flush to 0, exp(-inf) = 0. (The
+// emulator's __expf is the same product and ex2, within 1 ulp, but keeps
+// subnormal results.)
 FTN_DEVICE float sm_exp(float d) {
 #if defined(__CUDA_ARCH__)
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d * 1.4426950408889634f));
   return r;
 #else
-  return __expf(d);  // the emulator: expf
+  return __expf(d);
 #endif
 }
 
@@ -588,7 +591,7 @@ FTN_DEVICE void sm_bwd_rows(const FtnSoftmaxBwdParams &p, float *red) {
     // fp32 block rows load as they go (all first, they spilled on sm_90a).
     constexpr bool kLoadsFirst = !(BLOCK && sizeof(T) == 4);
     constexpr int W = FtnPacked<T, V>::W;
-    uint32_t yw[CHUNKS][W], gw[CHUNKS][W];
+    uint32_t yw[CHUNKS][W] = {}, gw[CHUNKS][W] = {};  // read only where loaded
     if constexpr (kLoadsFirst) {
 #pragma unroll
       for (int c = 0; c < CHUNKS; ++c) {

@@ -126,8 +126,7 @@ void cluster_blocks(Worker &w) {
     poison_block_shared(w);
     std::unique_lock<std::mutex> lock(g.mu);
     const uint64_t round = g.round;
-    ++g.exited;
-    g.gone[w.cluster_rank] = 1;
+    g.mark_gone(w.cluster_rank);
     if (w.aborting || l.failed.load()) g.aborted = true;
     if (g.exited == g.size) {  // the cluster is done: the next one starts
       for (unsigned r = 0; r < g.size; ++r) {

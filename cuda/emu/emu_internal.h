@@ -209,6 +209,12 @@ struct ClusterMail {
 struct ClusterGroup {
   explicit ClusterGroup(unsigned n)
       : size(n), members(n, nullptr), mail(n), gone(n, 0) {}
+  // Block `rank` of the current cluster finished (call with mu held). The
+  // only writer of gone[r] = 1, so `exited` stays its count.
+  void mark_gone(unsigned rank) {
+    if (!gone[rank]) ++exited;
+    gone[rank] = 1;
+  }
   const unsigned size;
   std::vector<Worker *> members;  // by rank, for mapa (distributed shared memory)
   std::vector<std::vector<ClusterMail>> mail;  // by destination rank
@@ -219,7 +225,7 @@ struct ClusterGroup {
   std::condition_variable cv;
   unsigned arrived = 0;  // blocks whose threads all reached the current barrier.cluster
   uint64_t gen = 0;      // completed barrier.cluster of the current cluster
-  unsigned exited = 0;   // blocks of the current cluster that finished: the count of gone
+  unsigned exited = 0;   // the count of gone (kept by mark_gone; the wait predicates read it)
   bool aborted = false;  // one of them failed (its error is already recorded)
   uint64_t round = 0;    // clusters finished
   bool stop = false;     // the launch failed: no more clusters

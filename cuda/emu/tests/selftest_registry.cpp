@@ -29,6 +29,7 @@
   X(atomic_cas_spin)                \
   X(half_conversions)               \
   X(fmax_fmin)                     \
+  X(ex2)                           \
   X(vector_types)                   \
   X(grid_stride_64bit)              \
   X(workers_identical)              \

@@ -140,6 +140,39 @@ void test_grid_stride_64bit() {
   for (uint64_t i = 0; i < 70001; ++i) CHECK(out2[i] == i + 1, "wide grid out[%llu]", (unsigned long long)i);
 }
 
+// ex2_f32 (cuda_emu.h), the model of ex2.approx behind __expf: within
+// 1 ulp of the exact 2^x (the double exp2, rounded to float at the end, is
+// exact enough to judge by) over a sweep of every 509th float from -151 to
+// 129, subnormal results included; exact at the integers; the limits and
+// NaN as the GPU gives them.
+void test_ex2() {
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  auto check_at = [&](float x) {
+    const float r = ftn_emu::ex2_f32(x);
+    const double e = std::exp2(double(x));
+    // One ulp of a float of magnitude e: 2^(exponent - 23), 2^-149 at least.
+    const double ulp = e < 0x1p-126 ? 0x1p-149 : std::ldexp(1.0, std::ilogb(e) - 23);
+    const double err = e > 0x1.fffffep127 ? (std::isinf(r) ? 0.0 : 1e9) : std::fabs(r - e) / ulp;
+    if (err > worst) {
+      worst = err;
+      worst_x = x;
+    }
+  };
+  for (uint32_t u = 0; u <= 0x43010000u; u += 509u) check_at(ftn_emu::bits_f32(u));
+  for (uint32_t u = 0x80000000u; u <= 0xC3170000u; u += 509u) check_at(ftn_emu::bits_f32(u));
+  CHECK(worst <= 1.0, "ex2_f32: %.3f ulp from exact at x = %a (expected at most 1)", worst,
+        double(worst_x));
+  for (int k = -149; k <= 127; ++k)
+    CHECK(ftn_emu::ex2_f32(float(k)) == std::ldexp(1.0f, k), "ex2_f32(%d) = %a, expected 2^%d", k,
+          double(ftn_emu::ex2_f32(float(k))), k);
+  CHECK(ftn_emu::ex2_f32(-INFINITY) == 0.0f && ftn_emu::ex2_f32(-150.0f) == 0.0f,
+        "ex2_f32: 0 below -150");
+  CHECK(std::isinf(ftn_emu::ex2_f32(INFINITY)) && std::isinf(ftn_emu::ex2_f32(128.0f)),
+        "ex2_f32: inf from 128 up");
+  CHECK(std::isnan(ftn_emu::ex2_f32(NAN)), "ex2_f32(NaN) = %a", double(ftn_emu::ex2_f32(NAN)));
+}
+
 // fmaxf/fminf in kernel code (inline in cuda_emu.h): the larger/smaller of
 // two ordered values, the other operand when one is NaN, NaN for two NaNs,
 // and -0 below +0 in either order; the same as libm wherever libm's result
