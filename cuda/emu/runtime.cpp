@@ -62,6 +62,15 @@ void fail(const std::string &what) {
 namespace {
 void fiber_main(void *arg);  // a fiber's body (below)
 
+// Gives a not-started thread its stack and first frame (fiber_main), ready
+// to be switched to: for the scheduler (run_fiber) and for a blocking
+// thread that starts the next one itself (block_current).
+void start_fiber(Worker &w, Thread &t) {
+  t.stack = stack_acquire(w);
+  fiber_prepare(t, fiber_main, &t);
+  t.state = TState::Runnable;
+}
+
 // The fiber to switch to straight from t when t blocks, or null to go back
 // to the scheduler. First the next lane of t's own warp that can run
 // (after t in the schedule's lane order, wrapping around): a warp keeps
@@ -104,11 +113,7 @@ Thread *next_runnable(Worker &w, const Thread &t) {
 // scheduler. Whoever switches back to t has set w.cur = &t.
 void block_current(Worker &w, Thread &t) {
   if (Thread *next = next_runnable(w, t)) {
-    if (next->state == TState::NotStarted) {  // as run_fiber would start it
-      next->stack = stack_acquire(w);
-      fiber_prepare(*next, fiber_main, next);
-      next->state = TState::Runnable;
-    }
+    if (next->state == TState::NotStarted) start_fiber(w, *next);
     w.cur = next;
     ftn_emu_tl_thread = &next->pub;
     switch_fiber_to_fiber(t, *next);
@@ -312,10 +317,7 @@ void fiber_main(void *arg) {
 // Runs t until control comes back to the scheduler, possibly from a later
 // fiber t handed over to (block_current); returns that last fiber's index.
 unsigned run_fiber(Worker &w, Thread &t) {
-  if (t.state == TState::NotStarted) {
-    t.stack = stack_acquire(w);
-    fiber_prepare(t, fiber_main, &t);
-  }
+  if (t.state == TState::NotStarted) start_fiber(w, t);
   t.state = TState::Runnable;
   w.cur = &t;
   ftn_emu_tl_thread = &t.pub;

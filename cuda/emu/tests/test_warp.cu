@@ -238,11 +238,21 @@ void test_warp_reduce() {
 // ties; and a block of 16 threads (no full warp) must fail loudly.
 namespace {
 // Per lane: sum via allreduce, sum via shuffles, max, max; then groups of 8
-// lanes with two values at once (a sum and a max) and the same by shuffles.
+// lanes with two values at once (two sums) and the same by shuffles.
 constexpr unsigned kAllreduceOut = 8;
 struct AllreduceParams {
   float *out;
 };
+}  // namespace
+
+namespace {
+// The reference: x reduced over aligned groups of 2 * first_off lanes by
+// shuffles, the butterfly ftn_group_allreduce_n must reproduce bitwise.
+template <class Op> float by_shuffles(float x, int first_off) {
+  for (int off = first_off; off > 0; off >>= 1)
+    x = Op::apply(x, __shfl_xor_sync(0xFFFFFFFFu, x, off));
+  return x;
+}
 }  // namespace
 
 FTN_KERNEL(st_warp_allreduce, AllreduceParams, p) {
@@ -251,11 +261,7 @@ FTN_KERNEL(st_warp_allreduce, AllreduceParams, p) {
   // on the order of the additions.
   const float v = 1.0f + 7.0f * float(((l + 1u) * 2654435761u) >> 8) / 16777216.0f;
   const float w = (l & 1) ? -0.0f : 0.0f;
-  float shfl_sum = v, shfl_max = w;
-  for (int off = 16; off > 0; off >>= 1) {
-    shfl_sum = FtnSumOp::apply(shfl_sum, __shfl_xor_sync(0xFFFFFFFFu, shfl_sum, off));
-    shfl_max = FtnMaxOp::apply(shfl_max, __shfl_xor_sync(0xFFFFFFFFu, shfl_max, off));
-  }
+  const float shfl_sum = by_shuffles<FtnSumOp>(v, 16), shfl_max = by_shuffles<FtnMaxOp>(w, 16);
   float *o = p.out + kAllreduceOut * threadIdx.x;
   o[0] = ftn_warp_allreduce<FtnSumOp>(v);
   o[1] = shfl_sum;
@@ -263,15 +269,10 @@ FTN_KERNEL(st_warp_allreduce, AllreduceParams, p) {
   o[3] = shfl_max;
   float g[2] = {v, -3.0f * v};
   ftn_group_allreduce_n<FtnSumOp, 8, 2>(g);
-  float s8 = v, t8 = -3.0f * v;
-  for (int off = 4; off > 0; off >>= 1) {
-    s8 = FtnSumOp::apply(s8, __shfl_xor_sync(0xFFFFFFFFu, s8, off));
-    t8 = FtnSumOp::apply(t8, __shfl_xor_sync(0xFFFFFFFFu, t8, off));
-  }
   o[4] = g[0];
-  o[5] = s8;
+  o[5] = by_shuffles<FtnSumOp>(v, 4);
   o[6] = g[1];
-  o[7] = t8;
+  o[7] = by_shuffles<FtnSumOp>(-3.0f * v, 4);
 }
 
 // Lanes of one warp that meet with different group widths.
