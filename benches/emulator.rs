@@ -10,7 +10,10 @@
 //!   per worker thread;
 //! * the training ops' kernels at 1024 x 1024 bf16 through the public API,
 //!   forward and backward: softmax, LayerNorm, bias + GeLU (throughput in
-//!   elements).
+//!   elements);
+//! * group `native_floor` (`emulator/native_floor.rs`): the same training
+//!   ops as plain vectorised C++ loops, checked against the kernels' outputs:
+//!   the speed no emulator of these kernels could beat by much on this CPU.
 //!
 //! `FTN_BENCH_CLOCK=cpu` times with the process's CPU clock instead of the
 //! wall clock: on a shared machine that is the comparable figure (for a
@@ -22,6 +25,9 @@ use ferrotron::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask};
 use ferrotron::ops::{BiasGelu, LayerNorm};
 use ferrotron::Device;
 use half::bf16;
+
+#[path = "emulator/native_floor.rs"]
+mod native_floor;
 
 #[link(name = "ftn_emu_selftest", kind = "static")]
 extern "C" {
@@ -231,6 +237,20 @@ impl Measurement for CpuTime {
     }
 }
 
+fn bench_floor<M: Measurement>(c: &mut Criterion<M>) {
+    let dev = emu_device(1);
+    let stream = dev.new_stream().unwrap();
+    let mut g = c.benchmark_group("native_floor");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements((ROWS * COLS) as u64));
+    for mut case in native_floor::cases(&stream, ROWS, COLS) {
+        g.bench_function(format!("{}_{ROWS}x{COLS}_bf16", case.name), |b| {
+            b.iter(|| case.run())
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     let cpu = std::env::var("FTN_BENCH_CLOCK").is_ok_and(|v| v == "cpu");
     if cpu {
@@ -239,11 +259,13 @@ fn main() {
             .configure_from_args();
         bench_kernels(&mut c);
         bench_ops(&mut c);
+        bench_floor(&mut c);
         c.final_summary();
     } else {
         let mut c = Criterion::default().configure_from_args();
         bench_kernels(&mut c);
         bench_ops(&mut c);
+        bench_floor(&mut c);
         c.final_summary();
     }
 }

@@ -20,6 +20,23 @@ extern "C" {
 // The emulator runtime those self-tests call lives in ferrotron's native lib.
 use ferrotron as _;
 
+// The bench's native floor (benches/emulator.rs, group `native_floor`); the
+// test uses its checks, not its timing entry points.
+#[allow(dead_code)]
+#[path = "../benches/emulator/native_floor.rs"]
+mod native_floor;
+
+/// The native loops the emulator's speed is measured against compute what
+/// the kernels compute: each of the six is checked against the emulated
+/// kernel on varied inputs (`native_floor::cases` panics on a mismatch).
+#[test]
+fn native_floor_computes_what_the_kernels_compute() {
+    let dev = ferrotron::Device::emu();
+    let stream = dev.new_stream().unwrap();
+    let cases = native_floor::cases(&stream, 32, 1024);
+    assert_eq!(cases.len(), 6);
+}
+
 #[test]
 fn emulator_selftests() {
     // SAFETY: no arguments; returns the registry size.
