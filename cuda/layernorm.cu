@@ -488,7 +488,7 @@ FTN_DEVICE void fwd_global(const FtnLayerNormFwdParams &p, float *red) {
       // The U vectors' loads before any use of one (packed: all in flight
       // at once); each pass below widens them again (x - pivot: the same
       // bits both times), so the packed words are all the thread keeps.
-      uint32_t xw[U][FtnPacked<T, V>::W];
+      uint32_t xw[U][FtnPacked<T, V>::W] = {};  // read only where in[u]
       bool in[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {

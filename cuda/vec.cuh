@@ -19,6 +19,9 @@
 #define FTN_VEC_CUH
 
 #include <type_traits>
+#if !defined(__CUDACC__) && defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "ftn_dtype.cuh"
 
@@ -34,6 +37,17 @@ template <typename T> struct FtnVec {
 // in multi_tensor's unscale on sm_90a).
 template <typename T, int V, int W>
 FTN_DEVICE void ftn_widen_words(const uint32_t (&w)[W], float *out) {
+#if !defined(__CUDACC__) && defined(__AVX2__)
+  // Emulator on an AVX2 host: eight bf16 widen in one 256-bit op and one
+  // 32-byte store (g++'s own code stores two 16-byte halves, which a
+  // following 32-byte load of `out` cannot forward from).
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && V == 8) {
+    const __m128i packed = _mm_setr_epi32(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out),
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(packed), 16));
+    return;
+  }
+#endif
   if constexpr (std::is_same<T, __nv_bfloat16>::value && V % 2 == 0) {
     static_assert(W == V / 2, "two bf16 per word");
 #pragma unroll
@@ -69,6 +83,23 @@ template <typename T>
 FTN_DEVICE void ftn_store_vec(T *__restrict__ p,
                               const float (&in)[FtnVec<T>::N] FTN_CALLER_LOC) {
   FTN_ASSERT_ALIGNED_CALLER(p, 16, "128-bit (uint4) store");
+#if !defined(__CUDACC__) && defined(__AVX2__)
+  // Emulator on an AVX2 host: the eight bf16 roundings of
+  // ftn_emu::f32_to_bf16 (nearest even; a NaN becomes 0x7FFF) in 256-bit
+  // ops. Every rounded value fits in 16 bits, so the pack is exact.
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(in));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF)),
+                                           _mm256_set1_epi32(0x7F800000));
+    const __m256i bits = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FFF), nan);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0xD8);
+    _mm_store_si128(reinterpret_cast<__m128i *>(p), _mm256_castsi256_si128(packed));
+    return;
+  }
+#endif
   union {
     uint4 raw;
     T v[FtnVec<T>::N];

@@ -26,13 +26,13 @@ inline float bf16_to_f32(uint16_t b) {
   return f;
 }
 
-// Round to nearest even; a NaN stays a (quiet) NaN.
+// Round to nearest even; a NaN becomes 0x7FFF (as ftn_emu::f32_to_bf16).
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return uint16_t(nan ? ((u >> 16) | 0x40u) : rounded);
+  return uint16_t(nan ? 0x7fffu : rounded);
 }
 
 void load_row(const uint16_t *src, float *dst, uint64_t n) {

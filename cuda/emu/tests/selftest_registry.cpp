@@ -30,6 +30,7 @@
   X(half_conversions)               \
   X(fmax_fmin)                     \
   X(ex2)                           \
+  X(bf16_vector_access)             \
   X(vector_types)                   \
   X(grid_stride_64bit)              \
   X(workers_identical)              \

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "selftest.h"
+#include "vec.cuh"
 
 static float fbits(uint32_t u) {
   float f;
@@ -205,5 +206,59 @@ void test_fmax_fmin() {
       if (std::isnan(a) && !std::isnan(b)) CHECK(same(mx, b) && same(mn, b), "NaN first");
       if (std::isnan(b) && !std::isnan(a)) CHECK(same(mx, a) && same(mn, a), "NaN second");
     }
+  }
+}
+
+// The kernels' 128-bit bf16 access (cuda/vec.cuh: ftn_store_vec narrows
+// eight fp32 values, ftn_load_vec widens eight bf16), which on an AVX2 host
+// has its own 256-bit code: bit for bit the scalar conversions
+// (ftn_emu::f32_to_bf16: nearest even, NaN -> 0x7FFF; bf16_to_f32) for the
+// special values and a sweep of bit patterns.
+namespace {
+struct Bf16VecParams {
+  const float *in;
+  __nv_bfloat16 *stored;
+  float *widened;
+  uint64_t vectors;
+};
+}  // namespace
+
+FTN_KERNEL(st_bf16_vec, Bf16VecParams, p) {
+  const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.vectors) return;
+  float v[8];
+  for (int k = 0; k < 8; ++k) v[k] = p.in[i * 8 + k];
+  ftn_store_vec<__nv_bfloat16>(p.stored + i * 8, v);
+  float w[8];
+  ftn_load_vec<__nv_bfloat16>(p.stored + i * 8, w);
+  for (int k = 0; k < 8; ++k) p.widened[i * 8 + k] = w[k];
+}
+
+void test_bf16_vector_access() {
+  std::vector<float> in = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, -NAN,
+                           3.3895314e38f,          // the largest finite bf16
+                           3.4028235e38f,          // rounds up to inf
+                           -3.4028235e38f,         // rounds down to -inf
+                           0x1p-149f, -0x1p-149f,  // the smallest subnormals
+                           0x1p-133f, 0x1.008p0f,  // exact; a tie, even below
+                           0x1.018p0f, 0x1.0081p0f, 0x1.00ffp-126f};
+  // NaNs with payloads in the high and the low half, both signs.
+  for (uint32_t u : {0x7F800001u, 0x7FC00000u, 0x7FFFFFFFu, 0xFF800001u, 0xFFC12345u, 0x7F810000u})
+    in.push_back(ftn_emu::bits_f32(u));
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) in.push_back(ftn_emu::bits_f32(uint32_t(u)));
+  while (in.size() % 8 != 0) in.push_back(0.5f);
+  const uint64_t vectors = in.size() / 8;
+  std::vector<__nv_bfloat16> stored(in.size());
+  std::vector<float> widened(in.size(), -1.0f);
+  Bf16VecParams p{in.data(), stored.data(), widened.data(), vectors};
+  LAUNCH_OK(st_bf16_vec, p, dim3(unsigned((vectors + 255) / 256)), dim3(256), 0, 2);
+  for (size_t i = 0; i < in.size(); ++i) {
+    uint16_t got;
+    std::memcpy(&got, &stored[i], 2);
+    const uint16_t want = ftn_emu::f32_to_bf16(in[i]);
+    CHECK(got == want, "ftn_store_vec<bf16>(%a = 0x%08x) stored 0x%04x, expected 0x%04x",
+          double(in[i]), ftn_emu::f32_bits(in[i]), got, want);
+    const uint32_t back = ftn_emu::f32_bits(widened[i]);
+    CHECK(back == uint32_t(want) << 16, "ftn_load_vec<bf16>(0x%04x) gave 0x%08x", want, back);
   }
 }
