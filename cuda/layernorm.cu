@@ -997,8 +997,10 @@ FTN_DEVICE void ln_lds_f32x8(const float *p, float *v) {
 // store from the reads two calls before). red: [2][16] float2, 16-aligned.
 FTN_DEVICE void block_sum2_single_barrier(float &a, float &b, float4 *red, int parity) {
   constexpr int kMaxWarps = kBlockThreads / 32;
-  a = ftn_warp_allreduce<FtnSumOp>(a);
-  b = ftn_warp_allreduce<FtnSumOp>(b);
+  float ab[2] = {a, b};  // both warp sums in one butterfly (one rendezvous)
+  ftn_group_allreduce_n<FtnSumOp, 32, 2>(ab);
+  a = ab[0];
+  b = ab[1];
   float4 *r = red + parity * (kMaxWarps / 2);
   const int warp = (int)(threadIdx.x >> 5), warps = (int)(blockDim.x >> 5);
   if ((threadIdx.x & 31u) == 0) {

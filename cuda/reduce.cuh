@@ -91,25 +91,26 @@ template <class Op> FTN_DEVICE float ftn_block_allreduce(float v, float *red) {
 }
 
 // Sum over chunks k = first, first + step, ... < chunks of partial[k * cols
-// + c], added in chunk order; eight chunks' loads are issued together
-// before their adds (an unrolled loop with a runtime trip count keeps its
-// exit test between the loads, so each waits for the one before), then the
-// rest one by one. Stage two of the deterministic column gradients.
+// + c], added in chunk order; the loads go in batches of eight issued
+// together before their adds (an unrolled loop with a runtime trip count
+// keeps its exit test between the loads, so each would wait for the one
+// before), the last batch predicated: a thread's whole share is
+// ceil(share / 8) load latencies. Stage two of the deterministic column
+// gradients.
 FTN_DEVICE float ftn_column_chunk_sum(const float *partial, int64_t cols, int64_t c, int64_t first,
                                       int64_t step, int64_t chunks) {
   constexpr int kBatch = 8;
   float s = 0.0f;
-  int64_t k = first;
 #pragma unroll 1
-  for (; k + (kBatch - 1) * step < chunks; k += kBatch * step) {
+  for (int64_t k = first; k < chunks; k += kBatch * step) {
     float v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = partial[(k + u * step) * cols + c];
+    for (int u = 0; u < kBatch; ++u)
+      v[u] = k + u * step < chunks ? partial[(k + u * step) * cols + c] : 0.0f;
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) s += v[u];
+    for (int u = 0; u < kBatch; ++u)
+      if (k + u * step < chunks) s += v[u];
   }
-#pragma unroll 1
-  for (; k < chunks; k += step) s += partial[k * cols + c];
   return s;
 }
 

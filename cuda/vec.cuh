@@ -116,10 +116,17 @@ template <typename T, int V> FTN_DEVICE void ftn_load(const T *p, float *out FTN
   if constexpr (V == 1) {
     out[0] = ftn_to_float(p[0]);
   } else {
+#if !defined(__CUDACC__)
+    // Emulator: widen straight into `out`. Through a copy, g++ moves the
+    // vector in 8- and 16-byte pieces, and the caller's 32-byte read of
+    // `out` then waits for the pieces to leave the store buffer.
+    ftn_load_vec<T>(p, *reinterpret_cast<float(*)[V]>(out) FTN_CALLER_FWD);
+#else
     float tmp[V];
     ftn_load_vec<T>(p, tmp FTN_CALLER_FWD);
 #pragma unroll
     for (int k = 0; k < V; ++k) out[k] = tmp[k];
+#endif
   }
 }
 
@@ -172,10 +179,15 @@ template <typename T, int V> FTN_DEVICE void ftn_store(T *p, const float *in FTN
   if constexpr (V == 1) {
     p[0] = ftn_from_float<T>(in[0]);
   } else {
+#if !defined(__CUDACC__)
+    // Emulator: narrow straight from `in` (as ftn_load, no copy in pieces).
+    ftn_store_vec<T>(p, *reinterpret_cast<const float(*)[V]>(in) FTN_CALLER_FWD);
+#else
     float tmp[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) tmp[k] = in[k];
     ftn_store_vec<T>(p, tmp FTN_CALLER_FWD);
+#endif
   }
 }
 

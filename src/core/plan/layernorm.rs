@@ -290,7 +290,7 @@ pub const fn cluster_slice(hidden: u64, cluster: u32) -> u64 {
 fn column_sum_cfg(hidden: u64, chunks: u64, with_beta: bool) -> LaunchConfig {
     LaunchConfig {
         grid: [div_ceil(hidden.max(1), 32) as u32, 1 + with_beta as u32, 1],
-        block: [32, chunks.min(REDUCE_SPLIT) as u32, 1],
+        block: [32, reduce_split(chunks) as u32, 1],
         dynamic_smem_bytes: 0,
     }
 }
@@ -401,6 +401,24 @@ pub const MIN_ROWS_PER_CHUNK: u64 = 16;
 pub const TARGET_CHUNKS: u64 = 256;
 /// Threads that split the chunks of one column in stage two, at most.
 pub const REDUCE_SPLIT: u64 = 32;
+/// Chunks per stage-two thread before the column is split further: one
+/// batch of loads in flight (`ftn_column_chunk_sum` in `cuda/reduce.cuh`).
+pub const REDUCE_CHUNKS_PER_THREAD: u64 = 8;
+
+/// Threads that split a column's `chunks` in stage two: enough for one
+/// batch of loads each, at most [`REDUCE_SPLIT`]. (A thread per chunk would
+/// cost the same one load latency on a GPU, and on the emulator a thread,
+/// a fiber and a barrier wait per chunk.)
+pub const fn reduce_split(chunks: u64) -> u64 {
+    let r = div_ceil(chunks, REDUCE_CHUNKS_PER_THREAD);
+    if r < 1 {
+        1
+    } else if r > REDUCE_SPLIT {
+        REDUCE_SPLIT
+    } else {
+        r
+    }
+}
 /// Threads of a stage-one block at most.
 pub const PARAM_GRAD_THREADS: u64 = 256;
 
@@ -456,6 +474,21 @@ mod tests {
         65536,
         1 << 20,
     ];
+
+    #[test]
+    fn stage_two_splits_columns_into_batches_of_eight_chunks() {
+        for (chunks, threads) in [
+            (1, 1),
+            (8, 1),
+            (9, 2),
+            (32, 4),
+            (255, 32),
+            (256, 32),
+            (9999, 32),
+        ] {
+            assert_eq!(reduce_split(chunks), threads, "{chunks} chunks");
+        }
+    }
 
     #[test]
     fn path_depends_on_hidden_only() {
@@ -609,7 +642,7 @@ mod tests {
                 assert!(DeviceLimits::SM90.check("k", &p.reduce_cfg).is_ok());
                 assert!(p.reduce_cfg.grid[0] as u64 * 32 >= h);
                 assert_eq!(p.reduce_cfg.grid[1], 2);
-                assert_eq!(p.reduce_cfg.block[1] as u64, p.chunks.min(REDUCE_SPLIT));
+                assert_eq!(p.reduce_cfg.block[1] as u64, reduce_split(p.chunks));
             }
         }
         assert_eq!(param_grads(9, 9, 4, true, false).reduce_cfg.grid[1], 1);
@@ -681,7 +714,7 @@ mod tests {
                             assert!(limits.check_cluster("k", f.cluster, &f.cfg).is_ok());
                         }
                     }
-                    assert_eq!(f.reduce_cfg.block[1] as u64, f.chunks.min(REDUCE_SPLIT));
+                    assert_eq!(f.reduce_cfg.block[1] as u64, reduce_split(f.chunks));
                 }
             }
         }

@@ -144,7 +144,7 @@ fn bias_gelu(rows: u64, cols: u64, vector: bool, measured: [Option<f64>; 2]) -> 
         anchor(
             "reduce.cuh",
             "ftn_column_chunk_sum(",
-            "v[u] = partial[(k + u * step) * cols + c]",
+            "? partial[(k + u * step) * cols + c]",
             4,
         ),
         Elems::PerLoadedBytes(4.0),
@@ -481,7 +481,7 @@ fn layernorm(rows: u64, hidden: u64, measured: [Option<f64>; 3]) -> Vec<Case> {
             anchor(
                 "reduce.cuh",
                 "ftn_column_chunk_sum(",
-                "v[u] = partial[(k + u * step) * cols + c]",
+                "? partial[(k + u * step) * cols + c]",
                 4,
             ),
             Elems::PerLoadedBytes(4.0),
