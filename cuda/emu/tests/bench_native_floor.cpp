@@ -12,28 +12,14 @@
 // element; at 1024 x 1024 the operands fit in L2/L3.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "emu/cuda_emu.h"
 #include "gelu.cuh"
 
 namespace {
-inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Round to nearest even; a NaN becomes 0x7FFF (as ftn_emu::f32_to_bf16).
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return uint16_t(nan ? 0x7fffu : rounded);
-}
+using ftn_emu::bf16_to_f32;  // the emulator's own conversions (inline)
+using ftn_emu::f32_to_bf16;
 
 void load_row(const uint16_t *src, float *dst, uint64_t n) {
   for (uint64_t c = 0; c < n; ++c) dst[c] = bf16_to_f32(src[c]);

@@ -409,15 +409,8 @@ pub const REDUCE_CHUNKS_PER_THREAD: u64 = 8;
 /// batch of loads each, at most [`REDUCE_SPLIT`]. (A thread per chunk would
 /// cost the same one load latency on a GPU, and on the emulator a thread,
 /// a fiber and a barrier wait per chunk.)
-pub const fn reduce_split(chunks: u64) -> u64 {
-    let r = div_ceil(chunks, REDUCE_CHUNKS_PER_THREAD);
-    if r < 1 {
-        1
-    } else if r > REDUCE_SPLIT {
-        REDUCE_SPLIT
-    } else {
-        r
-    }
+pub fn reduce_split(chunks: u64) -> u64 {
+    div_ceil(chunks, REDUCE_CHUNKS_PER_THREAD).clamp(1, REDUCE_SPLIT)
 }
 /// Threads of a stage-one block at most.
 pub const PARAM_GRAD_THREADS: u64 = 256;
