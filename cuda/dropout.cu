@@ -40,6 +40,7 @@ FTN_DEVICE void bda_fwd_scalar(const FtnBiasDropoutAddFwdParams &p, int64_t begi
   T *out = static_cast<T *>(p.out);
   // The bias column follows i by increments (ftn_wrap_add).
   const int64_t cols = p.cols;
+  if (begin + tid >= n) return;  // most threads: no tail element (skip the divisions)
   int64_t c = bias != nullptr ? (begin + tid) % cols : 0;
   const int64_t dc = bias != nullptr ? stride % cols : 0;
   for (int64_t i = begin + tid; i < n; i += stride) {

@@ -17,6 +17,69 @@ struct FtnSumOp {
   static FTN_DEVICE float identity() { return 0.0f; }
 };
 
+// A thread's own values reduced before any cross-lane step: element-wise
+// down the R rows of v[R][V], then pairs across the V columns (R - 1 +
+// log2 V dependent steps instead of R * V, and the emulator's g++
+// vectorises the element-wise part). The order is fixed, so sums are
+// bitwise deterministic; fmaxf is associative and commutative (a NaN
+// operand yields the other), so the max equals any serial chain's, and
+// ftn_pairwise_max ends with -inf as such a chain starts (all-NaN gives -inf).
+template <int V> FTN_DEVICE float ftn_pairwise_sum(float (&a)[V]) {
+  static_assert(V >= 1 && (V & (V - 1)) == 0, "V must be a power of two");
+#pragma unroll
+  for (int w = V / 2; w > 0; w /= 2) {
+#pragma unroll
+    for (int k = 0; k < w; ++k) a[k] += a[k + w];
+  }
+  return a[0];
+}
+template <int R, int V> FTN_DEVICE float ftn_thread_sum(const float (&v)[R][V]) {
+  float a[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) a[k] = v[0][k];
+#pragma unroll
+  for (int r = 1; r < R; ++r) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] += v[r][k];
+  }
+  return ftn_pairwise_sum<V>(a);
+}
+// a[k] = fmaxf(a[k], b[k]) for k < N (the emulator's: in host vectors).
+template <int N> FTN_DEVICE void ftn_fmax_into(float *a, const float *b) {
+#if defined(__CUDACC__)
+#pragma unroll
+  for (int k = 0; k < N; ++k) a[k] = fmaxf(a[k], b[k]);
+#else
+  ftn_emu::fmax_into(a, b, N);
+#endif
+}
+// a[k] = max(a[k], a[k + W]) for k < W, then the same for W / 2, ... 1.
+template <int W> FTN_DEVICE void ftn_fmax_halves(float *a) {
+  if constexpr (W >= 1) {
+    ftn_fmax_into<W>(a, a + W);
+    ftn_fmax_halves<W / 2>(a);
+  }
+}
+template <int V> FTN_DEVICE float ftn_pairwise_max(float (&a)[V]) {
+  static_assert(V >= 1 && (V & (V - 1)) == 0, "V must be a power of two");
+  ftn_fmax_halves<V / 2>(a);
+  return fmaxf(FTN_NEG_INF, a[0]);
+}
+template <int R, int V> FTN_DEVICE float ftn_thread_max(const float (&v)[R][V]) {
+  float a[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) a[k] = v[0][k];
+#pragma unroll
+  for (int r = 1; r < R; ++r) ftn_fmax_into<V>(a, v[r]);
+  return ftn_pairwise_max<V>(a);
+}
+template <int V> FTN_DEVICE float ftn_thread_max(const float (&v)[V]) {
+  float a[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) a[k] = v[k];
+  return ftn_pairwise_max<V>(a);
+}
+
 // Each aligned group of LANES lanes (a power of two <= 32) reduces each of
 // its N values with an xor butterfly (offsets LANES/2, ..., 1); every lane of
 // the warp must call it. On the emulator, one warp rendezvous computing the

@@ -156,11 +156,12 @@ impl BiasDropoutAdd {
             return Ok(());
         }
         let bias_addr = bias.map_or(0, |b| b.addr());
-        let p = plan::forward(
+        let p = plan::elementwise(
             self.rows as u64,
             self.cols as u64,
             T::DTYPE.size(),
             self.vectorize && all_aligned16(&[x.addr(), residual.addr(), out.addr(), bias_addr]),
+            1,
         );
         let params = FtnBiasDropoutAddFwdParams {
             out: out.addr() as *mut _,

@@ -1,11 +1,12 @@
 // Self-tests: __half/__nv_bfloat16 conversions bit-exact with the CUDA
 // headers (round to nearest even, subnormals, overflow, NaN -> 0x7FFF),
 // vector-type sizes and alignments, 64-bit grid-stride indexing, and the
-// inline fmaxf/fminf of cuda_emu.h.
+// inline fmaxf/fminf of cuda_emu.h (scalar and vector forms).
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "reduce.cuh"
 #include "selftest.h"
 #include "vec.cuh"
 
@@ -206,6 +207,44 @@ void test_fmax_fmin() {
       if (std::isnan(a) && !std::isnan(b)) CHECK(same(mx, b) && same(mn, b), "NaN first");
       if (std::isnan(b) && !std::isnan(a)) CHECK(same(mx, a) && same(mn, a), "NaN second");
     }
+  }
+  // The vector form (fmax_into: eight, four, then one at a time) bit for bit
+  // fmax_f32 on every pair, in every position of a 13-long array.
+  constexpr int kVals = sizeof vals / sizeof vals[0], kLen = 13;
+  for (int shift = 0; shift < kLen; ++shift) {
+    float a[kLen], a0[kLen], b[kLen], want[kLen];
+    for (int i = 0; i < kVals * kVals; i += kLen) {
+      for (int j = 0; j < kLen; ++j) {
+        const int pair = (i + (j + shift) % kLen) % (kVals * kVals);
+        a[j] = a0[j] = vals[pair / kVals];
+        b[j] = vals[pair % kVals];
+        want[j] = ftn_emu::fmax_f32(a[j], b[j]);
+      }
+      ftn_emu::fmax_into(a, b, kLen);
+      for (int j = 0; j < kLen; ++j)
+        CHECK(std::memcmp(&a[j], &want[j], 4) == 0, "fmax_into[%d](%a, %a) = %a, fmax_f32 %a",
+              j, double(a0[j]), double(b[j]), double(a[j]),
+              double(want[j]));
+    }
+  }
+  // ftn_thread_max (reduce.cuh: element-wise, then pairs) equals the serial
+  // chain fmaxf(...fmaxf(-inf, v0)..., v31) on rows mixing NaN, zeros, inf.
+  for (int seed = 0; seed < 200; ++seed) {
+    float v[4][8];
+    float chain = -INFINITY;
+    for (int r = 0; r < 4; ++r)
+      for (int k = 0; k < 8; ++k) {
+        const int pick = (seed * 7 + r * 13 + k * 5 + (seed >> 3) * k) % (kVals + 3);
+        v[r][k] = pick < kVals ? vals[pick] : NAN;  // extra NaNs: all-NaN rows happen
+        chain = fmaxf(chain, v[r][k]);
+      }
+    if (seed % 10 == 0)
+      for (int r = 0; r < 4; ++r)
+        for (int k = 0; k < 8; ++k) v[r][k] = NAN;
+    if (seed % 10 == 0) chain = -INFINITY;
+    const float tree = ftn_thread_max(v);
+    CHECK(std::memcmp(&tree, &chain, 4) == 0, "ftn_thread_max seed %d: %a, serial chain %a", seed,
+          double(tree), double(chain));
   }
 }
 

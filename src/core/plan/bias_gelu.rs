@@ -13,18 +13,37 @@ pub struct ForwardPlan {
     pub vec: u32,
 }
 
+/// Vectors each forward thread moves per step: the kernel loads both before
+/// using either, so the grid is sized for two per thread (with one, a
+/// thread would have a single 16-byte load in flight below the grid cap).
+pub const FORWARD_VECTORS_PER_THREAD: u64 = 2;
+
 /// `aligned16`: every pointer the kernel touches is 16-byte aligned. Rows of
 /// 2^31 columns or more take the scalar path (the vector path tracks the
 /// bias column in 32 bits).
 pub fn forward(rows: u64, cols: u64, elem_size: usize, aligned16: bool) -> ForwardPlan {
+    elementwise(rows, cols, elem_size, aligned16, FORWARD_VECTORS_PER_THREAD)
+}
+
+/// A grid-stride launch over `[rows, cols]` sized for `vectors_per_thread`
+/// vectors per thread (below the grid cap); bias+dropout+add moves one per
+/// step and asks for 1.
+pub fn elementwise(
+    rows: u64,
+    cols: u64,
+    elem_size: usize,
+    aligned16: bool,
+    vectors_per_thread: u64,
+) -> ForwardPlan {
     let vec = if cols > i32::MAX as u64 {
         1
     } else {
         vector_width(elem_size, aligned16)
     };
     let units = (rows * cols / vec as u64).max(1);
+    let threads = div_ceil(units, vectors_per_thread.max(1));
     let blocks =
-        div_ceil(units, ELEMENTWISE_THREADS as u64).clamp(1, grid_caps().grid_stride_blocks);
+        div_ceil(threads, ELEMENTWISE_THREADS as u64).clamp(1, grid_caps().grid_stride_blocks);
     ForwardPlan {
         cfg: LaunchConfig::linear(blocks as u32, ELEMENTWISE_THREADS),
         vec,
@@ -90,6 +109,9 @@ mod tests {
         assert_eq!(forward(2, (1 << 31) - 8, 2, true).vec, 8);
         let p = forward(1, 1, 4, true);
         assert_eq!(p.cfg.grid[0], 1);
+        // Two vectors per thread below the cap: 2^17 bf16 vectors, 256 blocks.
+        let mid = forward(1024, 1024, 2, true);
+        assert_eq!(mid.cfg.grid[0], 256);
         let big = forward(1 << 20, 1 << 14, 2, true);
         assert_eq!(big.cfg.grid[0] as u64, MAX_GRID_STRIDE_BLOCKS);
         assert!(DeviceLimits::SM90.check("k", &big.cfg).is_ok());
