@@ -86,12 +86,11 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
   // the plan takes the scalar path for rows of 2^31 columns or more.
   FTN_ASSERT(p.cols <= 0x7fffffff);
   const int cols = (int)p.cols;
-  // Each 64-bit division only where its vector exists: at small sizes a
-  // thread has a single vector, and three divisions would cost it more
-  // than its GeLU arithmetic.
+  // The loop's 64-bit divisions only where the loop runs (a thread left
+  // with a single vector would pay three for nothing).
   int c0 = 0, c1 = 0, dc = 0;
-  if (vec_bias && i < nvec) c0 = (int)((i * V) % cols);
   if (vec_bias && i + stride < nvec) {
+    c0 = (int)((i * V) % cols);
     c1 = (int)(((i + stride) * V) % cols);
     dc = (int)((2 * stride * V) % cols);
   }
@@ -129,20 +128,10 @@ FTN_DEVICE void bias_gelu_fwd(const FtnBiasGeluFwdParams &p) {
     ftn_store_vec<T>(out + i * V, v0);
     ftn_store_vec<T>(out + (i + stride) * V, v1);
   }
-  if (i < nvec) {  // the last vector: its bias column is c0 (vec_bias)
-    uint32_t xw[W], bw[W] = {};  // bw: read only when vec_bias
-    ftn_load_packed<T, V>(x + i * V, xw);
-    if (vec_bias) ftn_load_packed<T, V>(bias + c0, bw);
+  if (i < nvec) {
     float v[V];
-    ftn_unpack<T, V>(xw, v);
-    if (vec_bias) {
-      float b[V];
-      ftn_unpack<T, V>(bw, b);
-#pragma unroll
-      for (int k = 0; k < V; ++k) v[k] += b[k];
-    } else {
-      bias_gelu_add_bias<T>(p, i, v);
-    }
+    ftn_load_vec<T>(x + i * V, v);
+    bias_gelu_add_bias<T>(p, i, v);
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] = ftn_gelu_bw<KIND>(v[k]);
     ftn_store_vec<T>(out + i * V, v);

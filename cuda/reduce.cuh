@@ -23,7 +23,7 @@ struct FtnSumOp {
 // vectorises the element-wise part). The order is fixed, so sums are
 // bitwise deterministic; fmaxf is associative and commutative (a NaN
 // operand yields the other), so the max equals any serial chain's, and
-// ftn_pairwise_max ends with -inf as such a chain starts (all-NaN gives -inf).
+// ftn_thread_max ends with -inf as such a chain starts (all-NaN gives -inf).
 template <int V> FTN_DEVICE float ftn_pairwise_sum(float (&a)[V]) {
   static_assert(V >= 1 && (V & (V - 1)) == 0, "V must be a power of two");
 #pragma unroll
@@ -60,24 +60,15 @@ template <int W> FTN_DEVICE void ftn_fmax_halves(float *a) {
     ftn_fmax_halves<W / 2>(a);
   }
 }
-template <int V> FTN_DEVICE float ftn_pairwise_max(float (&a)[V]) {
-  static_assert(V >= 1 && (V & (V - 1)) == 0, "V must be a power of two");
-  ftn_fmax_halves<V / 2>(a);
-  return fmaxf(FTN_NEG_INF, a[0]);
-}
 template <int R, int V> FTN_DEVICE float ftn_thread_max(const float (&v)[R][V]) {
+  static_assert(V >= 1 && (V & (V - 1)) == 0, "V must be a power of two");
   float a[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) a[k] = v[0][k];
 #pragma unroll
   for (int r = 1; r < R; ++r) ftn_fmax_into<V>(a, v[r]);
-  return ftn_pairwise_max<V>(a);
-}
-template <int V> FTN_DEVICE float ftn_thread_max(const float (&v)[V]) {
-  float a[V];
-#pragma unroll
-  for (int k = 0; k < V; ++k) a[k] = v[k];
-  return ftn_pairwise_max<V>(a);
+  ftn_fmax_halves<V / 2>(a);
+  return fmaxf(FTN_NEG_INF, a[0]);
 }
 
 // Each aligned group of LANES lanes (a power of two <= 32) reduces each of
