@@ -94,10 +94,15 @@ Thread *next_runnable(Worker &w, const Thread &t) {
   };
   const unsigned base = t.pub.linear & ~31u;
   const unsigned lanes = w.nthreads - base < 32 ? w.nthreads - base : 32;
-  const unsigned start = w.warp_pos[t.pub.linear >> 5], k = w.rank[t.pub.linear] - start;
-  for (unsigned i = 1; i < lanes; ++i) {
-    Thread &o = w.threads[w.order[start + (k + i) % lanes]];
-    if (can_run(o)) return &o;
+  const unsigned start = w.warp_pos[t.pub.linear >> 5];
+  const Warp &wp = w.warps[t.pub.linear >> 5];
+  if (wp.exited != wp.existing) {  // else every lane is done (the last one exiting)
+    unsigned pos = w.rank[t.pub.linear] - start;
+    for (unsigned i = 1; i < lanes; ++i) {
+      if (++pos == lanes) pos = 0;
+      Thread &o = w.threads[w.order[start + pos]];
+      if (can_run(o)) return &o;
+    }
   }
   for (unsigned j = start + lanes; j < w.nthreads; ++j) {
     Thread &o = w.threads[w.order[j]];
@@ -245,33 +250,18 @@ namespace ftn_emu::detail {
 namespace {
 
 // ------------------------------------------------------------- fibers
-// The thread to run next on a finished thread's stack, without going back
-// to the scheduler: the one the scheduler's pass would start next (the first
-// after t in the schedule's order that is not done or waiting), if it has
-// not started yet. Null if that one is runnable (the scheduler resumes it),
-// if there is none, when aborting, and under ASan (its stack bookkeeping
-// wants every fiber built by fiber_prepare).
-Thread *next_to_chain(Worker &w, const Thread &t) {
-#ifdef FTN_EMU_ASAN
-  (void)w;
-  (void)t;
-  return nullptr;
-#else
-  if (w.aborting || w.launch->failed.load(std::memory_order_relaxed)) return nullptr;
-  for (unsigned k = w.rank[t.pub.linear] + 1; k < w.nthreads; ++k) {
-    Thread &o = w.threads[w.order[k]];
-    if (o.state == TState::NotStarted) return &o;
-    if (o.state == TState::Runnable) return nullptr;
-  }
-  return nullptr;
-#endif
-}
-
-// The body of a fiber: runs its thread's kernel, then -- while the next
-// thread the scheduler would start has not started yet -- that thread's on
-// the same stack (what the scheduler would do, as a finished thread's stack
-// is reused at once, minus two context switches and a fresh frame per
-// thread: a kernel without synchronisation runs its block in one fiber).
+// The body of a fiber: runs its thread's kernel, then hands the worker to
+// the thread block_current would pick (next_runnable: the next lane of the
+// same warp that can run, else the next thread in the schedule's order after
+// the warp) without going back to the scheduler. One not started yet runs
+// on the same stack, as a finished thread's stack is reused at once anyway
+// (a kernel without synchronisation runs its block in one fiber); one parked
+// in a warp op or released by a barrier is switched to directly, after the
+// finished stack goes back to the free list (nothing touches it after the
+// switch; the next start_fiber may reuse it). Lanes of a warp thus finish
+// one after another while their stacks are hot, instead of each going back
+// through the scheduler after every other warp has run. No next thread (or
+// aborting, or ASan): back to the scheduler, which frees the last stack.
 void fiber_main(void *arg) {
   Thread *tp = static_cast<Thread *>(arg);
   Worker &w = *tl_worker;
@@ -301,13 +291,20 @@ void fiber_main(void *arg) {
     }
     t.state = TState::Done;
     ++w.done_count;
-    Thread *next = next_to_chain(w, t);
+    Thread *next =
+        w.launch->failed.load(std::memory_order_relaxed) ? nullptr : next_runnable(w, t);
     if (!next) break;
-    next->stack = t.stack;  // the scheduler (run_fiber) frees the last one's
-    t.stack = Stack{};
-    next->state = TState::Runnable;
     w.cur = next;
     ftn_emu_tl_thread = &next->pub;
+    if (next->state == TState::Runnable) {
+      w.free_stacks.push_back(t.stack);
+      t.stack = Stack{};
+      switch_fiber_to_fiber(t, *next);
+      __builtin_unreachable();  // a finished thread is never switched back to
+    }
+    next->stack = t.stack;
+    t.stack = Stack{};
+    next->state = TState::Runnable;
     tp = next;
   }
   switch_to_scheduler(w, *tp, true);
