@@ -24,17 +24,12 @@ FTN_DEVICE void bias_gelu_fwd_scalar(const FtnBiasGeluFwdParams &p, int64_t begi
   const T *x = static_cast<const T *>(p.x);
   const T *bias = static_cast<const T *>(p.bias);
   T *out = static_cast<T *>(p.out);
-  // The bias column follows i by increments (ftn_wrap_add).
-  const int64_t cols = p.cols;
-  if (begin + tid >= n) return;  // most threads: no tail element (skip the divisions)
-  int64_t c = bias != nullptr ? (begin + tid) % cols : 0;
-  const int64_t dc = bias != nullptr ? stride % cols : 0;
-  for (int64_t i = begin + tid; i < n; i += stride) {
-    float v = ftn_to_float(x[i]);
-    if (bias != nullptr) v += ftn_to_float(bias[c]);
-    out[i] = ftn_from_float<T>(ftn_gelu_bw<KIND>(v));
-    c = ftn_wrap_add(c, dc, cols);
-  }
+  ftn_grid_stride_cols(begin + tid, n, stride, p.cols, bias != nullptr,
+                       [&](int64_t i, int64_t c) {
+                         float v = ftn_to_float(x[i]);
+                         if (bias != nullptr) v += ftn_to_float(bias[c]);
+                         out[i] = ftn_from_float<T>(ftn_gelu_bw<KIND>(v));
+                       });
 }
 
 // Adds the bias to the V values of vector i (first column c = i*V % cols).

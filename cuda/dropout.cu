@@ -38,19 +38,14 @@ FTN_DEVICE void bda_fwd_scalar(const FtnBiasDropoutAddFwdParams &p, int64_t begi
   const T *bias = static_cast<const T *>(p.bias);
   const T *res = static_cast<const T *>(p.residual);
   T *out = static_cast<T *>(p.out);
-  // The bias column follows i by increments (ftn_wrap_add).
-  const int64_t cols = p.cols;
-  if (begin + tid >= n) return;  // most threads: no tail element (skip the divisions)
-  int64_t c = bias != nullptr ? (begin + tid) % cols : 0;
-  const int64_t dc = bias != nullptr ? stride % cols : 0;
-  for (int64_t i = begin + tid; i < n; i += stride) {
-    float f[1];
-    ftn_dropout_factors<1>(p.seed, p.offset + (uint64_t)i, p.drop_threshold, p.scale, f);
-    float v = ftn_to_float(x[i]);
-    if (bias != nullptr) v += ftn_to_float(bias[c]);
-    out[i] = ftn_from_float<T>(ftn_to_float(res[i]) + ftn_dropout_apply(f[0], v));
-    c = ftn_wrap_add(c, dc, cols);
-  }
+  ftn_grid_stride_cols(
+      begin + tid, n, stride, p.cols, bias != nullptr, [&](int64_t i, int64_t c) {
+        float f[1];
+        ftn_dropout_factors<1>(p.seed, p.offset + (uint64_t)i, p.drop_threshold, p.scale, f);
+        float v = ftn_to_float(x[i]);
+        if (bias != nullptr) v += ftn_to_float(bias[c]);
+        out[i] = ftn_from_float<T>(ftn_to_float(res[i]) + ftn_dropout_apply(f[0], v));
+      });
 }
 
 template <typename T>

@@ -10,6 +10,7 @@
 //                            scalar one when V == 1 (a kernel's `vec` path)
 //   ftn_load_bytes<V>        V bytes (a mask): one 4- or 8-byte access, else bytewise
 //   ftn_wrap_add             a column index advanced by a grid stride, wrapped
+//   ftn_grid_stride_cols     a grid-stride loop over elements with their column
 //   ftn_opaque_words         packed row words hidden from the optimiser between passes
 // Every helper is FTN_DEVICE (forceinline) and templated on the width, so the
 // element arrays stay in registers. Under the emulator every vector access
@@ -224,6 +225,22 @@ FTN_DEVICE void ftn_load_bytes(const uint8_t *m, uint8_t (&out)[V] FTN_CALLER_LO
 template <typename I> FTN_DEVICE I ftn_wrap_add(I c, I d, I n) {
   c += d;
   return c >= n ? c - n : c;
+}
+
+// f(i, c) for i = first, first + stride, ... < n, with c = i % cols when
+// with_cols (else 0) kept by ftn_wrap_add: the scalar paths of the
+// elementwise kernels with a per-column bias. A thread with no element
+// returns before the two 64-bit remainders (most threads of a tail).
+template <typename F>
+FTN_DEVICE void ftn_grid_stride_cols(int64_t first, int64_t n, int64_t stride, int64_t cols,
+                                     bool with_cols, F f) {
+  if (first >= n) return;
+  int64_t c = with_cols ? first % cols : 0;
+  const int64_t dc = with_cols ? stride % cols : 0;
+  for (int64_t i = first; i < n; i += stride) {
+    f(i, c);
+    c = ftn_wrap_add(c, dc, cols);
+  }
 }
 
 // Hides packed words from the optimiser between passes over a row held in
