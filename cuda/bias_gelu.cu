@@ -24,7 +24,7 @@ FTN_DEVICE void bias_gelu_fwd_scalar(const FtnBiasGeluFwdParams &p, int64_t begi
   const T *x = static_cast<const T *>(p.x);
   const T *bias = static_cast<const T *>(p.bias);
   T *out = static_cast<T *>(p.out);
-  ftn_grid_stride_cols(begin + tid, n, stride, p.cols, bias != nullptr,
+  ftn_grid_stride_cols(begin + tid, n, stride, 1, p.cols, bias != nullptr,
                        [&](int64_t i, int64_t c) {
                          float v = ftn_to_float(x[i]);
                          if (bias != nullptr) v += ftn_to_float(bias[c]);

@@ -39,7 +39,7 @@ FTN_DEVICE void bda_fwd_scalar(const FtnBiasDropoutAddFwdParams &p, int64_t begi
   const T *res = static_cast<const T *>(p.residual);
   T *out = static_cast<T *>(p.out);
   ftn_grid_stride_cols(
-      begin + tid, n, stride, p.cols, bias != nullptr, [&](int64_t i, int64_t c) {
+      begin + tid, n, stride, 1, p.cols, bias != nullptr, [&](int64_t i, int64_t c) {
         float f[1];
         ftn_dropout_factors<1>(p.seed, p.offset + (uint64_t)i, p.drop_threshold, p.scale, f);
         float v = ftn_to_float(x[i]);
@@ -65,19 +65,14 @@ FTN_DEVICE void bda_fwd(const FtnBiasDropoutAddFwdParams &p) {
   T *out = static_cast<T *>(p.out);
   const int64_t nvec = n / V;
   const bool bias_vectorised = bias != nullptr && p.cols % V == 0;
-  // The first column of vector i, advanced by increments (ftn_wrap_add).
-  const int64_t cols = p.cols;
-  int64_t c0 = bias != nullptr ? (tid * V) % cols : 0;
-  const int64_t dc = bias != nullptr ? (stride * V) % cols : 0;
-  for (int64_t i = tid; i < nvec; i += stride) {
+  // c: the first column of vector i.
+  ftn_grid_stride_cols(tid, nvec, stride, V, p.cols, bias != nullptr, [&](int64_t i, int64_t c) {
     float v[V];
     float r[V];
     float f[V];
     ftn_load_vec<T>(x + i * V, v);
     ftn_load_vec<T>(res + i * V, r);
     ftn_dropout_factors<V>(p.seed, p.offset + (uint64_t)(i * V), p.drop_threshold, p.scale, f);
-    int64_t c = c0;
-    c0 = ftn_wrap_add(c0, dc, cols);
     if (bias_vectorised) {
       float b[V];
       ftn_load_vec<T>(bias + c, b);
@@ -93,7 +88,7 @@ FTN_DEVICE void bda_fwd(const FtnBiasDropoutAddFwdParams &p) {
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] = r[k] + ftn_dropout_apply(f[k], v[k]);
     ftn_store_vec<T>(out + i * V, v);
-  }
+  });
   bda_fwd_scalar<T>(p, nvec * V, n, tid, stride);
 }
 

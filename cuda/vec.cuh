@@ -227,16 +227,17 @@ template <typename I> FTN_DEVICE I ftn_wrap_add(I c, I d, I n) {
   return c >= n ? c - n : c;
 }
 
-// f(i, c) for i = first, first + stride, ... < n, with c = i % cols when
-// with_cols (else 0) kept by ftn_wrap_add: the scalar paths of the
-// elementwise kernels with a per-column bias. A thread with no element
-// returns before the two 64-bit remainders (most threads of a tail).
+// f(i, c) for i = first, first + stride, ... < n, where c is the column of
+// element i * unit (i counts elements, unit 1, or vectors of unit
+// elements) when with_cols, else 0, kept by ftn_wrap_add: the grid-stride
+// loops of the elementwise kernels with a per-column bias. A thread with no
+// i returns before the two 64-bit remainders (most threads of a tail).
 template <typename F>
-FTN_DEVICE void ftn_grid_stride_cols(int64_t first, int64_t n, int64_t stride, int64_t cols,
-                                     bool with_cols, F f) {
+FTN_DEVICE void ftn_grid_stride_cols(int64_t first, int64_t n, int64_t stride, int64_t unit,
+                                     int64_t cols, bool with_cols, F f) {
   if (first >= n) return;
-  int64_t c = with_cols ? first % cols : 0;
-  const int64_t dc = with_cols ? stride % cols : 0;
+  int64_t c = with_cols ? (first * unit) % cols : 0;
+  const int64_t dc = with_cols ? (stride * unit) % cols : 0;
   for (int64_t i = first; i < n; i += stride) {
     f(i, c);
     c = ftn_wrap_add(c, dc, cols);
