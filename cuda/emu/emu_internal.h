@@ -279,7 +279,6 @@ void stacks_return(std::vector<Stack> &stacks);
 void fiber_prepare(Thread &t, void (*fn)(void *), void *arg);
 void switch_to_fiber(Worker &w, Thread &t);          // scheduler -> fiber
 void switch_to_scheduler(Worker &w, Thread &t, bool exiting);  // fiber -> scheduler
-void switch_fiber_to_fiber(Thread &from, Thread &to);  // fiber -> fiber (no ASan)
 void fiber_entered(Worker &w, Thread &t);             // first thing a new fiber does
 
 // runtime.cpp
@@ -288,10 +287,84 @@ struct KernelError {
   std::string msg;
 };
 [[noreturn]] void fail(const std::string &what);  // throws KernelError with context
-void block_current(Worker &w, Thread &t);         // switch out; throws Unwind on abort
 std::string thread_name(const Worker &w, const Thread &t);
 const char *warp_op_name(int op);
 std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+void start_fiber(Worker &w, Thread &t);  // a stack and first frame for a NotStarted thread
+
+}  // namespace ftn_emu::detail
+
+// fiber.cpp: saves the callee-saved registers on the current stack, stores
+// the stack pointer in *save_sp, and resumes the fiber whose stack pointer is
+// new_sp.
+extern "C" void ftn_emu_ctx_switch(void **save_sp, void *new_sp);
+
+namespace ftn_emu::detail {
+
+// fiber -> fiber (no ASan bookkeeping). Inline, as the two functions below:
+// a lane parks at every warp op, and each call level on that path is a frame
+// on its stack and a return after it resumes.
+inline void switch_fiber_to_fiber(Thread &from, Thread &to) {
+  ftn_emu_ctx_switch(&from.sp, to.sp);
+}
+
+// The fiber to switch to straight from t when t blocks, or null to go back
+// to the scheduler. First the next lane of t's own warp that can run
+// (after t in the schedule's lane order, wrapping around): a warp keeps
+// running through its warp ops with its 32 stacks hot in the cache, which
+// matters for mma/ldmatrix loops. Else the thread the scheduler's pass
+// would run next: the first one after t's warp in the schedule's order
+// (linear order unless strict mode perturbs it, strict.cpp) that can run.
+// "Can run": runnable, or not started yet (block_current gives it a stack
+// and starts it, saving the round trip through the scheduler per thread
+// that a block with barriers would otherwise pay). Null when there is none,
+// when aborting, and under ASan.
+inline Thread *next_runnable(Worker &w, const Thread &t) {
+#ifdef FTN_EMU_ASAN
+  (void)w;
+  (void)t;
+  return nullptr;  // fiber-to-fiber switches skip the ASan stack bookkeeping
+#else
+  if (w.aborting) return nullptr;
+  auto can_run = [](const Thread &o) {
+    return o.state == TState::Runnable || o.state == TState::NotStarted;
+  };
+  const unsigned base = t.pub.linear & ~31u;
+  const unsigned lanes = w.nthreads - base < 32 ? w.nthreads - base : 32;
+  const unsigned start = w.warp_pos[t.pub.linear >> 5];
+  const Warp &wp = w.warps[t.pub.linear >> 5];
+  if (wp.exited != wp.existing) {  // else every lane is done (the last one exiting)
+    unsigned pos = w.rank[t.pub.linear] - start;
+    for (unsigned i = 1; i < lanes; ++i) {
+      if (++pos == lanes) pos = 0;
+      Thread &o = w.threads[w.order[start + pos]];
+      if (can_run(o)) return &o;
+    }
+  }
+  for (unsigned j = start + lanes; j < w.nthreads; ++j) {
+    Thread &o = w.threads[w.order[j]];
+    if (can_run(o)) return &o;
+  }
+  return nullptr;
+#endif
+}
+
+// Switches t out: straight to another started fiber when there is one to run
+// (one context switch instead of two through the scheduler), else to the
+// scheduler. Whoever switches back to t has set w.cur = &t.
+inline void block_current(Worker &w, Thread &t) {
+  if (Thread *next = next_runnable(w, t)) {
+    if (next->state == TState::NotStarted) start_fiber(w, *next);
+    w.cur = next;
+    ftn_emu_tl_thread = &next->pub;
+    switch_fiber_to_fiber(t, *next);
+  } else {
+    switch_to_scheduler(w, t, false);
+  }
+  if (w.aborting) throw Unwind{};
+}
+
 
 // cluster.cpp: the cross-block half of barrier.cluster, run by the last
 // thread of the block to arrive (may throw: a peer exited or failed);

@@ -241,10 +241,6 @@ void fiber_entered(Worker &w, Thread &t) {
 #endif
 }
 
-void switch_fiber_to_fiber(Thread &from, Thread &to) {
-  ftn_emu_ctx_switch(&from.sp, to.sp);
-}
-
 void switch_to_scheduler(Worker &w, Thread &t, bool exiting) {
 #ifdef FTN_EMU_ASAN
   __sanitizer_start_switch_fiber(exiting ? nullptr : &t.asan_fake, w.sched_stack_bottom,

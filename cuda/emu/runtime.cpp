@@ -61,6 +61,7 @@ void fail(const std::string &what) {
 
 namespace {
 void fiber_main(void *arg);  // a fiber's body (below)
+}  // namespace
 
 // Gives a not-started thread its stack and first frame (fiber_main), ready
 // to be switched to: for the scheduler (run_fiber) and for a blocking
@@ -69,63 +70,6 @@ void start_fiber(Worker &w, Thread &t) {
   t.stack = stack_acquire(w);
   fiber_prepare(t, fiber_main, &t);
   t.state = TState::Runnable;
-}
-
-// The fiber to switch to straight from t when t blocks, or null to go back
-// to the scheduler. First the next lane of t's own warp that can run
-// (after t in the schedule's lane order, wrapping around): a warp keeps
-// running through its warp ops with its 32 stacks hot in the cache, which
-// matters for mma/ldmatrix loops. Else the thread the scheduler's pass
-// would run next: the first one after t's warp in the schedule's order
-// (linear order unless strict mode perturbs it, strict.cpp) that can run.
-// "Can run": runnable, or not started yet (block_current gives it a stack
-// and starts it, saving the round trip through the scheduler per thread
-// that a block with barriers would otherwise pay). Null when there is none,
-// when aborting, and under ASan.
-Thread *next_runnable(Worker &w, const Thread &t) {
-#ifdef FTN_EMU_ASAN
-  (void)w;
-  (void)t;
-  return nullptr;  // fiber-to-fiber switches skip the ASan stack bookkeeping
-#else
-  if (w.aborting) return nullptr;
-  auto can_run = [](const Thread &o) {
-    return o.state == TState::Runnable || o.state == TState::NotStarted;
-  };
-  const unsigned base = t.pub.linear & ~31u;
-  const unsigned lanes = w.nthreads - base < 32 ? w.nthreads - base : 32;
-  const unsigned start = w.warp_pos[t.pub.linear >> 5];
-  const Warp &wp = w.warps[t.pub.linear >> 5];
-  if (wp.exited != wp.existing) {  // else every lane is done (the last one exiting)
-    unsigned pos = w.rank[t.pub.linear] - start;
-    for (unsigned i = 1; i < lanes; ++i) {
-      if (++pos == lanes) pos = 0;
-      Thread &o = w.threads[w.order[start + pos]];
-      if (can_run(o)) return &o;
-    }
-  }
-  for (unsigned j = start + lanes; j < w.nthreads; ++j) {
-    Thread &o = w.threads[w.order[j]];
-    if (can_run(o)) return &o;
-  }
-  return nullptr;
-#endif
-}
-}  // namespace
-
-// Switches t out: straight to another started fiber when there is one to run
-// (one context switch instead of two through the scheduler), else to the
-// scheduler. Whoever switches back to t has set w.cur = &t.
-void block_current(Worker &w, Thread &t) {
-  if (Thread *next = next_runnable(w, t)) {
-    if (next->state == TState::NotStarted) start_fiber(w, *next);
-    w.cur = next;
-    ftn_emu_tl_thread = &next->pub;
-    switch_fiber_to_fiber(t, *next);
-  } else {
-    switch_to_scheduler(w, t, false);
-  }
-  if (w.aborting) throw Unwind{};
 }
 
 // ------------------------------------------------------------- barrier

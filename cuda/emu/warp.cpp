@@ -159,8 +159,9 @@ bool slot_matches(int op, unsigned mask, const void *aux, const WarpSlot &s, con
   return op != kActiveMask || (s.line == line && std::strcmp(s.file, file) == 0);
 }
 
-uint64_t rendezvous(int op, unsigned mask, uint64_t value, int param, int width, void *aux,
-                    const char *file, unsigned line) {
+[[gnu::always_inline]] inline uint64_t rendezvous(int op, unsigned mask, uint64_t value, int param,
+                                                  int width, void *aux, const char *file,
+                                                  unsigned line) {
   Worker &w = *tl_worker;
   Thread &t = *w.cur;
   const unsigned lane = t.pub.linear & 31u, bit = 1u << lane;
@@ -294,6 +295,9 @@ void warp_allreduce_f32(float *v, unsigned n, unsigned width,
         "values, a power-of-two width <= 32)",
         file, line, n, width));
   AllreduceLane me{v, n, width, butterfly};
-  detail::warp_collective(0xFFFFFFFFu, &allreduce_collective, &me, file, line);
+  // The rendezvous inline (not through warp_collective): one call level less
+  // between the kernel and the context switch, for every lane of every row.
+  detail::rendezvous(detail::kCollective, 0xFFFFFFFFu, uint64_t(uintptr_t(&me)), 0, 32,
+                     reinterpret_cast<void *>(&allreduce_collective), file, line);
 }
 }  // namespace ftn_emu
