@@ -295,9 +295,9 @@ void start_fiber(Worker &w, Thread &t);  // a stack and first frame for a NotSta
 
 }  // namespace ftn_emu::detail
 
-// fiber.cpp: saves the callee-saved registers on the current stack, stores
-// the stack pointer in *save_sp, and resumes the fiber whose stack pointer is
-// new_sp.
+// fiber.cpp (assembly, described there): saves the callee-saved registers on
+// the current stack, stores the stack pointer in *save_sp, and resumes the
+// fiber whose stack pointer is new_sp.
 extern "C" void ftn_emu_ctx_switch(void **save_sp, void *new_sp);
 
 namespace ftn_emu::detail {
@@ -364,7 +364,6 @@ inline void block_current(Worker &w, Thread &t) {
   }
   if (w.aborting) throw Unwind{};
 }
-
 
 // cluster.cpp: the cross-block half of barrier.cluster, run by the last
 // thread of the block to arrive (may throw: a peer exited or failed);

@@ -26,7 +26,7 @@
 // ftn_emu_fiber_trampoline is where a fresh fiber's first switch "returns"
 // to: it calls fn(arg) with fn/arg left in callee-saved registers by
 // fiber_prepare. Its CFI marks the bottom of the fiber's call stack.
-extern "C" void ftn_emu_ctx_switch(void **save_sp, void *new_sp);
+// (ftn_emu_ctx_switch is declared in emu_internal.h.)
 extern "C" void ftn_emu_fiber_trampoline();
 
 #if defined(__x86_64__)

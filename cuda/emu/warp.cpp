@@ -208,10 +208,21 @@ uint64_t warp_op(int op, unsigned mask, uint64_t value, int param, int width, co
   return rendezvous(op, mask, value, param, width, nullptr, file, line);
 }
 
-void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const char *file,
-                     unsigned line) {
+namespace {
+// A warp_collective's rendezvous, inline for callers in this file
+// (warp_allreduce_f32: one call level less between the kernel and the
+// context switch, for every lane of every row).
+[[gnu::always_inline]] inline void collective_rendezvous(unsigned mask, WarpCollectiveFn fn,
+                                                         void *lane_data, const char *file,
+                                                         unsigned line) {
   rendezvous(kCollective, mask, uint64_t(uintptr_t(lane_data)), 0, 32,
              reinterpret_cast<void *>(fn), file, line);
+}
+}  // namespace
+
+void warp_collective(unsigned mask, WarpCollectiveFn fn, void *lane_data, const char *file,
+                     unsigned line) {
+  collective_rendezvous(mask, fn, lane_data, file, line);
 }
 
 // A rendezvous of every lane of the warp that has not exited, all at the same
@@ -295,9 +306,6 @@ void warp_allreduce_f32(float *v, unsigned n, unsigned width,
         "values, a power-of-two width <= 32)",
         file, line, n, width));
   AllreduceLane me{v, n, width, butterfly};
-  // The rendezvous inline (not through warp_collective): one call level less
-  // between the kernel and the context switch, for every lane of every row.
-  detail::rendezvous(detail::kCollective, 0xFFFFFFFFu, uint64_t(uintptr_t(&me)), 0, 32,
-                     reinterpret_cast<void *>(&allreduce_collective), file, line);
+  detail::collective_rendezvous(0xFFFFFFFFu, &allreduce_collective, &me, file, line);
 }
 }  // namespace ftn_emu
