@@ -310,18 +310,21 @@ FTN_DEVICE void sm_fwd_warp_impl(const FtnSoftmaxFwdParams &p) {
       if (col0 < limit) {
         if constexpr (!kLoadsFirst) ftn_load_packed<T, V>(xr + c * LANES * V, xw[c]);
         ftn_unpack<T, V>(xw[c], v[c]);
-        uint8_t mk[V];
+        // Two copies of the scaling (the pointer is uniform): without a
+        // mask no per-element select, and the emulator's g++ vectorises it
+        // (the select on bytes next to floats it left scalar).
         if (pad != nullptr) {
+          uint8_t mk[V];
           ftn_load_bytes<V>(pad + c * LANES * V, mk);
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            v[c][k] *= p.scale;
+            if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
+            any |= mk[k] == 0;
+          }
         } else {
 #pragma unroll
-          for (int k = 0; k < V; ++k) mk[k] = 0;
-        }
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          v[c][k] *= p.scale;
-          if (mk[k] != 0) v[c][k] = SM_MASKED_VALUE;
-          any |= mk[k] == 0;
+          for (int k = 0; k < V; ++k) v[c][k] *= p.scale;
         }
         if (col0 + V > limit) {  // the vector holding the causal limit
 #pragma unroll
