@@ -140,8 +140,10 @@ struct Warp {
   // (racecheck.cpp), as (count, mask); sync_count numbers them.
   uint32_t sync_count = 0;
   uint32_t sync_epoch = 0;
-  // Tensor-core ops recorded in an mma batch: lane l's are
-  // batch_ops[l * kBatchCap ..][0 .. batch_n[l]), their captured operands
+  // Tensor-core ops recorded in an mma batch: lane l's i-th is
+  // batch_ops[i * 32 + l] (i < batch_n[l]; an op's 32 lanes side by side,
+  // as the flush reads them: a lane-major layout put every lane's entry
+  // 2 KiB apart, in the same few L1 sets), their captured operands
   // batch_cap[l * kBatchCap * kBatchCapWords ..][0 .. batch_w[l]) (both
   // allocated on first use); batch_pending is their total.
   // batch_desc[0 .. batch_nd) says what each op is; batch_bad holds the

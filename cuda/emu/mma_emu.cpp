@@ -107,6 +107,40 @@ void mma_take(const TileF &x, unsigned lane, float *d) {
   std::memcpy(d + 2, &x[g + 8][c0], 8);
 }
 
+// mma_put_c / mma_take for the whole warp at once: c[l] + off is lane l's
+// (c0, c1, c2, c3). Rows g and g + 8 of C are the low and the high halves
+// of lanes 4g .. 4g+3's four values, so four 16-byte loads and four
+// shuffles make the two rows (and the same backwards for D), instead of
+// eight 8-byte moves with their address arithmetic.
+void mma_put_c_warp(TileF &x, const float *const *c, unsigned off) {
+#if defined(__x86_64__)
+  for (unsigned g = 0; g < 8; ++g) {
+    const __m128 q0 = _mm_loadu_ps(c[4 * g] + off), q1 = _mm_loadu_ps(c[4 * g + 1] + off);
+    const __m128 q2 = _mm_loadu_ps(c[4 * g + 2] + off), q3 = _mm_loadu_ps(c[4 * g + 3] + off);
+    _mm_storeu_ps(&x[g][0], _mm_movelh_ps(q0, q1));
+    _mm_storeu_ps(&x[g][4], _mm_movelh_ps(q2, q3));
+    _mm_storeu_ps(&x[g + 8][0], _mm_movehl_ps(q1, q0));
+    _mm_storeu_ps(&x[g + 8][4], _mm_movehl_ps(q3, q2));
+  }
+#else
+  for (unsigned l = 0; l < 32; ++l) mma_put_c(x, l, c[l] + off);
+#endif
+}
+void mma_take_warp(const TileF &x, float *const *d, unsigned off) {
+#if defined(__x86_64__)
+  for (unsigned g = 0; g < 8; ++g) {
+    const __m128 r0 = _mm_loadu_ps(&x[g][0]), r1 = _mm_loadu_ps(&x[g][4]);
+    const __m128 s0 = _mm_loadu_ps(&x[g + 8][0]), s1 = _mm_loadu_ps(&x[g + 8][4]);
+    _mm_storeu_ps(d[4 * g] + off, _mm_movelh_ps(r0, s0));
+    _mm_storeu_ps(d[4 * g + 1] + off, _mm_movehl_ps(s0, r0));
+    _mm_storeu_ps(d[4 * g + 2] + off, _mm_movelh_ps(r1, s1));
+    _mm_storeu_ps(d[4 * g + 3] + off, _mm_movehl_ps(s1, r1));
+  }
+#else
+  for (unsigned l = 0; l < 32; ++l) mma_take(x, l, d[l] + off);
+#endif
+}
+
 // D = C + A * B: each D[m][n] is C[m][n] + p_0 + ... + p_15 (p_k = A[m][k] *
 // B[k][n], exact in fp64) summed in k order in fp64, then rounded once to
 // fp32. Every variant below does exactly this sequence per element (vector
@@ -282,7 +316,6 @@ void ldmatrix_warp(int count, bool trans, const unsigned char *const *rows, void
 [[gnu::always_inline]] inline detail::LaneOp &record(detail::Warp &wp, unsigned lane,
                                                      uint8_t kind, uint8_t param, uint8_t trans,
                                                      const char *file, unsigned line) {
-  using detail::kBatchCap;
   if (__builtin_expect(!wp.batch_ops, 0)) batch_alloc(wp);
   const unsigned i = wp.batch_n[lane]++;
   if (i == wp.batch_nd) {
@@ -298,7 +331,7 @@ void ldmatrix_warp(int count, bool trans, const unsigned char *const *rows, void
     }
   }
   ++wp.batch_pending;
-  return wp.batch_ops[lane * kBatchCap + i];
+  return wp.batch_ops[i * 32 + lane];
 }
 
 void flush_collective(unsigned mask, void *const *);
@@ -587,20 +620,33 @@ void run_mma_tile(unsigned mi, unsigned ni, const detail::LaneOp *const *ops) {
     alignas(32) TileF b[8];
     alignas(32) TileF c, d;
   };
-  static thread_local Scratch s;  // 20 KiB: not on a fiber's stack
+  static thread_local Scratch tl_scratch;  // 20 KiB: not on a fiber's stack
+  // Its address taken once, and hidden from g++ (the empty asm): position-
+  // independent code reaches a thread_local through a (linker-relaxed)
+  // __tls_get_addr call, and g++ re-derived the address that way, with
+  // spills of the live registers around the call, inside every per-lane
+  // loop below.
+  Scratch *sp = &tl_scratch;
+  asm("" : "+r"(sp));
+  Scratch &s = *sp;
   for (unsigned i = 0; i < mi; ++i)
     for (unsigned l = 0; l < 32; ++l)
       mma_put_a<BF16>(s.a[i], l, static_cast<const uint32_t *>(ops[l]->a) + 4 * i);
   for (unsigned j = 0; j < ni; ++j)
     for (unsigned l = 0; l < 32; ++l)
       mma_put_b<BF16>(s.b[j], l, static_cast<const uint32_t *>(ops[l]->b) + 2 * j);
+  const float *c[32];
+  float *d[32];
+  for (unsigned l = 0; l < 32; ++l) {
+    c[l] = static_cast<const float *>(ops[l]->c);
+    d[l] = static_cast<float *>(ops[l]->dst);
+  }
   for (unsigned i = 0; i < mi; ++i)
     for (unsigned j = 0; j < ni; ++j) {
       const unsigned off = 4 * (i * ni + j);
-      for (unsigned l = 0; l < 32; ++l)
-        mma_put_c(s.c, l, static_cast<const float *>(ops[l]->c) + off);
+      mma_put_c_warp(s.c, c, off);
       mma_compute(s.a[i], s.b[j], s.c, s.d);
-      for (unsigned l = 0; l < 32; ++l) mma_take(s.d, l, static_cast<float *>(ops[l]->dst) + off);
+      mma_take_warp(s.d, d, off);
     }
 }
 
@@ -620,7 +666,7 @@ void mma_batch_flush(Worker &w, unsigned wi) {
   Warp &wp = w.warps[wi];
   if (!wp.batch_pending) return;
   const size_t n = wp.batch_n[0];
-  auto op = [&](unsigned l, size_t i) -> const LaneOp & { return wp.batch_ops[l * kBatchCap + i]; };
+  auto op = [&](unsigned l, size_t i) -> const LaneOp & { return wp.batch_ops[i * 32 + l]; };
   for (unsigned l = 1; l < 32; ++l)
     if (wp.batch_n[l] != n)
       fail(strprintf("mma batch of warp %u: lane 0 recorded %zu tensor-core ops but lane %u "
