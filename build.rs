@@ -83,6 +83,15 @@ fn emulator_build() -> cc::Build {
     if host_isa_v3() {
         b.flag("-march=x86-64-v3");
     }
+    // Small memset/memcpy (a kernel's `uint32_t w[8][4] = {}`, an mma
+    // tile's operand capture) as vector moves, large ones as calls into
+    // libc: never `rep stos`/`rep movs`, whose start-up (tens of cycles)
+    // g++'s generic tuning pays for every constant size above 64 bytes.
+    #[cfg(target_arch = "x86_64")]
+    {
+        b.flag_if_supported("-mmemset-strategy=vector_loop:512:noalign,libcall:-1:noalign");
+        b.flag_if_supported("-mmemcpy-strategy=vector_loop:512:noalign,libcall:-1:noalign");
+    }
     b
 }
 
