@@ -25,19 +25,19 @@ void cp_async(void *dst, const void *src, int size, int src_bytes, const char *f
   if (src_bytes < 0 || src_bytes > size)
     fail(strprintf("cp.async at %s:%u: src-size %d is outside [0, %d]", file, line, src_bytes,
                    size));
+  Worker &w = *tl_worker;
   check_aligned(dst, size_t(size), "cp.async destination", file, line);
-  if (!in_shared(dst, size_t(size)))
+  if (!shared_contains(w, dst, size_t(size)))
     fail(strprintf("cp.async at %s:%u: destination %p is not in the block's shared memory "
                    "(cp.async writes .shared)",
                    file, line, dst));
   if (src_bytes > 0) {
     check_aligned(src, size_t(size), "cp.async source", file, line);
-    if (overlaps_shared(src, size_t(src_bytes)))
+    if (shared_overlaps(w, src, size_t(src_bytes)))
       fail(strprintf("cp.async at %s:%u: source %p is in the block's shared memory "
                      "(cp.async reads .global)",
                      file, line, src));
   }
-  Worker &w = *tl_worker;
   if (!w.strict) {
     if (size == 16 && src_bytes == 16) {  // the common case, inlined
       std::memcpy(dst, src, 16);

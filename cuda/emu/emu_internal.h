@@ -275,6 +275,25 @@ struct Worker {
 
 extern __thread Worker *tl_worker;
 
+// Whether [p, p + bytes) lies in w's block's shared memory (its dynamic
+// part or the static variables declared so far), and whether it touches
+// the arena at all. Inline, for the per-lane checks of cp.async and
+// ldmatrix (ftn_emu::in_shared / overlaps_shared are these for the
+// running worker).
+inline bool shared_contains(const Worker &w, const void *p, size_t bytes) {
+  if (!w.arena) return false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(w.arena);
+  auto within = [a, bytes](uintptr_t lo, size_t n) {
+    return a >= lo && a - lo <= n && bytes <= n - (a - lo);
+  };
+  return within(base, w.dyn_bytes) || within(base + w.static_off, w.static_used);
+}
+inline bool shared_overlaps(const Worker &w, const void *p, size_t bytes) {
+  if (!w.arena || bytes == 0) return false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(w.arena);
+  return a < base + w.arena_size && base < a + bytes;
+}
+
 // fiber.cpp
 Stack stack_acquire(Worker &w);
 void stacks_return(std::vector<Stack> &stacks);

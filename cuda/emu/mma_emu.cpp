@@ -428,7 +428,7 @@ namespace {
                                                       const char *file, unsigned line,
                                                       void *ret) {
   check_aligned(row, 16, "ldmatrix row address", file, line);
-  if (!in_shared(row, 16)) ldmatrix_not_shared(row, lane, i, n, file, line);
+  if (!detail::shared_contains(w, row, 16)) ldmatrix_not_shared(row, lane, i, n, file, line);
   if (w.racecheck) detail::race_access(w, row, 16, false, ret);
 }
 

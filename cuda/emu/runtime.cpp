@@ -161,26 +161,14 @@ void misaligned_fail(const char *what, const void *p, size_t align, const char *
                  what, p, align, file, line));
 }
 
-namespace {
-// [p, p + bytes) within [lo, lo + n)?
-bool range_within(uintptr_t p, size_t bytes, uintptr_t lo, size_t n) {
-  return p >= lo && p - lo <= n && bytes <= n - (p - lo);
-}
-}  // namespace
-
 bool in_shared(const void *p, size_t bytes) {
   const Worker *w = tl_worker;
-  if (!w || !w->arena) return false;
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(w->arena);
-  return range_within(a, bytes, base, w->dyn_bytes) ||
-         range_within(a, bytes, base + w->static_off, w->static_used);
+  return w != nullptr && shared_contains(*w, p, bytes);
 }
 
 bool overlaps_shared(const void *p, size_t bytes) {
   const Worker *w = tl_worker;
-  if (!w || !w->arena || bytes == 0) return false;
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(w->arena);
-  return a < base + w->arena_size && base < a + bytes;
+  return w != nullptr && shared_overlaps(*w, p, bytes);
 }
 
 void launch_bounds_fail(unsigned max_threads, const char *text) {
