@@ -289,7 +289,55 @@ template <unsigned words>
 // (eight 16-bit elements), transposed first for .trans; then lane l = 4g + t
 // takes elements 2t, 2t+1 of row g of each matrix as one register (the PTX
 // fragment layout; for .trans that is rows 2t, 2t+1 of column g).
+#if defined(__x86_64__)
+// ldmatrix_warp for .x4 with SSE2: each 8x8 matrix of 16-bit elements
+// transposed (.trans) by three rounds of unpacks, then the 4 x 32 words
+// (lane l's register i is word l of matrix i) handed out as 4x4 word
+// transposes, a 16-byte store per lane. Pure bit moves: the same registers
+// as the scalar path (self-tests `ldmatrix*`, `mma_gemm_tile`).
+void ldmatrix_warp_x4(bool trans, const unsigned char *const *rows, void *const *dst) {
+  alignas(16) __m128i M[4][8];
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 8; ++r)
+      M[i][r] = _mm_loadu_si128(reinterpret_cast<const __m128i *>(rows[8 * i + r]));
+  if (trans) {
+    for (int i = 0; i < 4; ++i) {
+      __m128i *a = M[i];
+      const __m128i t0 = _mm_unpacklo_epi16(a[0], a[1]), t1 = _mm_unpackhi_epi16(a[0], a[1]);
+      const __m128i t2 = _mm_unpacklo_epi16(a[2], a[3]), t3 = _mm_unpackhi_epi16(a[2], a[3]);
+      const __m128i t4 = _mm_unpacklo_epi16(a[4], a[5]), t5 = _mm_unpackhi_epi16(a[4], a[5]);
+      const __m128i t6 = _mm_unpacklo_epi16(a[6], a[7]), t7 = _mm_unpackhi_epi16(a[6], a[7]);
+      const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+      const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+      const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+      const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+      a[0] = _mm_unpacklo_epi64(u0, u4);
+      a[1] = _mm_unpackhi_epi64(u0, u4);
+      a[2] = _mm_unpacklo_epi64(u1, u5);
+      a[3] = _mm_unpackhi_epi64(u1, u5);
+      a[4] = _mm_unpacklo_epi64(u2, u6);
+      a[5] = _mm_unpackhi_epi64(u2, u6);
+      a[6] = _mm_unpacklo_epi64(u3, u7);
+      a[7] = _mm_unpackhi_epi64(u3, u7);
+    }
+  }
+  // Word l of matrix i is M[i][l / 4], 32-bit element l % 4.
+  for (int g = 0; g < 8; ++g) {
+    const __m128i w0 = M[0][g], w1 = M[1][g], w2 = M[2][g], w3 = M[3][g];
+    const __m128i p0 = _mm_unpacklo_epi32(w0, w1), p1 = _mm_unpackhi_epi32(w0, w1);
+    const __m128i p2 = _mm_unpacklo_epi32(w2, w3), p3 = _mm_unpackhi_epi32(w2, w3);
+    _mm_storeu_si128(static_cast<__m128i *>(dst[4 * g]), _mm_unpacklo_epi64(p0, p2));
+    _mm_storeu_si128(static_cast<__m128i *>(dst[4 * g + 1]), _mm_unpackhi_epi64(p0, p2));
+    _mm_storeu_si128(static_cast<__m128i *>(dst[4 * g + 2]), _mm_unpacklo_epi64(p1, p3));
+    _mm_storeu_si128(static_cast<__m128i *>(dst[4 * g + 3]), _mm_unpackhi_epi64(p1, p3));
+  }
+}
+#endif
+
 void ldmatrix_warp(int count, bool trans, const unsigned char *const *rows, void *const *dst) {
+#if defined(__x86_64__)
+  if (count == 4) return ldmatrix_warp_x4(trans, rows, dst);
+#endif
   alignas(16) uint16_t M[4][8][8];
   for (int i = 0; i < count; ++i)
     for (int r = 0; r < 8; ++r) std::memcpy(M[i][r], rows[8 * i + r], 16);
