@@ -294,7 +294,7 @@ template <unsigned words>
 // transposed (.trans) by three rounds of unpacks, then the 4 x 32 words
 // (lane l's register i is word l of matrix i) handed out as 4x4 word
 // transposes, a 16-byte store per lane. Pure bit moves: the same registers
-// as the scalar path (self-tests `ldmatrix*`, `mma_gemm_tile`).
+// as the scalar path (self-tests `ldmatrix_seq`, `mma_tile`).
 void ldmatrix_warp_x4(bool trans, const unsigned char *const *rows, void *const *dst) {
   alignas(16) __m128i M[4][8];
   for (int i = 0; i < 4; ++i)
