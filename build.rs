@@ -85,8 +85,9 @@ fn emulator_build() -> cc::Build {
     }
     // Small memset/memcpy (a kernel's `uint32_t w[8][4] = {}`, an mma
     // tile's operand capture) as vector moves, large ones as calls into
-    // libc: never `rep stos`/`rep movs`, whose start-up (tens of cycles)
-    // g++'s generic tuning pays for every constant size above 64 bytes.
+    // libc: never `rep stos`/`rep movs`, whose start-up costs tens of
+    // cycles. g++ 12's generic tuning emits them for constant sizes from
+    // 88 bytes up and for sizes known only at run time.
     #[cfg(target_arch = "x86_64")]
     {
         b.flag_if_supported("-mmemset-strategy=vector_loop:512:noalign,libcall:-1:noalign");
