@@ -112,6 +112,14 @@ void mma_take(const TileF &x, unsigned lane, float *d) {
 // of lanes 4g .. 4g+3's four values, so four 16-byte loads and four
 // shuffles make the two rows (and the same backwards for D), instead of
 // eight 8-byte moves with their address arithmetic.
+// The 32 lanes' accumulator (c) and destination (dst) pointers of a
+// recorded mma op or tile.
+void lane_cd(const detail::LaneOp *const *ops, const float **c, float **d) {
+  for (unsigned l = 0; l < 32; ++l) {
+    c[l] = static_cast<const float *>(ops[l]->c);
+    d[l] = static_cast<float *>(ops[l]->dst);
+  }
+}
 void mma_put_c_warp(TileF &x, const float *const *c, unsigned off) {
 #if defined(__x86_64__)
   for (unsigned g = 0; g < 8; ++g) {
@@ -243,34 +251,6 @@ struct LdmLane {
 };
 static_assert(kLdmOffset + 32 * sizeof(LdmLane) <= detail::kWarpScratchBytes);
 
-void ldmatrix_collective(unsigned mask, void *const *data) {
-  if (mask != 0xFFFFFFFFu)
-    detail::fail(detail::strprintf("ldmatrix needs the full warp, got mask 0x%08x", mask));
-  const LdmLane &l0 = *static_cast<LdmLane *>(data[0]);
-  const int count = l0.count;
-  const bool trans = l0.trans;
-  uint16_t M[4][8][8];
-  for (int l = 0; l < 32; ++l) {
-    const LdmLane &ln = *static_cast<LdmLane *>(data[l]);
-    if (ln.count != count || ln.trans != trans)
-      detail::fail("ldmatrix: lanes disagree on .num or .trans");
-  }
-  for (int i = 0; i < count; ++i)
-    for (int r = 0; r < 8; ++r) {
-      // Checked (aligned, shared) by the lane itself in ldmatrix() below.
-      std::memcpy(M[i][r], static_cast<LdmLane *>(data[8 * i + r])->row, 16);
-    }
-  for (int l = 0; l < 32; ++l) {
-    LdmLane &ln = *static_cast<LdmLane *>(data[l]);
-    const int g = l >> 2, t = l & 3;
-    for (int i = 0; i < count; ++i) {
-      const uint16_t lo = trans ? M[i][2 * t][g] : M[i][g][2 * t];
-      const uint16_t hi = trans ? M[i][2 * t + 1][g] : M[i][g][2 * t + 1];
-      ln.r[i] = uint32_t(lo) | (uint32_t(hi) << 16);
-    }
-  }
-}
-
 }  // namespace
 
 namespace {
@@ -285,10 +265,6 @@ template <unsigned words>
   return words == 2 ? x[0] == ~0ull : (x[0] & x[words / 2 - 1]) == ~0ull;
 }
 
-// An ldmatrix for the whole warp: M[i][r] = lane (8i + r)'s 16-byte row
-// (eight 16-bit elements), transposed first for .trans; then lane l = 4g + t
-// takes elements 2t, 2t+1 of row g of each matrix as one register (the PTX
-// fragment layout; for .trans that is rows 2t, 2t+1 of column g).
 #if defined(__x86_64__)
 // ldmatrix_warp for .x4 with SSE2: each 8x8 matrix of 16-bit elements
 // transposed (.trans) by three rounds of unpacks, then the 4 x 32 words
@@ -334,6 +310,10 @@ void ldmatrix_warp_x4(bool trans, const unsigned char *const *rows, void *const 
 }
 #endif
 
+// An ldmatrix for the whole warp: M[i][r] = lane (8i + r)'s 16-byte row
+// (eight 16-bit elements), transposed first for .trans; then lane l = 4g + t
+// takes elements 2t, 2t+1 of row g of each matrix as one register (the PTX
+// fragment layout; for .trans that is rows 2t, 2t+1 of column g).
 void ldmatrix_warp(int count, bool trans, const unsigned char *const *rows, void *const *dst) {
 #if defined(__x86_64__)
   if (count == 4) return ldmatrix_warp_x4(trans, rows, dst);
@@ -349,6 +329,25 @@ void ldmatrix_warp(int count, bool trans, const unsigned char *const *rows, void
     uint32_t *r = static_cast<uint32_t *>(dst[l]);
     for (int i = 0; i < count; ++i) std::memcpy(&r[i], &M[i][l >> 2][2 * (l & 3)], 4);
   }
+}
+
+// The warp collective of an ldmatrix outside a batch: every lane's row in,
+// its registers out, through ldmatrix_warp as at a batch's flush.
+void ldmatrix_collective(unsigned mask, void *const *data) {
+  if (mask != 0xFFFFFFFFu)
+    detail::fail(detail::strprintf("ldmatrix needs the full warp, got mask 0x%08x", mask));
+  const LdmLane &l0 = *static_cast<LdmLane *>(data[0]);
+  const unsigned char *rows[32];
+  void *dst[32];
+  for (int l = 0; l < 32; ++l) {
+    LdmLane &ln = *static_cast<LdmLane *>(data[l]);
+    if (ln.count != l0.count || ln.trans != l0.trans)
+      detail::fail("ldmatrix: lanes disagree on .num or .trans");
+    // Checked (aligned, shared) by the lane itself in ldmatrix() below.
+    rows[l] = static_cast<const unsigned char *>(ln.row);
+    dst[l] = ln.r;
+  }
+  ldmatrix_warp(l0.count, l0.trans, rows, dst);
 }
 
 // Lane `lane`'s next op slot in its warp's batch; the op's kind and
@@ -653,9 +652,12 @@ struct MmaOperandCache {
       std::memcpy(b_raw[j], rb, sizeof rb);
       b_bf16[j] = BF16;
     }
-    for (unsigned l = 0; l < 32; ++l) mma_put_c(x.c, l, static_cast<const float *>(ops[l]->c));
+    const float *c[32];
+    float *d[32];
+    lane_cd(ops, c, d);
+    mma_put_c_warp(x.c, c, 0);
     mma_compute(x.a, b_tile[j], x.c, x.d);
-    for (unsigned l = 0; l < 32; ++l) mma_take(x.d, l, static_cast<float *>(ops[l]->dst));
+    mma_take_warp(x.d, d, 0);
   }
 };
 
@@ -685,10 +687,7 @@ void run_mma_tile(unsigned mi, unsigned ni, const detail::LaneOp *const *ops) {
       mma_put_b<BF16>(s.b[j], l, static_cast<const uint32_t *>(ops[l]->b) + 2 * j);
   const float *c[32];
   float *d[32];
-  for (unsigned l = 0; l < 32; ++l) {
-    c[l] = static_cast<const float *>(ops[l]->c);
-    d[l] = static_cast<float *>(ops[l]->dst);
-  }
+  lane_cd(ops, c, d);
   for (unsigned i = 0; i < mi; ++i)
     for (unsigned j = 0; j < ni; ++j) {
       const unsigned off = 4 * (i * ni + j);
