@@ -52,11 +52,19 @@ pub fn subnormal_step(d: DType) -> f64 {
     }
 }
 
+/// The absolute error n values stored in `d` may carry however exact the
+/// arithmetic: sqrt(n) * the larger of half the subnormal spacing and the
+/// smallest normal fp32 (see [`assert_close`]).
+fn storage_floor(d: DType, n: usize) -> f64 {
+    (n as f64).sqrt() * (subnormal_step(d) / 2.0).max(f32::MIN_POSITIVE as f64)
+}
+
 /// Asserts ||out - ref|| <= tolerance(dtype) * ||ref|| + sqrt(n) * floor,
 /// naming the case and the seed. `floor` is the larger of half the storage
 /// format's subnormal spacing and the smallest normal fp32: results that
 /// small (e.g. GeLU of x < -10) are subnormal in the storage format or in the
 /// fp32 arithmetic, where no kernel keeps relative accuracy.
+#[track_caller]
 pub fn assert_close(what: &str, d: DType, seed: u64, out: &[f64], reference: &[f64]) {
     assert_close_scaled(what, d, seed, out, reference, 1.0);
 }
@@ -64,6 +72,7 @@ pub fn assert_close(what: &str, d: DType, seed: u64, out: &[f64], reference: &[f
 /// [`assert_close`] with the dtype's tolerance multiplied by `factor`: for
 /// results that pass through several ops, each rounding its output to the
 /// storage dtype (the per-dtype tolerance is for one op).
+#[track_caller]
 pub fn assert_close_scaled(
     what: &str,
     d: DType,
@@ -75,16 +84,117 @@ pub fn assert_close_scaled(
     let e = rel_err(out, reference);
     let tol = tolerance(d) * factor;
     let ref_norm = reference.iter().map(|r| r * r).sum::<f64>().sqrt();
-    let floor = (out.len() as f64).sqrt() * (subnormal_step(d) / 2.0).max(f32::MIN_POSITIVE as f64);
+    let floor = storage_floor(d, out.len());
     let allowed = if ref_norm > 0.0 {
         tol + floor / ref_norm
     } else {
         tol.max(floor)
     };
+    log_margin(e / allowed, what);
     assert!(
         e <= allowed,
         "{what} ({d}): relative error {e:e} > {allowed:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})"
     );
+}
+
+/// Sums of |term| per column of a row-major `[rows, cols]` matrix of the
+/// terms a column sum adds up: the scale a floating-point sum's error is
+/// proportional to, whatever the order of the additions.
+pub fn abs_column_sums(terms: &[f64], cols: usize) -> Vec<f64> {
+    let mut sums = vec![0.0; cols];
+    for row in terms.chunks(cols) {
+        for (s, t) in sums.iter_mut().zip(row) {
+            *s += t.abs();
+        }
+    }
+    sums
+}
+
+/// The scales [`assert_close_sums`] needs for LayerNorm's (RMSNorm's)
+/// parameter gradients: [`abs_column_sums`] of dy * xhat (dgamma) and of dy
+/// (dbeta), xhat from the saved per-row statistics (`rms`: mean 0).
+pub fn norm_param_grad_scales(
+    dy: &[f64],
+    x: &[f64],
+    hidden: usize,
+    mean: &[f64],
+    rstd: &[f64],
+    rms: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let dgamma_terms: Vec<f64> = dy
+        .iter()
+        .zip(x)
+        .enumerate()
+        .map(|(i, (&d, &v))| {
+            let r = i / hidden;
+            let m = if rms { 0.0 } else { mean[r] };
+            d * (v - m) * rstd[r]
+        })
+        .collect();
+    (
+        abs_column_sums(&dgamma_terms, hidden),
+        abs_column_sums(dy, hidden),
+    )
+}
+
+/// [`assert_close`] for column sums (dbias, dgamma, dbeta): the error is
+/// measured against `abs_sums` ([`abs_column_sums`] of the terms), not the
+/// sums themselves. Terms of both signs cancel (a column of 37 rows can sum
+/// to a tenth of its terms), and a sum computed in the storage precision is
+/// only accurate relative to the sum of its terms' magnitudes; a dropped or
+/// doubled row still moves the result by about 1/rows of that scale.
+#[track_caller]
+pub fn assert_close_sums(
+    what: &str,
+    d: DType,
+    seed: u64,
+    out: &[f64],
+    reference: &[f64],
+    abs_sums: &[f64],
+) {
+    assert_eq!(out.len(), reference.len());
+    assert_eq!(abs_sums.len(), reference.len());
+    if out.iter().any(|o| o.is_nan()) {
+        panic!("{what} ({d}): NaN in the output (seed {seed}; rerun with FTN_TEST_SEED={seed})");
+    }
+    let err = out
+        .iter()
+        .zip(reference)
+        .map(|(o, r)| (o - r) * (o - r))
+        .sum::<f64>()
+        .sqrt();
+    let scale = abs_sums.iter().map(|s| s * s).sum::<f64>().sqrt();
+    let allowed = tolerance(d) * scale + storage_floor(d, out.len());
+    log_margin(err / allowed, what);
+    assert!(
+        err <= allowed,
+        "{what} ({d}): error {err:e} > {allowed:e} = {:e} x sum of |terms| {scale:e} + floor (seed {seed}; rerun with FTN_TEST_SEED={seed})",
+        tolerance(d)
+    );
+}
+
+/// With `FTN_TEST_MARGINS=<file>`, appends "ratio file:line what" for a
+/// check whose error is `ratio` times its allowance (a pass is <= 1), so
+/// checks that pass with little room show before a seed makes them fail
+/// (`scripts/test_margins.py` summarises the file per call site). One write
+/// per line: the lines of parallel tests do not interleave.
+#[track_caller]
+pub fn log_margin(ratio: f64, what: &str) {
+    if let Ok(path) = std::env::var("FTN_TEST_MARGINS") {
+        let loc = std::panic::Location::caller();
+        let line = format!(
+            "{ratio:.4} {}:{} {}\n",
+            loc.file(),
+            loc.line(),
+            what.replace('\n', " ")
+        );
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .unwrap_or_else(|e| panic!("FTN_TEST_MARGINS={path}: cannot append: {e}"));
+    }
 }
 
 /// SplitMix64: small, seedable, good enough for test data.
