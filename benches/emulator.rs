@@ -13,7 +13,10 @@
 //!   elements);
 //! * group `native_floor` (`emulator/native_floor.rs`): the same training
 //!   ops as plain vectorised C++ loops, checked against the kernels' outputs:
-//!   the speed no emulator of these kernels could beat by much on this CPU.
+//!   the speed no emulator of these kernels could beat by much on this CPU;
+//!   and the softmax and LayerNorm warp kernels hand-lowered to lockstep form
+//!   (`lockstep_*`, bitwise the kernels' outputs): what an emulator running
+//!   a warp's lanes in lockstep could reach.
 //!
 //! `FTN_BENCH_CLOCK=cpu` times with the process's CPU clock instead of the
 //! wall clock: on a shared machine that is the comparable figure (for a

@@ -28,13 +28,27 @@ mod native_floor;
 
 /// The native loops the emulator's speed is measured against compute what
 /// the kernels compute: each of the six is checked against the emulated
-/// kernel on varied inputs (`native_floor::cases` panics on a mismatch).
+/// kernel on varied inputs, and the six lockstep lowerings of the softmax
+/// and LayerNorm kernels bit for bit (`native_floor::cases` panics on a
+/// mismatch). 288 rows: the LayerNorm backward's nine 32-row chunks of
+/// parameter-gradient partials, which its stage two splits in two.
 #[test]
 fn native_floor_computes_what_the_kernels_compute() {
     let dev = ferrotron::Device::emu();
     let stream = dev.new_stream().unwrap();
-    let cases = native_floor::cases(&stream, 32, 1024);
-    assert_eq!(cases.len(), 6);
+    let cases = native_floor::cases(&stream, 288, 1024);
+    let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+    assert_eq!(names.len(), 12, "{names:?}");
+    for lowered in [
+        "lockstep_softmax_fwd",
+        "lockstep_softmax_bwd",
+        "lockstep_simd_softmax_bwd",
+        "lockstep_layernorm_fwd",
+        "lockstep_layernorm_bwd",
+        "lockstep_simd_layernorm_bwd",
+    ] {
+        assert!(names.contains(&lowered), "{names:?}");
+    }
 }
 
 #[test]

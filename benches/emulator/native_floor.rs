@@ -9,6 +9,7 @@
 //! timing, so the floor is known to compute the same function;
 //! `tests/emulator.rs` runs that check at a small shape in every `cargo test`.
 
+use ferrotron::core::plan;
 use ferrotron::ops::softmax::{ScaleMaskSoftmax, SoftmaxMask};
 use ferrotron::ops::{layernorm, BiasGelu, LayerNorm};
 use ferrotron::{DeviceBuffer, Stream};
@@ -41,7 +42,35 @@ extern "C" {
         cols: u64,
         scale: f32,
     );
+    fn ftn_lockstep_softmax_fwd_bf16(x: *const u16, y: *mut u16, rows: u64, cols: u64, scale: f32);
+    fn ftn_lockstep_softmax_bwd_bf16(
+        y: *const u16,
+        dy: *const u16,
+        dx: *mut u16,
+        rows: u64,
+        cols: u64,
+        scale: f32,
+    );
+    fn ftn_lockstep_simd_softmax_bwd_bf16(
+        y: *const u16,
+        dy: *const u16,
+        dx: *mut u16,
+        rows: u64,
+        cols: u64,
+        scale: f32,
+    );
     fn ftn_native_layernorm_fwd_bf16(
+        x: *const u16,
+        gamma: *const u16,
+        beta: *const u16,
+        y: *mut u16,
+        mean: *mut f32,
+        rstd: *mut f32,
+        rows: u64,
+        cols: u64,
+        eps: f32,
+    );
+    fn ftn_lockstep_layernorm_fwd_bf16(
         x: *const u16,
         gamma: *const u16,
         beta: *const u16,
@@ -63,6 +92,34 @@ extern "C" {
         dbeta: *mut u16,
         rows: u64,
         cols: u64,
+    );
+    fn ftn_lockstep_layernorm_bwd_bf16(
+        dy: *const u16,
+        x: *const u16,
+        mean: *const f32,
+        rstd: *const f32,
+        gamma: *const u16,
+        dx: *mut u16,
+        dgamma: *mut u16,
+        dbeta: *mut u16,
+        rows: u64,
+        cols: u64,
+        rows_per_chunk: u64,
+        split: u64,
+    );
+    fn ftn_lockstep_simd_layernorm_bwd_bf16(
+        dy: *const u16,
+        x: *const u16,
+        mean: *const f32,
+        rstd: *const f32,
+        gamma: *const u16,
+        dx: *mut u16,
+        dgamma: *mut u16,
+        dbeta: *mut u16,
+        rows: u64,
+        cols: u64,
+        rows_per_chunk: u64,
+        split: u64,
     );
 }
 
@@ -126,6 +183,24 @@ fn check_close(what: &str, native: &[bf16], emulated: &[bf16]) {
     );
 }
 
+/// Panics unless `lowered` is bit for bit the emulated kernel's `emulated`
+/// (the lockstep lowerings run the kernel's own operations in its order).
+fn check_same<T: Copy + std::fmt::Display, B: PartialEq>(
+    what: &str,
+    lowered: &[T],
+    emulated: &[T],
+    bits: impl Fn(T) -> B,
+) {
+    assert_eq!(lowered.len(), emulated.len(), "{what}: lengths");
+    let differs = |i: &usize| bits(lowered[*i]) != bits(emulated[*i]);
+    if let Some(i) = (0..lowered.len()).find(differs) {
+        panic!(
+            "{what}[{i}] = {}, the emulated kernel gave {}",
+            lowered[i], emulated[i]
+        );
+    }
+}
+
 /// A native op's outputs (those it does not write stay empty).
 #[derive(Default)]
 pub struct Outputs {
@@ -166,7 +241,11 @@ fn host<T: ferrotron::Element>(b: &DeviceBuffer<T>) -> Vec<T> {
 
 /// The six native ops at `rows x cols` bf16, each run once and checked
 /// against the emulated kernel of the same op on `stream` (panics naming the
-/// op and element on a mismatch).
+/// op and element on a mismatch); when `cols` is 1024, also the softmax and
+/// LayerNorm warp kernels, forward and backward, lowered to lockstep form
+/// (`lockstep_*`; the backwards also with the lanes as SIMD,
+/// `lockstep_simd_*`: estimates of what a lockstep emulator could
+/// reach), checked to be bitwise the kernels'.
 pub fn cases(stream: &Stream, rows: usize, cols: usize) -> Vec<Case> {
     let dev = stream.device();
     let n = rows * cols;
@@ -234,25 +313,55 @@ pub fn cases(stream: &Stream, rows: usize, cols: usize) -> Vec<Case> {
     softmax
         .forward(stream, &x, SoftmaxMask::None, &mut y)
         .unwrap();
-    let xa = x_h.clone();
-    let case = Case::new("softmax_fwd", full(), move |o| {
-        // SAFETY: x and o.full hold rows x cols elements.
-        unsafe { ftn_native_softmax_fwd_bf16(bits(&xa), bits_mut(&mut o.full), r, c, SCALE) }
-    });
+    // The native loops and the lockstep lowerings share signatures.
+    let lockstep = cols == 1024;
+    type SoftmaxFwd = unsafe extern "C" fn(*const u16, *mut u16, u64, u64, f32);
+    let softmax_fwd_case = |name: &'static str, forward: SoftmaxFwd| {
+        let xa = x_h.clone();
+        Case::new(name, full(), move |o| {
+            // SAFETY: x and o.full hold rows x cols elements (the lowering:
+            // cols = 1024).
+            unsafe { forward(bits(&xa), bits_mut(&mut o.full), r, c, SCALE) }
+        })
+    };
+    let case = softmax_fwd_case("softmax_fwd", ftn_native_softmax_fwd_bf16);
     let y_h = host(&y);
     check_close("softmax fwd", &case.out.full, &y_h);
     cases.push(case);
+    if lockstep {
+        let case = softmax_fwd_case("lockstep_softmax_fwd", ftn_lockstep_softmax_fwd_bf16);
+        check_same("lockstep_softmax_fwd", &case.out.full, &y_h, bf16::to_bits);
+        cases.push(case);
+    }
 
     softmax.backward(stream, &y, &dy, &mut dx).unwrap();
-    let dya = dy_h.clone();
-    let case = Case::new("softmax_bwd", full(), move |o| {
-        // SAFETY: y, dy and o.full hold rows x cols elements.
-        unsafe {
-            ftn_native_softmax_bwd_bf16(bits(&y_h), bits(&dya), bits_mut(&mut o.full), r, c, SCALE)
-        }
-    });
-    check_close("softmax bwd", &case.out.full, &host(&dx));
+    let dx_h = host(&dx);
+    type SoftmaxBwd = unsafe extern "C" fn(*const u16, *const u16, *mut u16, u64, u64, f32);
+    let softmax_bwd_case = |name: &'static str, backward: SoftmaxBwd| {
+        let (ya, dya) = (y_h.clone(), dy_h.clone());
+        Case::new(name, full(), move |o| {
+            // SAFETY: y, dy and o.full hold rows x cols elements (the
+            // lowerings: cols = 1024).
+            unsafe { backward(bits(&ya), bits(&dya), bits_mut(&mut o.full), r, c, SCALE) }
+        })
+    };
+    let case = softmax_bwd_case("softmax_bwd", ftn_native_softmax_bwd_bf16);
+    check_close("softmax bwd", &case.out.full, &dx_h);
     cases.push(case);
+    if lockstep {
+        let lowerings: [(&'static str, SoftmaxBwd); 2] = [
+            ("lockstep_softmax_bwd", ftn_lockstep_softmax_bwd_bf16),
+            (
+                "lockstep_simd_softmax_bwd",
+                ftn_lockstep_simd_softmax_bwd_bf16,
+            ),
+        ];
+        for (name, lowering) in lowerings {
+            let case = softmax_bwd_case(name, lowering);
+            check_same(name, &case.out.full, &dx_h, bf16::to_bits);
+            cases.push(case);
+        }
+    }
 
     // LayerNorm with gamma and beta.
     let ln = LayerNorm::new(rows, cols);
@@ -266,33 +375,70 @@ pub fn cases(stream: &Stream, rows: usize, cols: usize) -> Vec<Case> {
         &mut rstd,
     )
     .unwrap();
-    let (xa, ga, ba) = (x_h.clone(), row_h.clone(), row2_h);
-    let stats = Outputs {
-        mean: vec![0.0; rows],
-        rstd: vec![0.0; rows],
-        ..full()
+    type LayerNormFwd = unsafe extern "C" fn(
+        *const u16,
+        *const u16,
+        *const u16,
+        *mut u16,
+        *mut f32,
+        *mut f32,
+        u64,
+        u64,
+        f32,
+    );
+    let ln_fwd_case = |name: &'static str, forward: LayerNormFwd| {
+        let (xa, ga, ba) = (x_h.clone(), row_h.clone(), row2_h.clone());
+        let stats = Outputs {
+            mean: vec![0.0; rows],
+            rstd: vec![0.0; rows],
+            ..full()
+        };
+        Case::new(name, stats, move |o| {
+            // SAFETY: x and o.full hold rows x cols elements, gamma and beta
+            // cols, o.mean and o.rstd rows (the lowering: cols = 1024).
+            unsafe {
+                forward(
+                    bits(&xa),
+                    bits(&ga),
+                    bits(&ba),
+                    bits_mut(&mut o.full),
+                    o.mean.as_mut_ptr(),
+                    o.rstd.as_mut_ptr(),
+                    r,
+                    c,
+                    layernorm::DEFAULT_EPS,
+                )
+            }
+        })
     };
-    let case = Case::new("layernorm_fwd", stats, move |o| {
-        // SAFETY: x and o.full hold rows x cols elements, gamma and beta
-        // cols, o.mean and o.rstd rows.
-        unsafe {
-            ftn_native_layernorm_fwd_bf16(
-                bits(&xa),
-                bits(&ga),
-                bits(&ba),
-                bits_mut(&mut o.full),
-                o.mean.as_mut_ptr(),
-                o.rstd.as_mut_ptr(),
-                r,
-                c,
-                layernorm::DEFAULT_EPS,
-            )
-        }
-    });
-    check_close("layernorm fwd", &case.out.full, &host(&y));
-    check_f32_close("layernorm fwd mean", &case.out.mean, &host(&mean));
-    check_f32_close("layernorm fwd rstd", &case.out.rstd, &host(&rstd));
+    let case = ln_fwd_case("layernorm_fwd", ftn_native_layernorm_fwd_bf16);
+    let (y_e, mean_e, rstd_e) = (host(&y), host(&mean), host(&rstd));
+    check_close("layernorm fwd", &case.out.full, &y_e);
+    check_f32_close("layernorm fwd mean", &case.out.mean, &mean_e);
+    check_f32_close("layernorm fwd rstd", &case.out.rstd, &rstd_e);
     cases.push(case);
+    if lockstep {
+        let case = ln_fwd_case("lockstep_layernorm_fwd", ftn_lockstep_layernorm_fwd_bf16);
+        check_same(
+            "lockstep_layernorm_fwd",
+            &case.out.full,
+            &y_e,
+            bf16::to_bits,
+        );
+        check_same(
+            "lockstep_layernorm_fwd mean",
+            &case.out.mean,
+            &mean_e,
+            f32::to_bits,
+        );
+        check_same(
+            "lockstep_layernorm_fwd rstd",
+            &case.out.rstd,
+            &rstd_e,
+            f32::to_bits,
+        );
+        cases.push(case);
+    }
 
     ln.backward(
         stream,
@@ -306,7 +452,60 @@ pub fn cases(stream: &Stream, rows: usize, cols: usize) -> Vec<Case> {
         Some(&mut drow2),
     )
     .unwrap();
-    let (mean_e, rstd_e) = (host(&mean), host(&rstd));
+    let (dx_e, dgamma_e, dbeta_e) = (host(&dx), host(&drow), host(&drow2));
+    type LayerNormBwdLowered = unsafe extern "C" fn(
+        *const u16,
+        *const u16,
+        *const f32,
+        *const f32,
+        *const u16,
+        *mut u16,
+        *mut u16,
+        *mut u16,
+        u64,
+        u64,
+        u64,
+        u64,
+    );
+    let ln_bwd_lowered = |name: &'static str, backward: LayerNormBwdLowered| {
+        // The fused backward's chunking and stage-two split, as planned.
+        let fused = plan::layernorm::fused_backward(r, c, 2, true, true)
+            .expect("a 1024-column bf16 row has the fused warp backward");
+        let (dya, xa, ga) = (dy_h.clone(), x_h.clone(), row_h.clone());
+        let (ma, ra) = (mean_e.clone(), rstd_e.clone());
+        let split = u64::from(fused.reduce_cfg.block[1]);
+        Case::new(name, with_rows(2), move |o| {
+            // SAFETY: as the native case below; cols = 1024, and the
+            // chunking is the plan's for these rows.
+            unsafe {
+                backward(
+                    bits(&dya),
+                    bits(&xa),
+                    ma.as_ptr(),
+                    ra.as_ptr(),
+                    bits(&ga),
+                    bits_mut(&mut o.full),
+                    bits_mut(&mut o.row),
+                    bits_mut(&mut o.row2),
+                    r,
+                    c,
+                    fused.rows_per_chunk,
+                    split,
+                )
+            }
+        })
+    };
+    let lowered_bwd: Vec<Case> = if lockstep {
+        vec![
+            ln_bwd_lowered("lockstep_layernorm_bwd", ftn_lockstep_layernorm_bwd_bf16),
+            ln_bwd_lowered(
+                "lockstep_simd_layernorm_bwd",
+                ftn_lockstep_simd_layernorm_bwd_bf16,
+            ),
+        ]
+    } else {
+        Vec::new()
+    };
     let case = Case::new("layernorm_bwd", with_rows(2), move |o| {
         // SAFETY: dy, x and o.full hold rows x cols elements; mean and rstd
         // rows; gamma, o.row and o.row2 cols.
@@ -325,9 +524,26 @@ pub fn cases(stream: &Stream, rows: usize, cols: usize) -> Vec<Case> {
             )
         }
     });
-    check_close("layernorm bwd dx", &case.out.full, &host(&dx));
-    check_close("layernorm bwd dgamma", &case.out.row, &host(&drow));
-    check_close("layernorm bwd dbeta", &case.out.row2, &host(&drow2));
+    check_close("layernorm bwd dx", &case.out.full, &dx_e);
+    check_close("layernorm bwd dgamma", &case.out.row, &dgamma_e);
+    check_close("layernorm bwd dbeta", &case.out.row2, &dbeta_e);
     cases.push(case);
+    for case in lowered_bwd {
+        let what = case.name;
+        check_same(what, &case.out.full, &dx_e, bf16::to_bits);
+        check_same(
+            &format!("{what} dgamma"),
+            &case.out.row,
+            &dgamma_e,
+            bf16::to_bits,
+        );
+        check_same(
+            &format!("{what} dbeta"),
+            &case.out.row2,
+            &dbeta_e,
+            bf16::to_bits,
+        );
+        cases.push(case);
+    }
     cases
 }

@@ -107,11 +107,6 @@ void mma_take(const TileF &x, unsigned lane, float *d) {
   std::memcpy(d + 2, &x[g + 8][c0], 8);
 }
 
-// mma_put_c / mma_take for the whole warp at once: c[l] + off is lane l's
-// (c0, c1, c2, c3). Rows g and g + 8 of C are the low and the high halves
-// of lanes 4g .. 4g+3's four values, so four 16-byte loads and four
-// shuffles make the two rows (and the same backwards for D), instead of
-// eight 8-byte moves with their address arithmetic.
 // The 32 lanes' accumulator (c) and destination (dst) pointers of a
 // recorded mma op or tile.
 void lane_cd(const detail::LaneOp *const *ops, const float **c, float **d) {
@@ -120,6 +115,12 @@ void lane_cd(const detail::LaneOp *const *ops, const float **c, float **d) {
     d[l] = static_cast<float *>(ops[l]->dst);
   }
 }
+
+// mma_put_c / mma_take for the whole warp at once: c[l] + off is lane l's
+// (c0, c1, c2, c3). Rows g and g + 8 of C are the low and the high halves
+// of lanes 4g .. 4g+3's four values, so four 16-byte loads and four
+// shuffles make the two rows (and the same backwards for D), instead of
+// eight 8-byte moves with their address arithmetic.
 void mma_put_c_warp(TileF &x, const float *const *c, unsigned off) {
 #if defined(__x86_64__)
   for (unsigned g = 0; g < 8; ++g) {

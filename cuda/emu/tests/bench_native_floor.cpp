@@ -7,6 +7,11 @@
 // for the emulator's speed (benches/emulator.rs, group `native_floor`, which
 // also checks that each computes what the kernel computes).
 //
+// Also here: the softmax and LayerNorm warp kernels, forward and backward,
+// hand-lowered to "lockstep" form (ftn_lockstep_*): what a
+// barrier-splitting compiler pass would make of them, as an estimate of what
+// such an emulator model could reach.
+//
 // bf16 is passed as its bits (uint16_t); rows x cols, row-major.
 // Floor per op: one pass over its operands (2n or 3n bf16), 5-40 FLOP per
 // element; at 1024 x 1024 the operands fit in L2/L3.
@@ -16,6 +21,7 @@
 
 #include "emu/cuda_emu.h"
 #include "gelu.cuh"
+#include "reduce.cuh"
 
 namespace {
 using ftn_emu::bf16_to_f32;  // the emulator's own conversions (inline)
@@ -177,4 +183,355 @@ extern "C" void ftn_native_layernorm_bwd_bf16(const uint16_t *dy, const uint16_t
   }
   store_row(dg.data(), dgamma, cols);
   store_row(db.data(), dbeta, cols);
+}
+
+// ---------------------------------------------------------------- lockstep
+// The softmax warp kernels (cuda/softmax.cu, sm_fwd_warp_impl and
+// sm_bwd_rows with LANES = 32, V = 8, no mask, no dropout) lowered by hand
+// the way a barrier-splitting pass would lower them for a CPU: each stretch
+// of a lane's code between two warp collectives becomes a loop over the 32
+// lanes, what a lane keeps across a collective becomes an array indexed by
+// lane, and the collective runs between two loops (the emulator's own
+// ftn_emu_butterfly). Per lane the code and its order of operations are the
+// kernel's (lane l holds columns (c*32 + l)*8 + k; serial dot product;
+// ftn_thread_max/ftn_thread_sum), so the outputs are the kernel's; what it
+// leaves out is the emulator's checks (bounds, alignment, races). An
+// estimate for issue 15: the time an emulator that runs a warp's lanes in
+// lockstep, instead of one fiber per lane, could reach on these kernels.
+// Rows of exactly 1024 columns (the kernels' warp32 instances, 4 chunks a
+// lane; callers check).
+namespace {
+constexpr int kLanes = 32, kV = 8, kChunks = 4;
+}
+
+extern "C" void ftn_lockstep_softmax_fwd_bf16(const uint16_t *x, uint16_t *y, uint64_t rows,
+                                              uint64_t cols, float scale) {
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint16_t *xr = x + r * cols;
+    uint16_t *yr = y + r * cols;
+    float v[kLanes][kChunks][kV];
+    float red[kLanes];
+    for (int l = 0; l < kLanes; ++l) {  // up to the max all-reduce
+      for (int c = 0; c < kChunks; ++c)
+        for (int k = 0; k < kV; ++k) v[l][c][k] = bf16_to_f32(xr[(c * kLanes + l) * kV + k]) * scale;
+      red[l] = ftn_thread_max(v[l]);
+    }
+    ftn_emu_butterfly<FtnMaxOp>(red, kLanes);
+    for (int l = 0; l < kLanes; ++l) {  // up to the sum all-reduce
+      const float mx = red[l];
+      for (int c = 0; c < kChunks; ++c)
+        for (int k = 0; k < kV; ++k) v[l][c][k] = __expf(v[l][c][k] - mx);
+      red[l] = ftn_thread_sum(v[l]);
+    }
+    ftn_emu_butterfly<FtnSumOp>(red, kLanes);
+    for (int l = 0; l < kLanes; ++l) {  // to the end
+      const float inv = 1.0f / red[l];
+      for (int c = 0; c < kChunks; ++c)
+        for (int k = 0; k < kV; ++k)
+          yr[(c * kLanes + l) * kV + k] = f32_to_bf16(v[l][c][k] * inv);
+    }
+  }
+}
+
+extern "C" void ftn_lockstep_softmax_bwd_bf16(const uint16_t *y, const uint16_t *dy,
+                                              uint16_t *dx, uint64_t rows, uint64_t cols,
+                                              float scale) {
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint16_t *yr = y + r * cols, *gr = dy + r * cols;
+    uint16_t *dr = dx + r * cols;
+    float dot[kLanes];
+    for (int l = 0; l < kLanes; ++l) {  // up to the dot product's all-reduce
+      float d = 0.0f;
+      for (int c = 0; c < kChunks; ++c)
+        for (int k = 0; k < kV; ++k) {
+          const int i = (c * kLanes + l) * kV + k;
+          d += bf16_to_f32(yr[i]) * bf16_to_f32(gr[i]);
+        }
+      dot[l] = d;
+    }
+    ftn_emu_butterfly<FtnSumOp>(dot, kLanes);
+    for (int l = 0; l < kLanes; ++l) {  // to the end (the rows reread, as
+      const float d = dot[l];           // the kernel re-widens its words)
+      for (int c = 0; c < kChunks; ++c)
+        for (int k = 0; k < kV; ++k) {
+          const int i = (c * kLanes + l) * kV + k;
+          const float yv = bf16_to_f32(yr[i]), gv = bf16_to_f32(gr[i]);
+          dr[i] = f32_to_bf16(scale * (gv * yv - yv * d));
+        }
+    }
+  }
+}
+
+// The backward again, lowered as a vectorising pass would do it: the lanes
+// are the inner, SIMD dimension (a row widened once into [chunk][k][lane]
+// arrays, lanes contiguous), each lane's dot product still summed in the
+// kernel's order, so the outputs are bitwise those of the loop above.
+extern "C" void ftn_lockstep_simd_softmax_bwd_bf16(const uint16_t *y, const uint16_t *dy,
+                                                   uint16_t *dx, uint64_t rows, uint64_t cols,
+                                                   float scale) {
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint16_t *yr = y + r * cols, *gr = dy + r * cols;
+    uint16_t *dr = dx + r * cols;
+    alignas(32) float yv[kChunks][kV][kLanes], gv[kChunks][kV][kLanes];
+    for (int c = 0; c < kChunks; ++c)
+      for (int l = 0; l < kLanes; ++l)
+        for (int k = 0; k < kV; ++k) {
+          const int i = (c * kLanes + l) * kV + k;
+          yv[c][k][l] = bf16_to_f32(yr[i]);
+          gv[c][k][l] = bf16_to_f32(gr[i]);
+        }
+    alignas(32) float dot[kLanes] = {};
+    for (int c = 0; c < kChunks; ++c)
+      for (int k = 0; k < kV; ++k)
+        for (int l = 0; l < kLanes; ++l) dot[l] += yv[c][k][l] * gv[c][k][l];
+    ftn_emu_butterfly<FtnSumOp>(dot, kLanes);
+    for (int c = 0; c < kChunks; ++c)
+      for (int l = 0; l < kLanes; ++l)
+        for (int k = 0; k < kV; ++k) {
+          const float a = yv[c][k][l], g = gv[c][k][l];
+          dr[(c * kLanes + l) * kV + k] = f32_to_bf16(scale * (g * a - a * dot[l]));
+        }
+  }
+}
+
+// The LayerNorm forward's warp path (cuda/layernorm.cu, fwd_row_cached with
+// WARP, V = 8, 4 chunks a lane; bf16 with gamma and beta, not RMSNorm, no
+// zero-centred gamma), lowered the same way: the row's sum of x - pivot
+// (each chunk summed pairwise), its all-reduce, the sum of squared
+// deviations, its all-reduce, then the output pass; lane 0 writes the
+// row's mean and rstd.
+extern "C" void ftn_lockstep_layernorm_fwd_bf16(const uint16_t *x, const uint16_t *gamma,
+                                                const uint16_t *beta, uint16_t *y, float *mean,
+                                                float *rstd, uint64_t rows, uint64_t cols,
+                                                float eps) {
+  const float inv_n = 1.0f / float(cols);
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint16_t *xr = x + r * cols;
+    uint16_t *yr = y + r * cols;
+    const float pivot = bf16_to_f32(xr[0]);
+    float red[kLanes];
+    for (int l = 0; l < kLanes; ++l) {  // up to the first all-reduce
+      float s = 0.0f;
+      for (int c = 0; c < kChunks; ++c) {
+        float v[kV];
+        for (int k = 0; k < kV; ++k) v[k] = bf16_to_f32(xr[(c * kLanes + l) * kV + k]);
+        for (int w = kV / 2; w > 0; w /= 2)
+          for (int k = 0; k < w; ++k) v[k] += v[k + w];
+        s += v[0] - float(kV) * pivot;
+      }
+      red[l] = s;
+    }
+    ftn_emu_butterfly<FtnSumOp>(red, kLanes);
+    float shift[kLanes];
+    for (int l = 0; l < kLanes; ++l) {  // up to the second all-reduce
+      shift[l] = red[l] * inv_n;
+      const float mu = pivot + shift[l];
+      float q = 0.0f;
+      for (int c = 0; c < kChunks; ++c)
+        for (int k = 0; k < kV; ++k) {
+          const float d = bf16_to_f32(xr[(c * kLanes + l) * kV + k]) - mu;
+          q = fmaf(d, d, q);
+        }
+      red[l] = q;
+    }
+    ftn_emu_butterfly<FtnSumOp>(red, kLanes);
+    for (int l = 0; l < kLanes; ++l) {  // to the end
+      const float rs = rsqrtf(red[l] * inv_n + eps);
+      const float neg_shift_rstd = -shift[l] * rs;
+      if (l == 0) {
+        mean[r] = pivot + shift[l];
+        rstd[r] = rs;
+      }
+      for (int c = 0; c < kChunks; ++c)
+        for (int k = 0; k < kV; ++k) {
+          const int i = (c * kLanes + l) * kV + k;
+          const float u = fmaf(bf16_to_f32(xr[i]) - pivot, rs, neg_shift_rstd);
+          yr[i] = f32_to_bf16(fmaf(u, bf16_to_f32(gamma[i]), bf16_to_f32(beta[i])));
+        }
+    }
+  }
+}
+
+// The LayerNorm backward's fused warp path (cuda/layernorm.cu,
+// bwd_fused_warp with bwd_row_cached, WARP and ACC, V = 8, 4 chunks a lane;
+// bf16, gamma, dgamma and dbeta, not RMSNorm, no zero-centred gamma) and its
+// stage two (column_sum), lowered the same way. Per chunk of
+// rows_per_chunk rows, each of the block's four warps walks rows w, w + 4,
+// ... adding dy * xhat and dy into its own accumulators; per row the lanes'
+// sums of dy * g and g * dy * xhat, their two butterflies, then dx. A
+// chunk's partials are its warps' accumulators added in warp order; stage
+// two sums chunks ty, ty + split, ... of a column in order (split: the
+// plan's reduce split), then the split's sums in order.
+namespace {
+constexpr int kWarpRows = 4;
+constexpr int kRowCols = kLanes * kChunks * kV;  // 1024
+
+// Stage two: per column, chunks ty, ty + split, ... summed in order for
+// each ty < split, then those sums in order (column_sum's block rows).
+void ln_bwd_stage_two(const float *part_g, const float *part_b, uint64_t chunks, uint64_t cols,
+                      uint64_t split, uint16_t *dgamma, uint16_t *dbeta) {
+  for (uint64_t col = 0; col < cols; ++col) {
+    for (int which = 0; which < 2; ++which) {
+      const float *part = which == 0 ? part_g : part_b;
+      float t = 0.0f;
+      for (uint64_t ty = 0; ty < split; ++ty) {
+        float s = 0.0f;
+        for (uint64_t k = ty; k < chunks; k += split) s += part[k * cols + col];
+        t += s;
+      }
+      (which == 0 ? dgamma : dbeta)[col] = f32_to_bf16(t);
+    }
+  }
+}
+}  // namespace
+
+extern "C" void ftn_lockstep_layernorm_bwd_bf16(const uint16_t *dy, const uint16_t *x,
+                                                const float *mean, const float *rstd,
+                                                const uint16_t *gamma, uint16_t *dx,
+                                                uint16_t *dgamma, uint16_t *dbeta, uint64_t rows,
+                                                uint64_t cols, uint64_t rows_per_chunk,
+                                                uint64_t split) {
+  const uint64_t chunks = rows == 0 ? 1 : (rows + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<float> part_g(chunks * cols), part_b(chunks * cols);
+  std::vector<float> acc(kWarpRows * 2 * kRowCols);
+  const float inv_n = 1.0f / float(cols);
+  for (uint64_t chunk = 0; chunk < chunks; ++chunk) {
+    const uint64_t r0 = chunk * rows_per_chunk;
+    const uint64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    for (float &a : acc) a = 0.0f;
+    for (int w = 0; w < kWarpRows; ++w) {
+      float *ag = acc.data() + 2 * w * kRowCols, *ab = ag + kRowCols;
+      for (uint64_t row = r0 + w; row < r1; row += kWarpRows) {
+        const uint16_t *xr = x + row * cols, *gr = dy + row * cols;
+        uint16_t *dr = dx + row * cols;
+        const float mu = mean[row], rs = rstd[row];
+        float s1[kLanes], s2[kLanes];
+        for (int l = 0; l < kLanes; ++l) {  // up to the row sums' all-reduce
+          for (int c = 0; c < kChunks; ++c)
+            for (int k = 0; k < kV; ++k) {
+              const int i = (c * kLanes + l) * kV + k;
+              const float xv = bf16_to_f32(xr[i]), dv = bf16_to_f32(gr[i]);
+              ag[i] += dv * ((xv - mu) * rs);
+              ab[i] += dv;
+            }
+          float a = 0.0f, b = 0.0f;
+          for (int c = 0; c < kChunks; ++c)
+            for (int k = 0; k < kV; ++k) {
+              const int i = (c * kLanes + l) * kV + k;
+              const float xv = bf16_to_f32(xr[i]), dv = bf16_to_f32(gr[i]);
+              const float g = bf16_to_f32(gamma[i]);
+              a = fmaf(dv, g, a);
+              b = fmaf(g, dv * ((xv - mu) * rs), b);
+            }
+          s1[l] = a;
+          s2[l] = b;
+        }
+        ftn_emu_butterfly<FtnSumOp>(s1, kLanes);
+        ftn_emu_butterfly<FtnSumOp>(s2, kLanes);
+        for (int l = 0; l < kLanes; ++l) {  // to the end: dx
+          const float c0 = -rs * (s1[l] * inv_n);
+          const float c2 = -(rs * rs) * (s2[l] * inv_n);
+          for (int c = 0; c < kChunks; ++c)
+            for (int k = 0; k < kV; ++k) {
+              const int i = (c * kLanes + l) * kV + k;
+              const float xv = bf16_to_f32(xr[i]), dv = bf16_to_f32(gr[i]);
+              const float g = bf16_to_f32(gamma[i]);
+              dr[i] = f32_to_bf16(fmaf(dv * g, rs, fmaf(xv - mu, c2, c0)));
+            }
+        }
+      }
+    }
+    for (int col = 0; col < kRowCols; ++col) {  // the chunk's partials
+      float g = acc[col], b = acc[kRowCols + col];
+      for (int w = 1; w < kWarpRows; ++w) {
+        g += acc[2 * w * kRowCols + col];
+        b += acc[(2 * w + 1) * kRowCols + col];
+      }
+      part_g[chunk * cols + col] = g;
+      part_b[chunk * cols + col] = b;
+    }
+  }
+  ln_bwd_stage_two(part_g.data(), part_b.data(), chunks, cols, split, dgamma, dbeta);
+}
+
+// The backward above again with the lanes as the SIMD dimension (as the
+// softmax backward's second lowering): each row widened once into
+// [chunk][k][lane] arrays, the accumulators kept in that layout and put
+// back in column order when a chunk's partials are written; each lane's
+// sums still in the kernel's order, so the outputs are bitwise the same.
+extern "C" void ftn_lockstep_simd_layernorm_bwd_bf16(const uint16_t *dy, const uint16_t *x,
+                                                     const float *mean, const float *rstd,
+                                                     const uint16_t *gamma, uint16_t *dx,
+                                                     uint16_t *dgamma, uint16_t *dbeta,
+                                                     uint64_t rows, uint64_t cols,
+                                                     uint64_t rows_per_chunk, uint64_t split) {
+  const uint64_t chunks = rows == 0 ? 1 : (rows + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<float> part_g(chunks * cols), part_b(chunks * cols);
+  using Lanes = float[kChunks][kV][kLanes];
+  std::vector<float> acc_store(kWarpRows * 2 * kRowCols);
+  auto acc = reinterpret_cast<Lanes *>(acc_store.data());  // [warp][gamma, beta]
+  alignas(32) Lanes g;
+  for (int c = 0; c < kChunks; ++c)
+    for (int l = 0; l < kLanes; ++l)
+      for (int k = 0; k < kV; ++k) g[c][k][l] = bf16_to_f32(gamma[(c * kLanes + l) * kV + k]);
+  const float inv_n = 1.0f / float(cols);
+  for (uint64_t chunk = 0; chunk < chunks; ++chunk) {
+    const uint64_t r0 = chunk * rows_per_chunk;
+    const uint64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    for (float &a : acc_store) a = 0.0f;
+    for (int w = 0; w < kWarpRows; ++w) {
+      Lanes &ag = acc[2 * w], &ab = acc[2 * w + 1];
+      for (uint64_t row = r0 + w; row < r1; row += kWarpRows) {
+        const uint16_t *xr = x + row * cols, *gr = dy + row * cols;
+        uint16_t *dr = dx + row * cols;
+        const float mu = mean[row], rs = rstd[row];
+        alignas(32) Lanes xv, dv;
+        for (int c = 0; c < kChunks; ++c)
+          for (int l = 0; l < kLanes; ++l)
+            for (int k = 0; k < kV; ++k) {
+              const int i = (c * kLanes + l) * kV + k;
+              xv[c][k][l] = bf16_to_f32(xr[i]);
+              dv[c][k][l] = bf16_to_f32(gr[i]);
+            }
+        alignas(32) float s1[kLanes] = {}, s2[kLanes] = {};
+        for (int c = 0; c < kChunks; ++c)
+          for (int k = 0; k < kV; ++k)
+            for (int l = 0; l < kLanes; ++l) {
+              const float d = dv[c][k][l], pg = d * ((xv[c][k][l] - mu) * rs);
+              ag[c][k][l] += pg;
+              ab[c][k][l] += d;
+              s1[l] = fmaf(d, g[c][k][l], s1[l]);
+              s2[l] = fmaf(g[c][k][l], pg, s2[l]);
+            }
+        ftn_emu_butterfly<FtnSumOp>(s1, kLanes);
+        ftn_emu_butterfly<FtnSumOp>(s2, kLanes);
+        alignas(32) float c0[kLanes], c2[kLanes];
+        for (int l = 0; l < kLanes; ++l) {
+          c0[l] = -rs * (s1[l] * inv_n);
+          c2[l] = -(rs * rs) * (s2[l] * inv_n);
+        }
+        for (int c = 0; c < kChunks; ++c)
+          for (int k = 0; k < kV; ++k)
+            for (int l = 0; l < kLanes; ++l)
+              xv[c][k][l] =
+                  fmaf(dv[c][k][l] * g[c][k][l], rs, fmaf(xv[c][k][l] - mu, c2[l], c0[l]));
+        for (int c = 0; c < kChunks; ++c)
+          for (int l = 0; l < kLanes; ++l)
+            for (int k = 0; k < kV; ++k) dr[(c * kLanes + l) * kV + k] = f32_to_bf16(xv[c][k][l]);
+      }
+    }
+    for (int c = 0; c < kChunks; ++c)  // the chunk's partials, in column order
+      for (int l = 0; l < kLanes; ++l)
+        for (int k = 0; k < kV; ++k) {
+          float gs = acc[0][c][k][l], bs = acc[1][c][k][l];
+          for (int w = 1; w < kWarpRows; ++w) {
+            gs += acc[2 * w][c][k][l];
+            bs += acc[2 * w + 1][c][k][l];
+          }
+          const uint64_t col = (c * kLanes + l) * kV + k;
+          part_g[chunk * cols + col] = gs;
+          part_b[chunk * cols + col] = bs;
+        }
+  }
+  ln_bwd_stage_two(part_g.data(), part_b.data(), chunks, cols, split, dgamma, dbeta);
 }
