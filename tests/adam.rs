@@ -114,6 +114,9 @@ fn assert_moment_close(what: &str, seed: u64, m: &[f64], r: &Ref) {
     let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
     let err = norm(&mut m.iter().zip(&r.m).map(|(a, b)| a - b));
     let allowed = common::tolerance(DType::F32) * norm(&mut r.m_mag.iter().copied());
+    if allowed > 0.0 {
+        common::log_margin(err / allowed, what);
+    }
     assert!(
         err <= allowed,
         "{what}: |m - oracle| = {err:e} > {allowed:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})"

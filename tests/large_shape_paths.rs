@@ -23,8 +23,8 @@ mod common;
 
 use common::ranks::run_ranks;
 use common::{
-    abs_column_sums, assert_close, assert_close_sums, devices, norm_param_grad_scales, to_f64,
-    tolerance, Rng,
+    abs_column_sums, assert_close, assert_close_sums, devices, log_margin, norm_param_grad_scales,
+    to_f64, tolerance, Rng,
 };
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::core::plan::{self, grid_caps, set_grid_caps_for_tests, GridCaps};
@@ -572,6 +572,7 @@ fn norm_case<T: FloatElement>(dev: &Device, rows: usize, hidden: usize, rms: boo
         .sqrt()
         .max(first_term);
     let dx_err = num / den;
+    log_margin(dx_err / tolerance(T::DTYPE), &format!("dx {what}"));
     assert!(
         dx_err <= tolerance(T::DTYPE),
         "dx {what}: relative error {dx_err:e} > {:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})",

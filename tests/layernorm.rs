@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    abs_column_sums, assert_close, assert_close_sums, devices, norm_param_grad_scales, rel_err,
-    to_f64, tolerance, Rng,
+    abs_column_sums, assert_close, assert_close_sums, devices, log_margin, norm_param_grad_scales,
+    rel_err, to_f64, tolerance, Rng,
 };
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::ops::{LayerNorm, RmsNorm};
@@ -89,6 +89,14 @@ fn poisoned<T: FloatElement>(stream: &Stream, n: usize) -> DeviceBuffer<T> {
 /// Saved statistics within fp32 accuracy of the f64 ones: the mean relative
 /// to the row's scale (|mean| + spread), rstd relative to itself.
 fn check_stats(what: &str, seed: u64, got: &[f32], want: &[f64], scale: &[f64], tol: f64) {
+    let worst = got
+        .iter()
+        .zip(want)
+        .zip(scale)
+        .filter(|(_, &s)| s > 0.0)
+        .map(|((&g, &w), &s)| (g as f64 - w).abs() / (tol * s))
+        .fold(0.0, f64::max);
+    log_margin(worst, what);
     for (r, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
         let err = (g as f64 - w).abs();
         assert!(
@@ -295,6 +303,10 @@ fn run_case<T: FloatElement>(dev: &Device, c: Case) {
             .sum::<f64>()
             .sqrt();
         let dx_err = dx_num / dx_den;
+        log_margin(
+            dx_err / tolerance(T::DTYPE),
+            &format!("dx ({which}) {what}"),
+        );
         assert!(
             dx_err <= tolerance(T::DTYPE),
             "dx ({which}) {what}: relative error {dx_err:e} > {:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})",
@@ -802,6 +814,7 @@ fn partial_gradient_requests() {
     op.backward(&stream, &dyd, &xd, &m, &r, None, &mut dx2, None, None)
         .unwrap();
     let e = rel_err(&to_f64(&dx2.to_host().unwrap()), &rb.dx);
+    log_margin(e / tolerance(DType::F32), "dx alone");
     assert!(e <= tolerance(DType::F32), "dx alone: {e:e} (seed {seed})");
 }
 
