@@ -75,20 +75,9 @@ fn registry() -> (ParamRegistry, Vec<ParamId>) {
     (reg, ids)
 }
 
+#[track_caller]
 fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(&g, &w)| (g as f64 - w).abs() / (tol * (1.0 + w.abs())))
-        .fold(0.0, f64::max);
-    common::log_margin(worst, what);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g as f64 - w).abs() <= tol * (1.0 + w.abs()),
-            "{what}[{i}]: got {g}, want {w}"
-        );
-    }
+    common::assert_close_each(what, got.iter().map(|&g| g as f64), want, tol);
 }
 
 /// Writes `vals` into `id`'s gradient on `stream`.

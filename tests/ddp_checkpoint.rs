@@ -210,18 +210,7 @@ fn compare(a: &Path, b: &Path, f32_tol: f64, bf16_tol: f64) {
         } else {
             f32_tol
         };
-        let worst = va
-            .iter()
-            .zip(vb)
-            .map(|(x, y)| (x - y).abs() / (tol * (1.0 + y.abs())))
-            .fold(0.0, f64::max);
-        common::log_margin(worst, name);
-        for (i, (x, y)) in va.iter().zip(vb).enumerate() {
-            assert!(
-                (x - y).abs() <= tol * (1.0 + y.abs()),
-                "{name}[{i}]: {x} vs {y}"
-            );
-        }
+        common::assert_close_each(name, va.iter().copied(), vb, tol);
     }
 }
 

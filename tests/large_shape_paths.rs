@@ -23,8 +23,8 @@ mod common;
 
 use common::ranks::run_ranks;
 use common::{
-    abs_column_sums, assert_close, assert_close_sums, devices, log_margin, norm_param_grad_scales,
-    to_f64, tolerance, Rng,
+    abs_column_sums, assert_close, assert_close_norm_dx, assert_close_sums, devices,
+    norm_param_grad_scales, to_f64, Rng,
 };
 use ferrotron::core::dtype::FloatElement;
 use ferrotron::core::plan::{self, grid_caps, set_grid_caps_for_tests, GridCaps};
@@ -546,37 +546,15 @@ fn norm_case<T: FloatElement>(dev: &Device, rows: usize, hidden: usize, rms: boo
             .unwrap();
     }
     stream.synchronize().unwrap();
-    // As in tests/layernorm.rs: dx's error relative to the larger of ||dx||
-    // and ||rstd * gamma * dy|| (its terms cancel).
-    let dx = to_f64(&dx.to_host().unwrap());
-    let first_term = dyf
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| {
-            let t = saved_rstd[i / hidden] * gf[i % hidden] * d;
-            t * t
-        })
-        .sum::<f64>()
-        .sqrt();
-    let num = dx
-        .iter()
-        .zip(&rb.dx)
-        .map(|(a, b)| (a - b) * (a - b))
-        .sum::<f64>()
-        .sqrt();
-    let den = rb
-        .dx
-        .iter()
-        .map(|v| v * v)
-        .sum::<f64>()
-        .sqrt()
-        .max(first_term);
-    let dx_err = num / den;
-    log_margin(dx_err / tolerance(T::DTYPE), &format!("dx {what}"));
-    assert!(
-        dx_err <= tolerance(T::DTYPE),
-        "dx {what}: relative error {dx_err:e} > {:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})",
-        tolerance(T::DTYPE)
+    assert_close_norm_dx(
+        &format!("dx {what}"),
+        T::DTYPE,
+        seed,
+        &to_f64(&dx.to_host().unwrap()),
+        &rb.dx,
+        &dyf,
+        &saved_rstd,
+        |col| gf[col],
     );
     // dgamma and dbeta are column sums of dy * xhat and dy.
     let (dgamma_scale, dbeta_scale) =

@@ -173,6 +173,65 @@ pub fn assert_close_sums(
     );
 }
 
+/// Asserts |got[i] - want[i]| <= tol * (1 + |want[i]|) for every element
+/// (absolute below 1, relative above), naming the first that fails; logs
+/// the worst element's margin.
+#[track_caller]
+pub fn assert_close_each(
+    what: &str,
+    got: impl ExactSizeIterator<Item = f64>,
+    want: &[f64],
+    tol: f64,
+) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0.0f64;
+    for (i, (g, &w)) in got.zip(want).enumerate() {
+        let (err, allowed) = ((g - w).abs(), tol * (1.0 + w.abs()));
+        assert!(
+            err <= allowed,
+            "{what}[{i}]: got {g}, want {w} (|error| {err:e} > {allowed:e})"
+        );
+        worst = worst.max(err / allowed);
+    }
+    log_margin(worst, what);
+}
+
+/// Asserts LayerNorm's (RMSNorm's) dx within tolerance(d), relative to the
+/// larger of ||reference|| and ||rstd * gamma * dy||: dx = rstd * (g*dy -
+/// mean(g*dy) - xhat * mean(g*dy*xhat)) cancels for tiny rows (hidden = 1:
+/// RMSNorm's dx is ~eps/x^2 of its first term). `gamma(col)` is the
+/// effective gamma (1 without one, 1 + gamma when zero-centred).
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub fn assert_close_norm_dx(
+    what: &str,
+    d: DType,
+    seed: u64,
+    out: &[f64],
+    reference: &[f64],
+    dy: &[f64],
+    rstd: &[f64],
+    gamma: impl Fn(usize) -> f64,
+) {
+    assert_eq!(out.len(), reference.len(), "{what}: length");
+    let hidden = dy.len() / rstd.len();
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|t| t * t).sum::<f64>().sqrt();
+    let first_term = norm(
+        &mut dy
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| rstd[i / hidden] * gamma(i % hidden) * g),
+    );
+    let num = norm(&mut out.iter().zip(reference).map(|(a, b)| a - b));
+    let err = num / norm(&mut reference.iter().copied()).max(first_term);
+    log_margin(err / tolerance(d), what);
+    assert!(
+        err <= tolerance(d),
+        "{what}: relative error {err:e} > {:e} (seed {seed}; rerun with FTN_TEST_SEED={seed})",
+        tolerance(d)
+    );
+}
+
 /// With `FTN_TEST_MARGINS=<file>`, appends "ratio file:line what" for a
 /// check whose error is `ratio` times its allowance (a pass is <= 1), so
 /// checks that pass with little room show before a seed makes them fail
