@@ -23,7 +23,8 @@
 //   Floor: reads dy rows of this shard's tokens once and the ids, writes
 //   dweight once (+ reads it when accumulating, only the rows with tokens);
 //   the keys (8 bytes per token) are L2-resident.
-// Cross-entropy (fp32 math, one block of 256 threads per token row):
+// Cross-entropy (fp32 math, one block of 256 threads per token row; ce_stats
+// gives rows of up to 1024 columns a warp each, 8 rows per block):
 //   ce_stats  one pass over the row (online softmax): local row max m_l,
 //             sum exp(x - m_l), target logit, sum x      (then all-reduce MAX
 //             of the max, ce_rescale: sum *= exp(m_l - m), all-reduce SUM;
@@ -251,13 +252,15 @@ FTN_DEVICE void vp_fold(VpSoftmaxState &st, const float (&x)[U][V]) {
   }
 }
 
-template <typename T, int V, bool SUMX>
-FTN_DEVICE VpSoftmaxState vp_row_stats(const T *x, int64_t cols) {
+// The state of thread `tid` of the THREADS that share the row: vectors
+// tid, tid + THREADS, ... of it.
+template <typename T, int V, bool SUMX, int THREADS>
+FTN_DEVICE VpSoftmaxState vp_row_stats(const T *x, int64_t cols, int tid) {
   constexpr int U = 4;  // 4 x 16 bytes in flight per thread (the pass has no stores)
   VpSoftmaxState st = {FTN_NEG_INF, 0.0f, 0.0f};
   const int64_t nv = cols / V;
-  const int64_t b = VP_BWD_THREADS;
-  int64_t i = threadIdx.x;
+  const int64_t b = THREADS;
+  int64_t i = tid;
   for (; i + (U - 1) * b < nv; i += U * b) {
     float v[U][V];
 #pragma unroll
@@ -272,25 +275,56 @@ FTN_DEVICE VpSoftmaxState vp_row_stats(const T *x, int64_t cols) {
   return st;
 }
 
+// Row t's results from its reduced max m and sums a = {sum exp(x - m),
+// sum x}, written by one thread.
 template <typename T, bool SUMX>
-FTN_DEVICE void vocab_ce_stats_impl(const FtnVocabCeStatsParams &p) {
+FTN_DEVICE void vp_store_stats(const FtnVocabCeStatsParams &p, const T *x, int64_t t, float m,
+                               const float (&a)[2]) {
+  const int64_t c = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
+  p.row_max[t] = m;
+  if (p.local_max != nullptr) p.local_max[t] = m;
+  p.sums[t] = a[0];
+  p.sums[p.tokens + t] = (c >= 0 && c < p.cols) ? ftn_to_float(x[c]) : 0.0f;
+  if (SUMX) p.sums[2 * p.tokens + t] = a[1];
+}
+
+// A block per row: the 256 threads stride it, block reductions.
+template <typename T, bool SUMX>
+FTN_DEVICE void vocab_ce_stats_block(const FtnVocabCeStatsParams &p) {
   FTN_SHARED(float, red, [64]);
   const int64_t t = blockIdx.x;
   const T *x = static_cast<const T *>(p.logits) + t * p.cols;
   constexpr int V = FtnVec<T>::N;
+  const int tid = (int)threadIdx.x;
   const bool vec = p.cols % V == 0 && vp_aligned16(p.logits);
-  VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX>(x, p.cols) : vp_row_stats<T, 1, SUMX>(x, p.cols);
+  VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX, VP_BWD_THREADS>(x, p.cols, tid)
+                          : vp_row_stats<T, 1, SUMX, VP_BWD_THREADS>(x, p.cols, tid);
   const float m = ftn_block_allreduce<FtnMaxOp>(st.m, red);
   float a[2] = {st.m == m ? st.s : st.s * __expf(st.m - m), st.sx};
   ftn_block_allreduce_n<FtnSumOp, 2>(a, red);
-  if (threadIdx.x == 0) {
-    const int64_t c = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
-    p.row_max[t] = m;
-    if (p.local_max != nullptr) p.local_max[t] = m;
-    p.sums[t] = a[0];
-    p.sums[p.tokens + t] = (c >= 0 && c < p.cols) ? ftn_to_float(x[c]) : 0.0f;
-    if (SUMX) p.sums[2 * p.tokens + t] = a[1];
-  }
+  if (tid == 0) vp_store_stats<T, SUMX>(p, x, t, m, a);
+}
+
+// A warp per row (VP_BWD_THREADS / 32 rows per block), the kernel the plan
+// picks for short rows (core::plan::vocab_parallel::ce_stats, up to 1024
+// columns): the lanes stride the row, warp reductions (no barrier, no shared
+// memory), and 8 rows per block instead of one short row on 256 threads of
+// which most hold nothing. Its own kernel, so that the block kernel's
+// registers stay its own. A warp past the last row returns whole.
+template <typename T, bool SUMX>
+FTN_DEVICE void vocab_ce_stats_warp(const FtnVocabCeStatsParams &p) {
+  const int64_t t = (int64_t)blockIdx.x * (VP_BWD_THREADS / 32) + (threadIdx.x >> 5);
+  if (t >= p.tokens) return;
+  const T *x = static_cast<const T *>(p.logits) + t * p.cols;
+  constexpr int V = FtnVec<T>::N;
+  const int lane = (int)(threadIdx.x & 31);
+  const bool vec = p.cols % V == 0 && vp_aligned16(p.logits);
+  VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX, 32>(x, p.cols, lane)
+                          : vp_row_stats<T, 1, SUMX, 32>(x, p.cols, lane);
+  const float m = ftn_warp_allreduce<FtnMaxOp>(st.m);
+  float a[2] = {st.m == m ? st.s : st.s * __expf(st.m - m), st.sx};
+  ftn_group_allreduce_n<FtnSumOp, 32, 2>(a);
+  if (lane == 0) vp_store_stats<T, SUMX>(p, x, t, m, a);
 }
 
 template <typename T>
@@ -300,9 +334,22 @@ FTN_DEVICE void vocab_ce_stats(const FtnVocabCeStatsParams &p) {
     return;
   }
   if (p.with_logit_sum) {
-    vocab_ce_stats_impl<T, true>(p);
+    vocab_ce_stats_block<T, true>(p);
   } else {
-    vocab_ce_stats_impl<T, false>(p);
+    vocab_ce_stats_block<T, false>(p);
+  }
+}
+
+template <typename T>
+FTN_DEVICE void vocab_ce_stats_warps(const FtnVocabCeStatsParams &p) {
+  if (blockDim.x != VP_BWD_THREADS) {
+    FTN_ASSERT(false);
+    return;
+  }
+  if (p.with_logit_sum) {
+    vocab_ce_stats_warp<T, true>(p);
+  } else {
+    vocab_ce_stats_warp<T, false>(p);
   }
 }
 
@@ -443,6 +490,9 @@ FTN_KERNEL_BOUNDED(ftn_vocab_embed_sort_step, FtnVocabEmbedSortStepParams, p, 25
   }                                                                                          \
   FTN_KERNEL_BOUNDED(ftn_vocab_ce_stats_##suffix, FtnVocabCeStatsParams, p, 256) {           \
     vocab_ce_stats<T>(p);                                                                    \
+  }                                                                                          \
+  FTN_KERNEL_BOUNDED(ftn_vocab_ce_stats_warp_##suffix, FtnVocabCeStatsParams, p, 256) {      \
+    vocab_ce_stats_warps<T>(p);                                                              \
   }                                                                                          \
   FTN_KERNEL_BOUNDED(ftn_vocab_ce_bwd_##suffix, FtnVocabCeBwdParams, p, 256) {               \
     vocab_ce_bwd<T>(p);                                                                      \

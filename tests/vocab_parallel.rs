@@ -367,6 +367,20 @@ fn cross_entropy_row_paths_long_and_unaligned_rows() {
 }
 
 #[test]
+fn cross_entropy_warp_and_block_statistics_at_the_threshold() {
+    // The statistics take a warp per row up to 1024 columns (8 rows per
+    // block: 13 tokens leave the second block's last three warps without a
+    // row), a block per row from 1025: both sides of the switch, vector and
+    // scalar rows, label smoothing (the sum of the logits) on some.
+    use ferrotron::core::plan::vocab_parallel::CE_STATS_WARP_MAX_COLS as MAX;
+    ce_case_cols::<bf16, i32>(1, MAX, MAX, 13, 0.1, None, 510);
+    ce_case_cols::<f32, i64>(2, 2 * MAX, MAX, 13, 0.0, Some(-100), 511);
+    ce_case_cols::<bf16, i64>(1, MAX + 1, MAX + 1, 13, 0.1, None, 512);
+    ce_case_cols::<f32, i32>(2, 2 * MAX + 2, MAX + 1, 13, 0.0, None, 513);
+    ce_case_cols::<bf16, i32>(2, 2 * MAX - 3, MAX - 1, 9, 0.1, None, 514);
+}
+
+#[test]
 fn cross_entropy_is_bitwise_deterministic() {
     let (mut rng, seed) = Rng::new(600);
     let (tokens, shard) = (6usize, 4608usize);

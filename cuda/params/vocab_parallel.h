@@ -71,8 +71,9 @@ typedef struct FtnVocabEmbedBwdParams {
  *   sums[1*tokens + t] = logits[t, labels[t] - vocab_start] if on this shard, else 0
  *   sums[2*tokens + t] = sum_c logits[t, c]        (only if with_logit_sum)
  * With several ranks: all-reduce MAX row_max, ftn_vocab_ce_rescale, then
- * all-reduce SUM the sums. One block of 256 threads per token. Kernels
- * ftn_vocab_ce_stats_{f32,f16,bf16}. */
+ * all-reduce SUM the sums. Blocks of 256 threads. Kernels
+ * ftn_vocab_ce_stats_{f32,f16,bf16} (a block per token) and
+ * ftn_vocab_ce_stats_warp_{f32,f16,bf16} (a warp per token). */
 typedef struct FtnVocabCeStatsParams {
   float *sums;        /* [2 or 3, tokens] */
   float *row_max;     /* [tokens] */

@@ -26,6 +26,30 @@ pub fn per_row(rows: usize) -> LaunchConfig {
     LaunchConfig::linear(rows.min(MAX_GRID_X) as u32, THREADS)
 }
 
+/// Longest row the cross-entropy statistics give one warp
+/// (`ftn_vocab_ce_stats_warp_*`) instead of a block
+/// (`ftn_vocab_ce_stats_*`): a short vocabulary shard would leave most of a
+/// block's threads idle and pay two block reductions per row.
+pub const CE_STATS_WARP_MAX_COLS: usize = 1024;
+
+/// True when the cross-entropy statistics of rows of `cols` columns take the
+/// warp-per-row kernel.
+pub const fn ce_stats_by_warp(cols: usize) -> bool {
+    cols <= CE_STATS_WARP_MAX_COLS
+}
+
+/// The cross-entropy statistics launch over `tokens` rows of `cols` columns:
+/// a warp per row, [`THREADS`]` / 32` rows per block, when
+/// [`ce_stats_by_warp`], else [`per_row`]. The caller checked
+/// `tokens <= MAX_GRID_X`.
+pub fn ce_stats(tokens: usize, cols: usize) -> LaunchConfig {
+    if ce_stats_by_warp(cols) {
+        LaunchConfig::linear(tokens.div_ceil(THREADS as usize / 32) as u32, THREADS)
+    } else {
+        per_row(tokens)
+    }
+}
+
 /// Keys one block of the embedding backward's sort holds in shared memory
 /// (`VP_SORT_TILE` of `cuda/vocab_parallel.cu`).
 pub const SORT_TILE: usize = 2048;
@@ -85,6 +109,11 @@ mod tests {
         assert_eq!(grid_stride(257).grid[0], 2);
         assert_eq!(grid_stride(usize::MAX / 2).grid[0] as usize, MAX_BLOCKS);
         assert_eq!(per_row(7).grid[0], 7);
+        // Warp per row up to 1024 columns (8 rows a block), then a block.
+        assert_eq!(ce_stats(17, 31).grid[0], 3);
+        assert_eq!(ce_stats(16, CE_STATS_WARP_MAX_COLS).grid[0], 2);
+        assert_eq!(ce_stats(17, CE_STATS_WARP_MAX_COLS + 1).grid[0], 17);
+        assert_eq!(ce_stats(17, 31).block[0], THREADS);
     }
 
     #[test]
