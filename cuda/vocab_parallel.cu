@@ -275,81 +275,60 @@ FTN_DEVICE VpSoftmaxState vp_row_stats(const T *x, int64_t cols, int tid) {
   return st;
 }
 
-// Row t's results from its reduced max m and sums a = {sum exp(x - m),
-// sum x}, written by one thread.
-template <typename T, bool SUMX>
-FTN_DEVICE void vp_store_stats(const FtnVocabCeStatsParams &p, const T *x, int64_t t, float m,
-                               const float (&a)[2]) {
-  const int64_t c = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
-  p.row_max[t] = m;
-  if (p.local_max != nullptr) p.local_max[t] = m;
-  p.sums[t] = a[0];
-  p.sums[p.tokens + t] = (c >= 0 && c < p.cols) ? ftn_to_float(x[c]) : 0.0f;
-  if (SUMX) p.sums[2 * p.tokens + t] = a[1];
-}
-
-// A block per row: the 256 threads stride it, block reductions.
-template <typename T, bool SUMX>
-FTN_DEVICE void vocab_ce_stats_block(const FtnVocabCeStatsParams &p) {
-  FTN_SHARED(float, red, [64]);
-  const int64_t t = blockIdx.x;
+// Row t's statistics. WARP = false: a block per row, its 256 threads
+// striding it, block reductions. WARP = true: a warp per row
+// (VP_BWD_THREADS / 32 rows per block), the kernel the plan picks for short
+// rows (core::plan::vocab_parallel::ce_stats, up to 1024 columns): the
+// lanes stride the row, warp reductions (no barrier, no shared memory), and
+// 8 rows per block instead of one short row on 256 threads of which most
+// hold nothing; its own kernel, so that the block kernel's registers stay
+// its own. A warp past the last row returns whole.
+template <typename T, bool SUMX, bool WARP>
+FTN_DEVICE void vocab_ce_stats_rows(const FtnVocabCeStatsParams &p) {
+  constexpr int THREADS = WARP ? 32 : VP_BWD_THREADS;  // threads of a row
+  const int64_t t =
+      WARP ? (int64_t)blockIdx.x * (VP_BWD_THREADS / 32) + (threadIdx.x >> 5) : blockIdx.x;
+  if (WARP && t >= p.tokens) return;
   const T *x = static_cast<const T *>(p.logits) + t * p.cols;
   constexpr int V = FtnVec<T>::N;
-  const int tid = (int)threadIdx.x;
+  const int tid = (int)(WARP ? threadIdx.x & 31u : threadIdx.x);
   const bool vec = p.cols % V == 0 && vp_aligned16(p.logits);
-  VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX, VP_BWD_THREADS>(x, p.cols, tid)
-                          : vp_row_stats<T, 1, SUMX, VP_BWD_THREADS>(x, p.cols, tid);
-  const float m = ftn_block_allreduce<FtnMaxOp>(st.m, red);
-  float a[2] = {st.m == m ? st.s : st.s * __expf(st.m - m), st.sx};
-  ftn_block_allreduce_n<FtnSumOp, 2>(a, red);
-  if (tid == 0) vp_store_stats<T, SUMX>(p, x, t, m, a);
+  VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX, THREADS>(x, p.cols, tid)
+                          : vp_row_stats<T, 1, SUMX, THREADS>(x, p.cols, tid);
+  float m;
+  float a[2];
+  if constexpr (WARP) {
+    m = ftn_warp_allreduce<FtnMaxOp>(st.m);
+    a[0] = st.m == m ? st.s : st.s * __expf(st.m - m);
+    a[1] = st.sx;
+    ftn_group_allreduce_n<FtnSumOp, 32, 2>(a);
+  } else {
+    FTN_SHARED(float, red, [64]);
+    m = ftn_block_allreduce<FtnMaxOp>(st.m, red);
+    a[0] = st.m == m ? st.s : st.s * __expf(st.m - m);
+    a[1] = st.sx;
+    ftn_block_allreduce_n<FtnSumOp, 2>(a, red);
+  }
+  if (tid == 0) {
+    const int64_t c = vp_load_id(p.labels, p.ids_i64, t) - p.vocab_start;
+    p.row_max[t] = m;
+    if (p.local_max != nullptr) p.local_max[t] = m;
+    p.sums[t] = a[0];
+    p.sums[p.tokens + t] = (c >= 0 && c < p.cols) ? ftn_to_float(x[c]) : 0.0f;
+    if (SUMX) p.sums[2 * p.tokens + t] = a[1];
+  }
 }
 
-// A warp per row (VP_BWD_THREADS / 32 rows per block), the kernel the plan
-// picks for short rows (core::plan::vocab_parallel::ce_stats, up to 1024
-// columns): the lanes stride the row, warp reductions (no barrier, no shared
-// memory), and 8 rows per block instead of one short row on 256 threads of
-// which most hold nothing. Its own kernel, so that the block kernel's
-// registers stay its own. A warp past the last row returns whole.
-template <typename T, bool SUMX>
-FTN_DEVICE void vocab_ce_stats_warp(const FtnVocabCeStatsParams &p) {
-  const int64_t t = (int64_t)blockIdx.x * (VP_BWD_THREADS / 32) + (threadIdx.x >> 5);
-  if (t >= p.tokens) return;
-  const T *x = static_cast<const T *>(p.logits) + t * p.cols;
-  constexpr int V = FtnVec<T>::N;
-  const int lane = (int)(threadIdx.x & 31);
-  const bool vec = p.cols % V == 0 && vp_aligned16(p.logits);
-  VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX, 32>(x, p.cols, lane)
-                          : vp_row_stats<T, 1, SUMX, 32>(x, p.cols, lane);
-  const float m = ftn_warp_allreduce<FtnMaxOp>(st.m);
-  float a[2] = {st.m == m ? st.s : st.s * __expf(st.m - m), st.sx};
-  ftn_group_allreduce_n<FtnSumOp, 32, 2>(a);
-  if (lane == 0) vp_store_stats<T, SUMX>(p, x, t, m, a);
-}
-
-template <typename T>
+template <typename T, bool WARP>
 FTN_DEVICE void vocab_ce_stats(const FtnVocabCeStatsParams &p) {
   if (blockDim.x != VP_BWD_THREADS) {
     FTN_ASSERT(false);
     return;
   }
   if (p.with_logit_sum) {
-    vocab_ce_stats_block<T, true>(p);
+    vocab_ce_stats_rows<T, true, WARP>(p);
   } else {
-    vocab_ce_stats_block<T, false>(p);
-  }
-}
-
-template <typename T>
-FTN_DEVICE void vocab_ce_stats_warps(const FtnVocabCeStatsParams &p) {
-  if (blockDim.x != VP_BWD_THREADS) {
-    FTN_ASSERT(false);
-    return;
-  }
-  if (p.with_logit_sum) {
-    vocab_ce_stats_warp<T, true>(p);
-  } else {
-    vocab_ce_stats_warp<T, false>(p);
+    vocab_ce_stats_rows<T, false, WARP>(p);
   }
 }
 
@@ -489,10 +468,10 @@ FTN_KERNEL_BOUNDED(ftn_vocab_embed_sort_step, FtnVocabEmbedSortStepParams, p, 25
     vocab_embed_bwd<T>(p);                                                                   \
   }                                                                                          \
   FTN_KERNEL_BOUNDED(ftn_vocab_ce_stats_##suffix, FtnVocabCeStatsParams, p, 256) {           \
-    vocab_ce_stats<T>(p);                                                                    \
+    vocab_ce_stats<T, false>(p);                                                             \
   }                                                                                          \
   FTN_KERNEL_BOUNDED(ftn_vocab_ce_stats_warp_##suffix, FtnVocabCeStatsParams, p, 256) {      \
-    vocab_ce_stats_warps<T>(p);                                                              \
+    vocab_ce_stats<T, true>(p);                                                              \
   }                                                                                          \
   FTN_KERNEL_BOUNDED(ftn_vocab_ce_bwd_##suffix, FtnVocabCeBwdParams, p, 256) {               \
     vocab_ce_bwd<T>(p);                                                                      \
