@@ -600,14 +600,13 @@ fn fp16_loss_scaling_skips_one_rank_overflow_everywhere_without_host_sync() {
                     HALF[p].0
                 );
                 let got = param_f64(&ddp, &compute, DType::F16, id);
-                for (i, (&g, &w)) in got.iter().zip(&want[p]).enumerate() {
-                    // fp16: a few roundings of 2^-11 relative.
-                    assert!(
-                        (g - w).abs() <= 2e-3 * (1.0 + w.abs()),
-                        "dp {dp} rank {rank} {}[{i}]: got {g}, want {w}",
-                        HALF[p].0
-                    );
-                }
+                // fp16: a few roundings of 2^-11 relative.
+                common::assert_close_each(
+                    &format!("dp {dp} rank {rank} {}", HALF[p].0),
+                    got.into_iter(),
+                    &want[p],
+                    2e-3,
+                );
             }
         });
     }

@@ -80,16 +80,20 @@ fn kernel_survives_early_release(
     a.synchronize().unwrap();
     drop(churn);
     // Megatron's tanh GeLU in f64.
+    let want: Vec<f64> = x
+        .iter()
+        .map(|&xi| {
+            let xi = xi as f64;
+            0.5 * xi * (1.0 + (0.797_884_560_802_865_4 * (xi + 0.044715 * xi * xi * xi)).tanh())
+        })
+        .collect();
     let got = y.to_host().unwrap();
-    for (i, (&g, &xi)) in got.iter().zip(&x).enumerate() {
-        let xi = xi as f64;
-        let want =
-            0.5 * xi * (1.0 + (0.797_884_560_802_865_4 * (xi + 0.044715 * xi * xi * xi)).tanh());
-        assert!(
-            (g as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
-            "{dev:?}: y[{i}] = {g}, want {want}: the input was freed while the kernel still needed it"
-        );
-    }
+    common::assert_close_each(
+        &format!("{dev:?}: y (wrong where the input was freed while the kernel still needed it)"),
+        got.iter().map(|&g| g as f64),
+        &want,
+        1e-5,
+    );
 }
 
 #[test]

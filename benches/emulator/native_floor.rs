@@ -33,54 +33,6 @@ extern "C" {
         rows: u64,
         cols: u64,
     );
-    fn ftn_native_softmax_fwd_bf16(x: *const u16, y: *mut u16, rows: u64, cols: u64, scale: f32);
-    fn ftn_native_softmax_bwd_bf16(
-        y: *const u16,
-        dy: *const u16,
-        dx: *mut u16,
-        rows: u64,
-        cols: u64,
-        scale: f32,
-    );
-    fn ftn_lockstep_softmax_fwd_bf16(x: *const u16, y: *mut u16, rows: u64, cols: u64, scale: f32);
-    fn ftn_lockstep_softmax_bwd_bf16(
-        y: *const u16,
-        dy: *const u16,
-        dx: *mut u16,
-        rows: u64,
-        cols: u64,
-        scale: f32,
-    );
-    fn ftn_lockstep_simd_softmax_bwd_bf16(
-        y: *const u16,
-        dy: *const u16,
-        dx: *mut u16,
-        rows: u64,
-        cols: u64,
-        scale: f32,
-    );
-    fn ftn_native_layernorm_fwd_bf16(
-        x: *const u16,
-        gamma: *const u16,
-        beta: *const u16,
-        y: *mut u16,
-        mean: *mut f32,
-        rstd: *mut f32,
-        rows: u64,
-        cols: u64,
-        eps: f32,
-    );
-    fn ftn_lockstep_layernorm_fwd_bf16(
-        x: *const u16,
-        gamma: *const u16,
-        beta: *const u16,
-        y: *mut u16,
-        mean: *mut f32,
-        rstd: *mut f32,
-        rows: u64,
-        cols: u64,
-        eps: f32,
-    );
     fn ftn_native_layernorm_bwd_bf16(
         dy: *const u16,
         x: *const u16,
@@ -93,35 +45,57 @@ extern "C" {
         rows: u64,
         cols: u64,
     );
-    fn ftn_lockstep_layernorm_bwd_bf16(
-        dy: *const u16,
-        x: *const u16,
-        mean: *const f32,
-        rstd: *const f32,
-        gamma: *const u16,
-        dx: *mut u16,
-        dgamma: *mut u16,
-        dbeta: *mut u16,
-        rows: u64,
-        cols: u64,
-        rows_per_chunk: u64,
-        split: u64,
-    );
-    fn ftn_lockstep_simd_layernorm_bwd_bf16(
-        dy: *const u16,
-        x: *const u16,
-        mean: *const f32,
-        rstd: *const f32,
-        gamma: *const u16,
-        dx: *mut u16,
-        dgamma: *mut u16,
-        dbeta: *mut u16,
-        rows: u64,
-        cols: u64,
-        rows_per_chunk: u64,
-        split: u64,
-    );
 }
+
+/// Declares C functions of the self-test library that share one signature
+/// (a native loop and its lockstep lowerings take the same arguments).
+macro_rules! extern_c_same_signature {
+    ($($name:ident),+ => $params:tt) => {
+        extern "C" {
+            $(fn $name $params;)+
+        }
+    };
+}
+
+extern_c_same_signature!(
+    ftn_native_softmax_fwd_bf16, ftn_lockstep_softmax_fwd_bf16
+        => (x: *const u16, y: *mut u16, rows: u64, cols: u64, scale: f32)
+);
+extern_c_same_signature!(
+    ftn_native_softmax_bwd_bf16, ftn_lockstep_softmax_bwd_bf16, ftn_lockstep_simd_softmax_bwd_bf16
+        => (y: *const u16, dy: *const u16, dx: *mut u16, rows: u64, cols: u64, scale: f32)
+);
+extern_c_same_signature!(
+    ftn_native_layernorm_fwd_bf16, ftn_lockstep_layernorm_fwd_bf16
+        => (
+            x: *const u16,
+            gamma: *const u16,
+            beta: *const u16,
+            y: *mut u16,
+            mean: *mut f32,
+            rstd: *mut f32,
+            rows: u64,
+            cols: u64,
+            eps: f32,
+        )
+);
+extern_c_same_signature!(
+    ftn_lockstep_layernorm_bwd_bf16, ftn_lockstep_simd_layernorm_bwd_bf16
+        => (
+            dy: *const u16,
+            x: *const u16,
+            mean: *const f32,
+            rstd: *const f32,
+            gamma: *const u16,
+            dx: *mut u16,
+            dgamma: *mut u16,
+            dbeta: *mut u16,
+            rows: u64,
+            cols: u64,
+            rows_per_chunk: u64,
+            split: u64,
+        )
+);
 
 const SCALE: f32 = 0.125;
 

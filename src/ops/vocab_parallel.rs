@@ -9,7 +9,7 @@ use crate::backend::{DeviceRead, DeviceWrite, Stream};
 use crate::comm::CommElement;
 use crate::core::dtype::FloatElement;
 use crate::core::plan::vocab_parallel::{
-    ce_stats as ce_stats_launch, ce_stats_by_warp, grid_stride, per_row, sort_steps, SortStep,
+    ce_stats as ce_stats_plan, grid_stride, per_row, sort_steps, CeStatsKernel, SortStep,
 };
 use crate::core::{Element, Result};
 use crate::kernel_params::{
@@ -161,12 +161,12 @@ pub(crate) fn ce_stats<T: FloatElement, I: TokenId>(
         ids_i64: I::IS_I64 as u32,
         with_logit_sum: (s.smoothing != 0.0) as u32,
     };
-    let k = if ce_stats_by_warp(s.cols) {
-        kernels::VOCAB_CE_STATS_WARP.for_dtype(T::DTYPE)?
-    } else {
-        kernels::VOCAB_CE_STATS.for_dtype(T::DTYPE)?
+    let plan = ce_stats_plan(s.tokens, s.cols);
+    let k = match plan.kernel {
+        CeStatsKernel::WarpPerRow => kernels::VOCAB_CE_STATS_WARP.for_dtype(T::DTYPE)?,
+        CeStatsKernel::BlockPerRow => kernels::VOCAB_CE_STATS.for_dtype(T::DTYPE)?,
     };
-    stream.launch(k, ce_stats_launch(s.tokens, s.cols), params)
+    stream.launch(k, plan.cfg, params)
 }
 
 /// `sums[0, t] *= exp(local_max[t] - row_max[t])`: the local sums of

@@ -32,21 +32,49 @@ pub fn per_row(rows: usize) -> LaunchConfig {
 /// block's threads idle and pay two block reductions per row.
 pub const CE_STATS_WARP_MAX_COLS: usize = 1024;
 
-/// True when the cross-entropy statistics of rows of `cols` columns take the
-/// warp-per-row kernel.
-pub const fn ce_stats_by_warp(cols: usize) -> bool {
-    cols <= CE_STATS_WARP_MAX_COLS
+/// Which kernel computes the cross-entropy statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CeStatsKernel {
+    /// `ftn_vocab_ce_stats_warp_*`: a warp per row, [`THREADS`]` / 32` rows
+    /// per block, warp reductions only.
+    WarpPerRow,
+    /// `ftn_vocab_ce_stats_*`: a block of [`THREADS`] per row.
+    BlockPerRow,
 }
 
-/// The cross-entropy statistics launch over `tokens` rows of `cols` columns:
-/// a warp per row, [`THREADS`]` / 32` rows per block, when
-/// [`ce_stats_by_warp`], else [`per_row`]. The caller checked
-/// `tokens <= MAX_GRID_X`.
-pub fn ce_stats(tokens: usize, cols: usize) -> LaunchConfig {
-    if ce_stats_by_warp(cols) {
-        LaunchConfig::linear(tokens.div_ceil(THREADS as usize / 32) as u32, THREADS)
+impl CeStatsKernel {
+    /// The kernel's name without its dtype suffix (`_f32`, `_f16`, `_bf16`).
+    pub const fn name_stem(self) -> &'static str {
+        match self {
+            CeStatsKernel::WarpPerRow => "ftn_vocab_ce_stats_warp",
+            CeStatsKernel::BlockPerRow => "ftn_vocab_ce_stats",
+        }
+    }
+}
+
+/// The cross-entropy statistics launch: the kernel and its grid, chosen
+/// together so that they cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CeStatsPlan {
+    pub kernel: CeStatsKernel,
+    pub cfg: LaunchConfig,
+}
+
+/// The cross-entropy statistics over `tokens` rows of `cols` columns: a
+/// warp per row up to [`CE_STATS_WARP_MAX_COLS`], else a block per row
+/// ([`per_row`]). The caller checked `tokens <= MAX_GRID_X`.
+pub fn ce_stats(tokens: usize, cols: usize) -> CeStatsPlan {
+    if cols <= CE_STATS_WARP_MAX_COLS {
+        let rows_per_block = THREADS as usize / 32;
+        CeStatsPlan {
+            kernel: CeStatsKernel::WarpPerRow,
+            cfg: LaunchConfig::linear(tokens.div_ceil(rows_per_block) as u32, THREADS),
+        }
     } else {
-        per_row(tokens)
+        CeStatsPlan {
+            kernel: CeStatsKernel::BlockPerRow,
+            cfg: per_row(tokens),
+        }
     }
 }
 
@@ -110,10 +138,20 @@ mod tests {
         assert_eq!(grid_stride(usize::MAX / 2).grid[0] as usize, MAX_BLOCKS);
         assert_eq!(per_row(7).grid[0], 7);
         // Warp per row up to 1024 columns (8 rows a block), then a block.
-        assert_eq!(ce_stats(17, 31).grid[0], 3);
-        assert_eq!(ce_stats(16, CE_STATS_WARP_MAX_COLS).grid[0], 2);
-        assert_eq!(ce_stats(17, CE_STATS_WARP_MAX_COLS + 1).grid[0], 17);
-        assert_eq!(ce_stats(17, 31).block[0], THREADS);
+        let warp = ce_stats(17, 31);
+        assert_eq!(warp.kernel, CeStatsKernel::WarpPerRow);
+        assert_eq!((warp.cfg.grid[0], warp.cfg.block[0]), (3, THREADS));
+        let at_max = ce_stats(16, CE_STATS_WARP_MAX_COLS);
+        assert_eq!(
+            (at_max.kernel, at_max.cfg.grid[0]),
+            (CeStatsKernel::WarpPerRow, 2)
+        );
+        let over = ce_stats(17, CE_STATS_WARP_MAX_COLS + 1);
+        assert_eq!(
+            (over.kernel, over.cfg.grid[0]),
+            (CeStatsKernel::BlockPerRow, 17)
+        );
+        assert_eq!(over.kernel.name_stem(), "ftn_vocab_ce_stats");
     }
 
     #[test]

@@ -676,14 +676,14 @@ fn adam(params: u64) -> Case {
 fn cross_entropy(tokens: u64, vocab: u64) -> Vec<Case> {
     let n = (tokens * vocab) as f64;
     let e = BF16 as f64;
-    // Both kernels: one block per token row (the statistics a warp per row
-    // up to 1024 columns), 128-bit loads (the row is aligned: vocab shards
-    // are multiples of 128 columns).
+    // The backward: one block per token row; the statistics: the kernel and
+    // grid the plan picks (a warp per row up to 1024 columns). 128-bit loads
+    // (the row is aligned: vocab shards are multiples of 128 columns).
     let rows = plan::vocab_parallel::per_row(tokens as usize);
-    let stats_rows = plan::vocab_parallel::ce_stats(tokens as usize, vocab as usize);
+    let stats_plan = plan::vocab_parallel::ce_stats(tokens as usize, vocab as usize);
     // One pass (online softmax): the logits are read once.
     let stats = phase(
-        "ftn_vocab_ce_stats_bf16",
+        format!("{}_bf16", stats_plan.kernel.name_stem()),
         anchor(
             "vocab_parallel.cu",
             "void vp_fold(",
@@ -691,7 +691,7 @@ fn cross_entropy(tokens: u64, vocab: u64) -> Vec<Case> {
             16,
         ),
         Elems::PerLoadedBytes(e),
-        stats_rows,
+        stats_plan.cfg,
         n,
         e,
         e,
