@@ -7,12 +7,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use common::ranks::run_ranks_with_timeout;
-use ferrotron::comm::Communicator;
+use common::ddp::{numel, run_ranks, values};
 use ferrotron::ops::adam::AdamScalars;
 use ferrotron::parallel::ddp::{
     load_checkpoint, save_checkpoint, DdpConfig, DistOptConfig, DistributedDataParallel,
@@ -21,28 +16,12 @@ use ferrotron::parallel::ddp::{
 use ferrotron::{DType, Error};
 use half::bf16;
 use safetensors::tensor::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-const T: Duration = Duration::from_secs(60);
 const LR: f32 = 1e-2;
 /// The data-parallel size whose per-rank gradients define every step.
 const VIRTUAL_DP: usize = 4;
-
-fn run_ranks<R: Send>(n: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    run_ranks_with_timeout(n, T, f)
-}
-
-/// Deterministic values in [-2, 2) from a key.
-fn values(key: u64, len: usize) -> Vec<f64> {
-    let mut s = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 / (1u64 << 53) as f64) * 4.0 - 2.0
-        })
-        .collect()
-}
 
 type Shape = (&'static str, &'static [usize], DType);
 
@@ -55,10 +34,6 @@ const SHAPES: &[Shape] = &[
     ("w2", &[12, 5], DType::BF16),
     ("head", &[5, 9], DType::F32),
 ];
-
-fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
-}
 
 fn registry(shapes: &[Shape]) -> (ParamRegistry, Vec<ParamId>) {
     let mut reg = ParamRegistry::new();

@@ -7,12 +7,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
-
-use common::ranks::run_ranks_with_timeout;
-use ferrotron::comm::Communicator;
+use common::ddp::{grad_of, numel, reference_grads, run_ranks, values};
 use ferrotron::core::loss_scaler::GradScalerConfig;
 use ferrotron::ops::adam::{
     default_weight_decay, AdamConfig, AdamScalars, AdamTensors, FusedAdam, Unscale,
@@ -23,32 +18,9 @@ use ferrotron::parallel::ddp::{
 };
 use ferrotron::{DType, Device, Error, Stream};
 use half::{bf16, f16};
-
-const T: Duration = Duration::from_secs(60);
-
-fn run_ranks<R: Send>(n: usize, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    run_ranks_with_timeout(n, T, f)
-}
-
-/// Deterministic values in [-2, 2) from a key.
-fn values(key: u64, len: usize) -> Vec<f64> {
-    let mut s = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 / (1u64 << 53) as f64) * 4.0 - 2.0
-        })
-        .collect()
-}
-
-fn grad_of(seed: u64, rank: usize, step: usize, p: usize, len: usize) -> Vec<f64> {
-    values(
-        seed ^ ((rank as u64) << 40) ^ ((step as u64) << 32) ^ ((p as u64) << 16),
-        len,
-    )
-}
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 type Shapes = &'static [(&'static str, &'static [usize], DType)];
 
@@ -71,10 +43,6 @@ const HALF: Shapes = &[
     ("w2", &[12, 5], DType::F16),
     ("head", &[5, 9], DType::F16),
 ];
-
-fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
-}
 
 fn registry(shapes: Shapes) -> (ParamRegistry, Vec<ParamId>) {
     let mut reg = ParamRegistry::new();
@@ -450,28 +418,16 @@ fn reference_fp16(dp: usize, steps: usize, seed: u64, lr: f32) -> Vec<Vec<f64>> 
     let mut mt = MultiTensor::new();
     let mut scalars = AdamScalars::new(&s, lr).unwrap();
     let mut norm = dev.alloc_zeros::<f32>(1).unwrap();
+    let lens: Vec<usize> = HALF.iter().map(|s| numel(s.1)).collect();
     for step in 0..steps {
-        let mut grads: Vec<_> = (0..n)
-            .map(|p| {
-                let len = numel(HALF[p].1);
-                let mut g = vec![0.0f64; len];
-                for r in 0..dp {
-                    g.iter_mut()
-                        .zip(grad_of(seed, r, step, p, len))
-                        .for_each(|(a, b)| *a += b / dp as f64);
-                }
-                dev.upload(&g.iter().map(|&x| x as f32).collect::<Vec<_>>())
-                    .unwrap()
-            })
-            .collect();
-        {
-            let list: Vec<TensorRef<'_>> = grads.iter().map(TensorRef::from).collect();
-            mt.l2_norm(&s, &list, &mut norm).unwrap();
-        }
-        if let Some(max) = CFG.max_grad_norm {
-            let mut list: Vec<GradRef<'_>> = grads.iter_mut().map(GradRef::from).collect();
-            mt.clip_by_norm(&s, &mut list, &norm, max).unwrap();
-        }
+        let grads = reference_grads(
+            &s,
+            &mut mt,
+            &mut norm,
+            (seed, dp, step),
+            &lens,
+            CFG.max_grad_norm,
+        );
         let gl: Vec<TensorRef<'_>> = grads.iter().map(TensorRef::from).collect();
         let mut ml: Vec<GradRef<'_>> = model.iter_mut().map(GradRef::from).collect();
         let mut pl: Vec<_> = master.iter_mut().collect();

@@ -39,15 +39,11 @@ const NAMES: [&str; 6] = [
     "fc2.bias",
 ];
 
+/// Seeded bf16 values in [-scale, scale).
 fn values(key: u64, len: usize, scale: f64) -> Vec<bf16> {
-    let mut s = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            bf16::from_f64((((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0) * scale)
-        })
+    common::ddp::values(key, len)
+        .into_iter()
+        .map(|v| bf16::from_f64(v / 2.0 * scale))
         .collect()
 }
 

@@ -4,6 +4,7 @@
 //! skipped, never passed, when no GPU can be used).
 #![allow(dead_code)]
 
+pub mod ddp;
 pub mod pipeline;
 pub mod ranks;
 
