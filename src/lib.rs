@@ -53,5 +53,5 @@ pub struct ReadmeDoctests;
 #[cfg(feature = "std")]
 pub use backend::{
     AnyBuffer, BackendKind, Device, DeviceBuffer, DeviceRead, DeviceSlice, DeviceSliceMut,
-    DeviceWrite, Event, HostScope, Stream,
+    DeviceWrite, Event, HostScope, Stream, MAX_EMU_WORKERS,
 };

@@ -198,3 +198,59 @@ fn f32_to_bf16_and_fp16_match_round_to_nearest_even() {
         );
     }
 }
+
+/// `Device::emu_with_workers` takes 1 to 1024 threads and names a bad count;
+/// a launch gives the same bits on 1 and on 3 workers (the blocks are
+/// independent); `emu_workers_per_rank` divides the hardware threads among
+/// the ranks unless `FTN_EMU_THREADS` says otherwise.
+#[test]
+fn emulator_workers_per_device() {
+    use ferrotron::ops::{BiasGelu, Gelu};
+    use ferrotron::{Device, Error, MAX_EMU_WORKERS};
+    for bad in [0, MAX_EMU_WORKERS + 1] {
+        match Device::emu_with_workers(bad) {
+            Err(Error::InvalidArgument { arg: "workers", .. }) => {}
+            other => panic!(
+                "emu_with_workers({bad}): want a named error, got {:?}",
+                other.map(|d| d.name())
+            ),
+        }
+    }
+    let (rows, cols) = (64, 96);
+    let x: Vec<bf16> = (0..rows * cols)
+        .map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 25.0))
+        .collect();
+    let bias: Vec<bf16> = (0..cols).map(|i| bf16::from_f32(i as f32 / 96.0)).collect();
+    let run = |workers: usize| {
+        let dev = Device::emu_with_workers(workers).unwrap();
+        assert!(
+            dev.name().contains(&format!("({workers} worker threads)")),
+            "{}",
+            dev.name()
+        );
+        let stream = dev.new_stream().unwrap();
+        let (xd, bd) = (dev.upload(&x).unwrap(), dev.upload(&bias).unwrap());
+        let mut y = dev.alloc_zeros::<bf16>(rows * cols).unwrap();
+        BiasGelu::new(rows, cols)
+            .with_gelu(Gelu::Tanh)
+            .forward(&stream, &xd, Some(&bd), &mut y)
+            .unwrap();
+        y.to_host().unwrap()
+    };
+    let one = run(1);
+    assert!(one.iter().any(|v| v.to_f32() != 0.0));
+    assert_eq!(one, run(3));
+    let hw = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match std::env::var("FTN_EMU_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(n) if n > 0 => assert_eq!(Device::emu_workers_per_rank(8), n.min(MAX_EMU_WORKERS)),
+        _ => {
+            assert_eq!(Device::emu_workers_per_rank(1), hw.min(MAX_EMU_WORKERS));
+            assert_eq!(Device::emu_workers_per_rank(hw), 1);
+            assert_eq!(Device::emu_workers_per_rank(usize::MAX), 1);
+            assert_eq!(Device::emu_workers_per_rank(0), hw.min(MAX_EMU_WORKERS));
+        }
+    }
+}

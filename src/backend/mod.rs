@@ -105,6 +105,9 @@ impl std::fmt::Debug for Device {
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Most worker threads one emulator launch uses (the emulator's own cap).
+pub const MAX_EMU_WORKERS: usize = 1024;
+
 impl Device {
     fn wrap(imp: DeviceImpl) -> Device {
         Device {
@@ -119,6 +122,36 @@ impl Device {
     /// `FTN_EMU_THREADS` OS threads (default: all hardware threads).
     pub fn emu() -> Device {
         Device::wrap(DeviceImpl::Emu(emu::EmuDevice::new()))
+    }
+
+    /// The emulator with each launch's blocks spread over `workers` OS
+    /// threads, whatever `FTN_EMU_THREADS` says: for programs that run
+    /// several emulator devices at once (in-process ranks), where the
+    /// devices already share the cores. `workers` must be 1 to 1024.
+    pub fn emu_with_workers(workers: usize) -> Result<Device> {
+        if !(1..=MAX_EMU_WORKERS).contains(&workers) {
+            return Err(Error::invalid(
+                "Device::emu_with_workers",
+                "workers",
+                format!("1 to {MAX_EMU_WORKERS} worker threads"),
+                workers,
+            ));
+        }
+        Ok(Device::wrap(DeviceImpl::Emu(emu::EmuDevice::with_workers(
+            workers as u32,
+        ))))
+    }
+
+    /// Emulator workers for each of `ranks` emulator devices that run at
+    /// once in one process: `FTN_EMU_THREADS` when set, else the hardware
+    /// threads divided among the ranks (at least 1). More workers than cores
+    /// gain nothing there, and each extra worker is an OS thread started per
+    /// launch.
+    pub fn emu_workers_per_rank(ranks: usize) -> usize {
+        emu::EmuDevice::workers_from_env()
+            .map(|n| n as usize)
+            .unwrap_or_else(|| (emu::EmuDevice::hardware_threads() as usize / ranks.max(1)).max(1))
+            .min(MAX_EMU_WORKERS)
     }
 
     /// GPU `ordinal` through the CUDA driver. Fails with

@@ -26,12 +26,30 @@ pub(crate) struct EmuDevice {
 }
 
 impl EmuDevice {
-    pub fn new() -> EmuDevice {
-        let workers = std::env::var("FTN_EMU_THREADS")
+    /// Worker threads of [`EmuDevice::new`]: `FTN_EMU_THREADS` when set to
+    /// a positive number, else every hardware thread.
+    pub fn default_workers() -> u32 {
+        Self::workers_from_env().unwrap_or_else(Self::hardware_threads)
+    }
+
+    /// `FTN_EMU_THREADS`, when set to a positive number.
+    pub fn workers_from_env() -> Option<u32> {
+        std::env::var("FTN_EMU_THREADS")
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
             .filter(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
+    }
+
+    pub fn hardware_threads() -> u32 {
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    }
+
+    pub fn new() -> EmuDevice {
+        Self::with_workers(Self::default_workers())
+    }
+
+    /// Launches spread over `workers` (>= 1) OS threads.
+    pub fn with_workers(workers: u32) -> EmuDevice {
         EmuDevice {
             workers,
             streams: Mutex::new(Vec::new()),

@@ -71,7 +71,12 @@ pub fn train_in_process(
 ) -> Result<TrainSummary> {
     par.validate(cfg, par.world())?;
     let world = par.world();
-    let devices: Vec<Device> = (0..world).map(|_| Device::emu()).collect();
+    // The ranks share the cores: one launch's blocks need not be spread over
+    // more of them (docs/emulator.md, "Worker threads").
+    let workers = Device::emu_workers_per_rank(world);
+    let devices = (0..world)
+        .map(|_| Device::emu_with_workers(workers))
+        .collect::<Result<Vec<Device>>>()?;
     let comms = Communicator::in_process_with_timeout(&devices, PEER_TIMEOUT)?;
     let reporters = par.dp;
     let (tx, rx) = mpsc::channel::<(usize, Result<StepStats>)>();
