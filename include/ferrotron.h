@@ -3476,6 +3476,32 @@ ftnResult_t ftn_cross_entropy_saved_destroy(ftnCrossEntropySaved_t saved);
 ftnResult_t ftn_context_create(int backend, int device, ftnContext_t *ctx);
 
 /*
+ Creates an emulator context whose launches spread their blocks over
+ `workers` OS threads (1 to 1024), whatever `FTN_EMU_THREADS` says: for
+ programs that drive several emulator contexts at once (in-process ranks,
+ `ftn_comm_init_all`), where the contexts already share the cores and
+ each worker beyond the first is an OS thread started per launch.
+ `ftn_emu_workers_per_rank` gives the count for a number of such
+ contexts. `ftn_context_create(ftnBackendEmu, ...)` uses
+ `FTN_EMU_THREADS`, or every hardware thread.
+
+ Bad input (at the call, `*ctx` untouched): `ctx` NULL or not aligned for
+ a pointer, `workers` outside 1..=1024: ftnInvalidArgument.
+ */
+ftnResult_t ftn_context_create_emu(int workers, ftnContext_t *ctx);
+
+/*
+ Writes to `*workers` the emulator workers for each of `ranks` emulator
+ contexts driven at once in one process: `FTN_EMU_THREADS` when set,
+ else the hardware threads divided among the ranks (at least 1), at most
+ 1024. Pass it to `ftn_context_create_emu`.
+
+ Bad input (ftnInvalidArgument, nothing written): `ranks` < 1; `workers`
+ NULL or not aligned for an `int`.
+ */
+ftnResult_t ftn_emu_workers_per_rank(int ranks, int *workers);
+
+/*
  Destroys a context: waits for its work, frees the memory it allocated
  with `ftn_malloc` (pointers into it must not be used afterwards).
 

@@ -224,7 +224,10 @@ fn emulator_workers_per_device() {
     let run = |workers: usize| {
         let dev = Device::emu_with_workers(workers).unwrap();
         assert!(
-            dev.name().contains(&format!("({workers} worker threads)")),
+            dev.name().contains(&format!(
+                "({workers} worker thread{})",
+                if workers == 1 { "" } else { "s" }
+            )),
             "{}",
             dev.name()
         );

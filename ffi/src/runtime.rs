@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 use ferrotron::ops::multi_tensor::MultiTensor;
-use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
+use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream, MAX_EMU_WORKERS};
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::enums::{c_enum, parse_enum};
@@ -115,6 +115,71 @@ pub unsafe extern "C" fn ftn_context_create(
         // SAFETY: checked non-NULL above; valid by the contract.
         unsafe { ctx.write(h) };
         Ok(())
+    })
+}
+
+/// Creates an emulator context whose launches spread their blocks over
+/// `workers` OS threads (1 to 1024), whatever `FTN_EMU_THREADS` says: for
+/// programs that drive several emulator contexts at once (in-process ranks,
+/// `ftn_comm_init_all`), where the contexts already share the cores and
+/// each worker beyond the first is an OS thread started per launch.
+/// `ftn_emu_workers_per_rank` gives the count for a number of such
+/// contexts. `ftn_context_create(ftnBackendEmu, ...)` uses
+/// `FTN_EMU_THREADS`, or every hardware thread.
+///
+/// Bad input (at the call, `*ctx` untouched): `ctx` NULL or not aligned for
+/// a pointer, `workers` outside 1..=1024: ftnInvalidArgument.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_context_create_emu(
+    workers: c_int,
+    ctx: *mut ftnContext_t,
+) -> ftnResult_t {
+    export!(|op| {
+        check_out(op, "ctx", ctx)?;
+        let n = usize::try_from(workers)
+            .ok()
+            .filter(|n| (1..=MAX_EMU_WORKERS).contains(n))
+            .ok_or_else(|| {
+                invalid(
+                    op,
+                    "workers",
+                    format!("1 to {MAX_EMU_WORKERS} worker threads"),
+                    workers,
+                )
+            })?;
+        let h = ftnContext::into_raw(
+            Device::emu_with_workers(n)?,
+            Arc::default(),
+            Arc::default(),
+            0,
+        );
+        // SAFETY: checked non-NULL above; valid by the contract.
+        unsafe { ctx.write(h) };
+        Ok(())
+    })
+}
+
+/// Writes to `*workers` the emulator workers for each of `ranks` emulator
+/// contexts driven at once in one process: `FTN_EMU_THREADS` when set,
+/// else the hardware threads divided among the ranks (at least 1), at most
+/// 1024. Pass it to `ftn_context_create_emu`.
+///
+/// Bad input (ftnInvalidArgument, nothing written): `ranks` < 1; `workers`
+/// NULL or not aligned for an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn ftn_emu_workers_per_rank(
+    ranks: c_int,
+    workers: *mut c_int,
+) -> ftnResult_t {
+    export!(|op| {
+        let r = usize::try_from(ranks)
+            .ok()
+            .filter(|&r| r >= 1)
+            .ok_or_else(|| invalid(op, "ranks", "at least 1 rank", ranks))?;
+        // At most MAX_EMU_WORKERS (1024): fits an int.
+        let n = Device::emu_workers_per_rank(r) as c_int;
+        // SAFETY: out-pointer contract.
+        unsafe { write_out(op, "workers", workers, n) }
     })
 }
 

@@ -193,7 +193,7 @@ impl Device {
         }
     }
 
-    /// A human-readable name ("CPU emulator (2 threads)", "NVIDIA H200").
+    /// A human-readable name ("CPU emulator (2 worker threads)", "NVIDIA H200").
     pub fn name(&self) -> String {
         match &self.inner.imp {
             DeviceImpl::Emu(e) => e.name(),

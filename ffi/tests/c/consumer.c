@@ -515,7 +515,18 @@ static void test_collectives(void) {
   ftnContext_t ctx[N];
   ftnStream_t st[N];
   ftnComm_t comm[N];
-  for (int r = 0; r < N; r++) CHECK(ftn_context_create(ftnBackendEmu, 0, &ctx[r]));
+  /* N emulator contexts driven at once: the hardware threads shared among them */
+  int workers = 0;
+  CHECK(ftn_emu_workers_per_rank(N, &workers));
+  EXPECT(workers >= 1 && workers <= 1024, "workers per rank %d", workers);
+  for (int r = 0; r < N; r++) CHECK(ftn_context_create_emu(workers, &ctx[r]));
+  for (int r = 0; r < N; r++) {
+    char name[64];
+    char want[64];
+    CHECK(ftn_context_get_name(ctx[r], name, sizeof name));
+    snprintf(want, sizeof want, "(%d worker thread%s)", workers, workers == 1 ? "" : "s");
+    EXPECT(strstr(name, want) != NULL, "context %d is '%s', want '%s'", r, name, want);
+  }
   for (int r = 0; r < N; r++) CHECK(ftn_stream_create(ctx[r], &st[r]));
   CHECK(ftn_comm_init_all(comm, N, ctx));
   for (int r = 0; r < N; r++) {
@@ -743,6 +754,11 @@ static void test_bad_input(ftnContext_t ctx, ftnStream_t s) {
   ftnContext_t bad;
   expect_error(ftn_context_create(7, 0, &bad), ftnInvalidArgument, "bad backend", "backend", NULL);
   expect_error(ftn_context_create(ftnBackendCuda, 0, &bad), ftnBackendUnavailable, "cuda", "cuda", NULL);
+  expect_error(ftn_context_create_emu(0, &bad), ftnInvalidArgument, "0 workers", "workers", NULL);
+  expect_error(ftn_context_create_emu(1025, &bad), ftnInvalidArgument, "1025 workers", "workers", NULL);
+  int per_rank = -1;
+  expect_error(ftn_emu_workers_per_rank(0, &per_rank), ftnInvalidArgument, "0 ranks", "ranks", NULL);
+  EXPECT(per_rank == -1, "nothing written on bad input, got %d", per_rank);
   expect_error(ftn_free(ctx, buf), ftnInvalidArgument, "foreign free", "ftn_malloc", NULL);
   expect_error(ftn_free_async(ctx, buf, s), ftnInvalidArgument, "foreign free_async", "ftn_malloc", NULL);
   expect_error(ftn_free_async(ctx, buf, NULL), ftnInvalidArgument, "free_async NULL stream", "stream", NULL);

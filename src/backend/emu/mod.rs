@@ -58,7 +58,8 @@ impl EmuDevice {
     }
 
     pub fn name(&self) -> String {
-        format!("CPU emulator ({} worker threads)", self.workers)
+        let s = if self.workers == 1 { "" } else { "s" };
+        format!("CPU emulator ({} worker thread{s})", self.workers)
     }
 
     pub fn workers(&self) -> u32 {

@@ -56,7 +56,7 @@ mod tests {
         assert_eq!(peak_flops_16bit("NVIDIA H100 PCIe"), Some(756e12));
         assert_eq!(peak_flops_16bit("NVIDIA H100 80GB HBM3"), Some(989e12));
         assert_eq!(peak_flops_16bit("NVIDIA A100-SXM4-80GB"), Some(312e12));
-        assert_eq!(peak_flops_16bit("CPU emulator (2 threads)"), None);
+        assert_eq!(peak_flops_16bit("CPU emulator (2 worker threads)"), None);
     }
 
     #[test]

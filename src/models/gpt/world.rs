@@ -41,7 +41,7 @@ pub struct TrainSummary {
     pub activation_bytes: HashMap<usize, usize>,
     /// Optimizer + gradient-buffer bytes of each rank.
     pub state_bytes: Vec<usize>,
-    /// The device the ranks ran on ("CPU emulator (2 threads)", "NVIDIA H200").
+    /// The device the ranks ran on ("CPU emulator (1 worker thread)", "NVIDIA H200").
     pub device_name: String,
 }
 
