@@ -36,6 +36,7 @@ const USAGE: &str =
   [--data FILE] [--layers N] [--hidden N] [--heads N] [--seq N] [--lr X]
   [--dropout P] [--attention-dropout P] [--seed N] [--save DIR] [--resume DIR]
   [--out DIR] [--sample CHARS] [--target LOSS] [--memory-report] [--no-dist-opt]
+  [--sequence-parallel (LayerNorms and dropouts on 1/tp of the tokens per rank)]
   [--launch N (one process per GPU, NCCL; needs --features cuda)]
   defaults: --tp 2 --pp 2 --vp 1 --dp 2 --schedule 1f1b --micro-batch 4 --micro-batches 2
             --recompute none --precision bf16 --steps 300 --data data/sonnets.txt
@@ -70,6 +71,7 @@ fn parse() -> Result<Args, String> {
             recompute: Recompute::None,
             distributed_optimizer: true,
             precision: Precision::Bf16,
+            sequence_parallel: false,
         },
         // 2 layers (1 per pipeline stage): the same loss per step as 4
         // layers on this corpus, in about 60 % of the time (docs/training.md).
@@ -99,6 +101,10 @@ fn parse() -> Result<Args, String> {
         }
         if flag == "--no-dist-opt" {
             a.par.distributed_optimizer = false;
+            continue;
+        }
+        if flag == "--sequence-parallel" {
+            a.par.sequence_parallel = true;
             continue;
         }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -241,7 +247,7 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         m.parameters() as f64 / 1e6
     );
     println!(
-        "  ranks: tp {} x pp {} (vp {}) x dp {} = {} {}; {:?}, {:?}, recompute {:?}, {}",
+        "  ranks: tp {} x pp {} (vp {}) x dp {} = {} {}; {:?}, {:?}, recompute {:?}, {}{}",
         p.tp,
         p.pp,
         p.vp,
@@ -259,6 +265,11 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
             "distributed optimizer (ZeRO-1)"
         } else {
             "replicated optimizer (plain DDP)"
+        },
+        if p.sequence_parallel {
+            ", sequence parallel"
+        } else {
+            ""
         }
     );
     println!(
@@ -524,25 +535,51 @@ fn memory_report(
         p.tp as f64,
     );
     let sbh = s * b * h;
-    let paper_full_act = sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+    // Korthikanti et al., table 2: without and with sequence parallelism.
+    let rows: [(Recompute, f64, &str); 3] = if p.sequence_parallel {
+        [
+            (
+                Recompute::None,
+                sbh / t * (34.0 + 5.0 * a * s / h),
+                "sbh/t (34 + 5as/h)",
+            ),
+            (Recompute::Selective, 34.0 * sbh / t, "34 sbh/t"),
+            (Recompute::Uniform(1), 2.0 * sbh / t, "2sbh/t"),
+        ]
+    } else {
+        [
+            (
+                Recompute::None,
+                sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
+                "sbh(10 + 24/t + 5as/(ht))",
+            ),
+            (
+                Recompute::Selective,
+                sbh * (10.0 + 24.0 / t),
+                "sbh(10 + 24/t)",
+            ),
+            (Recompute::Uniform(1), 2.0 * sbh, "2sbh"),
+        ]
+    };
     println!(
-        "activation memory per layer and micro-batch (s {} b {} h {} a {} tp {}; KiB):",
-        m.seq, p.micro_batch, m.hidden, m.heads, p.tp
+        "activation memory per layer and micro-batch (s {} b {} h {} a {} tp {}{}; KiB):",
+        m.seq,
+        p.micro_batch,
+        m.hidden,
+        m.heads,
+        p.tp,
+        if p.sequence_parallel {
+            ", sequence parallel"
+        } else {
+            ""
+        }
     );
     println!(
         "  {:<28} {:>10} {:>10}  paper formula",
         "mode", "measured", "paper"
     );
     let train = TrainConfig { steps: 1, ..*train };
-    for (mode, paper, formula) in [
-        (Recompute::None, paper_full_act, "sbh(10 + 24/t + 5as/(ht))"),
-        (
-            Recompute::Selective,
-            sbh * (10.0 + 24.0 / t),
-            "sbh(10 + 24/t)",
-        ),
-        (Recompute::Uniform(1), 2.0 * sbh, "2sbh"),
-    ] {
+    for (mode, paper, formula) in rows {
         let pm = ParallelConfig {
             recompute: mode,
             ..*p

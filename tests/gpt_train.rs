@@ -1,13 +1,14 @@
 //! The GPT trained end to end on in-process emulator ranks: every way of
 //! splitting 8 ranks (tp · pp · dp = 8, with and without interleaving,
 //! recomputation, the distributed optimizer sharding over dp) gives the
-//! loss curve of the 1-rank run within bf16 tolerance; recomputation gives
+//! loss curve of the 1-rank run within bf16 tolerance, also with sequence
+//! parallelism (which draws the same dropout masks); recomputation gives
 //! bitwise the losses of the stored run; a checkpoint resumes the curve;
 //! bad configurations are named errors before any work.
 
 use ferrotron::models::gpt::{
     train_in_process, CharCorpus, GptConfig, JobOptions, ParallelConfig, Precision, Recompute,
-    Schedule, TrainConfig,
+    Schedule, StepReport, TrainConfig,
 };
 use ferrotron::Error;
 
@@ -47,6 +48,7 @@ fn par(tp: usize, pp: usize, dp: usize) -> ParallelConfig {
         recompute: Recompute::None,
         distributed_optimizer: true,
         precision: Precision::Bf16,
+        sequence_parallel: false,
     }
 }
 
@@ -158,6 +160,29 @@ fn every_split_of_8_ranks_matches_one_rank() {
             ..par(2, 2, 2)
         },
     ));
+    let sp = |p: ParallelConfig| ParallelConfig {
+        sequence_parallel: true,
+        ..p
+    };
+    splits.push(("tp2 pp2 dp2 sequence parallel".into(), sp(par(2, 2, 2))));
+    splits.push((
+        "tp8 sequence parallel (1 token a rank)".into(),
+        sp(par(8, 1, 1)),
+    ));
+    splits.push((
+        "tp4 pp2 dp1 sequence parallel, selective recompute".into(),
+        sp(ParallelConfig {
+            recompute: Recompute::Selective,
+            ..par(4, 2, 1)
+        }),
+    ));
+    splits.push((
+        "tp2 pp2 vp2 dp2 interleaved, uniform:1 recompute, sequence parallel".into(),
+        sp(ParallelConfig {
+            recompute: Recompute::Uniform(1),
+            ..inter(2, 2, 2, 2)
+        }),
+    ));
     for (name, p) in &splits {
         let got = losses_with(&m, &small(*p), &t);
         assert_curves_close(name, &got, &want);
@@ -190,6 +215,51 @@ fn recomputation_is_bitwise_the_stored_run() {
             3,
         );
         assert_eq!(got, want, "{r:?}");
+    }
+}
+
+/// Sequence parallelism runs the dropouts on each rank's rows at those
+/// rows' Philox positions: with hidden and attention dropout on, the first
+/// step's loss (a forward before any update) is bitwise the one without
+/// it, so is the first gradient norm up to fp32 summation order, and the
+/// curve stays within bf16 tolerance. A mask drawn from the rank's own rows
+/// instead changes the first loss; LayerNorm gradients left unreduced over
+/// the ranks change the norm.
+#[test]
+fn sequence_parallel_draws_the_same_dropout_masks() {
+    let c = corpus();
+    let m = GptConfig {
+        hidden_dropout: 0.1,
+        attention_dropout: 0.1,
+        ..model(c.vocab())
+    };
+    let run = |p: &ParallelConfig| {
+        train_in_process(&m, p, &train(3), &c, &JobOptions::default(), &mut |_| {})
+            .unwrap_or_else(|e| panic!("{p:?}: {e}"))
+            .steps
+    };
+    let losses = |r: &[StepReport]| r.iter().map(|s| s.loss).collect::<Vec<_>>();
+    for base in [par(2, 2, 2), par(4, 1, 2)] {
+        let want = run(&base);
+        let got = run(&ParallelConfig {
+            sequence_parallel: true,
+            ..base
+        });
+        let what = format!(
+            "tp{} pp{} dp{} sequence parallel",
+            base.tp, base.pp, base.dp
+        );
+        assert_eq!(got[0].loss, want[0].loss, "{what}: first loss");
+        // The first step's gradient norm includes the LayerNorm gradients,
+        // which each rank sums over its rows only until they are all-reduced
+        // (fp32 sums in another order: ~1e-7 apart; left unreduced, these
+        // models' norms moved by 2.7e-5 and 3.5e-5 relative).
+        let (g, w) = (got[0].grad_norm, want[0].grad_norm);
+        assert!(
+            (g - w).abs() <= 2e-6 * w,
+            "{what}: first gradient norm {g} vs {w} without sequence parallelism"
+        );
+        assert_curves_close(&what, &losses(&got), &losses(&want));
     }
 }
 
@@ -242,6 +312,13 @@ fn bad_configurations_are_named_before_any_work() {
         ..par(1, 1, 2)
     };
     assert_eq!(arg(run(&batch, &m)), "global_batch");
+    // 6 tokens a micro-batch do not split over 4 ranks.
+    let six = GptConfig { seq: 6, ..m };
+    let sp = ParallelConfig {
+        sequence_parallel: true,
+        ..par(4, 1, 2)
+    };
+    assert_eq!(arg(run(&sp, &six)), "sequence_parallel");
 }
 
 /// Activation bytes a layer keeps per micro-batch, measured from the
@@ -263,13 +340,20 @@ fn activation_memory_per_layer_matches_the_shapes() {
         let (s, b, h, a, f, t) = (m.seq, 1usize, m.hidden, m.heads, m.ffn, 2usize);
         let base = 8 * s * b * h + 16 * s * b + 2 * 4 * h * s * b / t + 4 * f * s * b / t;
         let probs = 2 * a * s * s * b / t * if p_drop > 0.0 { 2 } else { 1 };
-        for (r, want) in [
-            (Recompute::None, base + probs),
-            (Recompute::Selective, base),
-            (Recompute::Uniform(1), 2 * s * b * h),
+        // Sequence parallelism: the LayerNorm and block inputs and the
+        // statistics are this rank's 1/t of the tokens.
+        let base_sp = (8 * s * b * h + 16 * s * b) / t + 2 * 4 * h * s * b / t + 4 * f * s * b / t;
+        for (sp, r, want) in [
+            (false, Recompute::None, base + probs),
+            (false, Recompute::Selective, base),
+            (false, Recompute::Uniform(1), 2 * s * b * h),
+            (true, Recompute::None, base_sp + probs),
+            (true, Recompute::Selective, base_sp),
+            (true, Recompute::Uniform(1), 2 * s * b * h / t),
         ] {
             let p = ParallelConfig {
                 recompute: r,
+                sequence_parallel: sp,
                 ..par(2, 1, 1)
             };
             let sum = train_in_process(&m, &p, &train(1), &c, &JobOptions::default(), &mut |_| {})
@@ -277,7 +361,7 @@ fn activation_memory_per_layer_matches_the_shapes() {
             for layer in 0..m.layers {
                 assert_eq!(
                     sum.activation_bytes[&layer], want,
-                    "{r:?} p {p_drop} layer {layer}"
+                    "{r:?} sequence parallel {sp} p {p_drop} layer {layer}"
                 );
             }
         }

@@ -165,6 +165,12 @@ pub struct ParallelConfig {
     /// (otherwise every data-parallel rank keeps all of it).
     pub distributed_optimizer: bool,
     pub precision: Precision,
+    /// Megatron's sequence parallelism: the LayerNorms and dropouts run on
+    /// each tensor-parallel rank's `1/tp` of the micro-batch's tokens (their
+    /// activations shrink by `tp`); the parallel linears all-gather the tokens
+    /// before the column-parallel GEMM and reduce-scatter after the
+    /// row-parallel one. Needs `seq · micro_batch` divisible by `tp`.
+    pub sequence_parallel: bool,
 }
 
 impl ParallelConfig {
@@ -273,6 +279,18 @@ impl ParallelConfig {
                 model.layers,
             ));
         }
+        let tokens = model.seq.saturating_mul(self.micro_batch);
+        if self.sequence_parallel && tokens % self.tp != 0 {
+            return Err(Error::invalid(
+                P,
+                "sequence_parallel",
+                format!(
+                    "seq * micro_batch = {} * {} divisible by tp = {} (each rank holds 1/tp of the tokens)",
+                    model.seq, self.micro_batch, self.tp
+                ),
+                tokens,
+            ));
+        }
         if self.global_batch % (self.micro_batch * self.dp) != 0 {
             return Err(Error::invalid(
                 P,
@@ -323,6 +341,7 @@ mod tests {
             recompute: Recompute::None,
             distributed_optimizer: true,
             precision: Precision::Bf16,
+            sequence_parallel: false,
         }
     }
 

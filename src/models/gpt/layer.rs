@@ -13,9 +13,17 @@
 //! positions, and the backward runs the forward again first; dropout masks
 //! are regenerated from their Philox positions, so the recomputed
 //! activations are bitwise the stored ones.
+//!
+//! With sequence parallelism the LayerNorms, dropouts and residual adds run
+//! on this rank's `1/tp` of the tokens (rows `first .. first + local` of the
+//! micro-batch); the attention and MLP blocks all-gather and reduce-scatter
+//! the tokens around their GEMMs. A dropout's Philox positions are those of
+//! its rows in the whole micro-batch, so the masks are the ones the run
+//! without sequence parallelism draws.
 
 use crate::backend::{DeviceBuffer, Stream};
 use crate::comm::Communicator;
+use crate::core::rng::PhiloxState;
 use crate::core::Result;
 use crate::ops::dropout::{BiasDropoutAdd, DropoutMode};
 use crate::ops::layernorm::LayerNorm;
@@ -50,6 +58,12 @@ pub fn layer_param_replicated(index: usize) -> bool {
     matches!(index, 0 | 1 | 5 | 6 | 7 | 11)
 }
 
+/// Whether a layer parameter is a LayerNorm weight or bias (with sequence
+/// parallelism each rank's gradient of it covers only its own tokens).
+pub fn layer_param_is_norm(index: usize) -> bool {
+    matches!(index, 0 | 1 | 6 | 7)
+}
+
 /// The shared arguments of a layer call.
 pub(crate) struct Ctx<'a, T: TpElement> {
     pub tp: &'a Communicator,
@@ -57,11 +71,45 @@ pub(crate) struct Ctx<'a, T: TpElement> {
     pub seq: usize,
     pub batch: usize,
     pub acc: &'a Accumulator<T>,
+    /// Sequence parallelism: this rank holds rows `tp_rank · tokens / tp`
+    /// onwards, `tokens / tp` of them (else all of them).
+    pub sequence_parallel: bool,
 }
 
 impl<T: TpElement> Ctx<'_, T> {
+    /// Tokens of the micro-batch.
     fn tokens(&self) -> usize {
         self.seq * self.batch
+    }
+
+    /// Tokens (rows) this rank's LayerNorms and dropouts see.
+    fn local_tokens(&self) -> usize {
+        if self.sequence_parallel {
+            self.tokens() / self.tp.size()
+        } else {
+            self.tokens()
+        }
+    }
+
+    /// The micro-batch row of this rank's first local token.
+    fn first_token(&self) -> usize {
+        if self.sequence_parallel {
+            self.tp.rank() * self.local_tokens()
+        } else {
+            0
+        }
+    }
+
+    /// `mode` for this rank's rows of a `[tokens, hidden]` dropout: the
+    /// Philox positions those rows have in the whole micro-batch.
+    fn rows_mode(&self, mode: DropoutMode, hidden: usize) -> DropoutMode {
+        match mode {
+            DropoutMode::Train(st) => DropoutMode::Train(PhiloxState {
+                seed: st.seed,
+                offset: st.offset.wrapping_add((self.first_token() * hidden) as u64),
+            }),
+            m => m,
+        }
     }
 }
 
@@ -152,6 +200,7 @@ impl<T: TpElement> Layer<T> {
         cfg: &GptConfig,
         index: usize,
         selective_recompute: bool,
+        sequence_parallel: bool,
     ) -> Result<Self> {
         let (h, f, d) = (cfg.hidden, cfg.ffn, cfg.head_dim());
         let name = |p: &str| format!("layers.{index}.{p}");
@@ -171,6 +220,7 @@ impl<T: TpElement> Layer<T> {
             AttentionOptions {
                 attention_dropout: cfg.attention_dropout,
                 recompute_core: selective_recompute,
+                sequence_parallel,
                 ..AttentionOptions::default()
             },
         )?;
@@ -182,7 +232,10 @@ impl<T: TpElement> Layer<T> {
             &zeros(f),
             &w("mlp.fc2.weight", h * f, out_std),
             &zeros(h),
-            MlpOptions::default(),
+            MlpOptions {
+                sequence_parallel,
+                ..MlpOptions::default()
+            },
         )?;
         Ok(Layer {
             index,
@@ -218,7 +271,7 @@ impl<T: TpElement> Layer<T> {
     }
 
     fn dropout(&self, ctx: &Ctx<'_, T>) -> BiasDropoutAdd {
-        BiasDropoutAdd::new(ctx.tokens(), self.hidden, self.hidden_dropout)
+        BiasDropoutAdd::new(ctx.local_tokens(), self.hidden, self.hidden_dropout)
     }
 
     /// `out = layer(x)`; returns the saved state (`keep = false`: the input
@@ -232,7 +285,7 @@ impl<T: TpElement> Layer<T> {
         keep: bool,
     ) -> Result<LayerSaved<T>> {
         let (s, dev) = (ctx.stream, ctx.tp.device());
-        let (t, h) = (ctx.tokens(), self.hidden);
+        let (t, h) = (ctx.local_tokens(), self.hidden);
         let mut xin = dev.alloc_zeros::<T>(t * h)?;
         s.copy_device(x, &mut xin)?;
         let acts = self.forward_acts(ctx, &xin, out, rng)?;
@@ -251,7 +304,7 @@ impl<T: TpElement> Layer<T> {
         rng: LayerRng,
     ) -> Result<Activations<T>> {
         let (s, dev) = (ctx.stream, ctx.tp.device());
-        let (t, h) = (ctx.tokens(), self.hidden);
+        let (t, h) = (ctx.local_tokens(), self.hidden);
         let ln = LayerNorm::new(t, h);
         let mut y1 = dev.alloc_zeros::<T>(t * h)?;
         let mut stats1 = stats(ctx.tp, t)?;
@@ -279,7 +332,7 @@ impl<T: TpElement> Layer<T> {
         })?;
         let mut x2 = dev.alloc_zeros::<T>(t * h)?;
         self.dropout(ctx)
-            .forward(s, &a, None, x, &mut x2, rng.residual[0])?;
+            .forward(s, &a, None, x, &mut x2, ctx.rows_mode(rng.residual[0], h))?;
         let mut y2 = dev.alloc_zeros::<T>(t * h)?;
         let mut stats2 = stats(ctx.tp, t)?;
         ln.forward(
@@ -292,12 +345,12 @@ impl<T: TpElement> Layer<T> {
             &mut stats2.1,
         )?;
         // `a` is free again: the MLP output goes there.
-        self.mlp.forward(ctx.tp, s, &y2, &mut a, t)?;
+        self.mlp.forward(ctx.tp, s, &y2, &mut a, ctx.tokens())?;
         let mlp = self.mlp.take_saved().ok_or_else(|| {
             crate::core::Error::invalid("GptLayer", "mlp", "saved activations", "none")
         })?;
         self.dropout(ctx)
-            .forward(s, &a, None, &x2, out, rng.residual[1])?;
+            .forward(s, &a, None, &x2, out, ctx.rows_mode(rng.residual[1], h))?;
         Ok(Activations {
             y1,
             stats1,
@@ -341,7 +394,7 @@ impl<T: TpElement> Layer<T> {
             crate::core::Error::invalid("GptLayer", "saved", "activations", "none")
         })?;
         let (s, dev) = (ctx.stream, ctx.tp.device());
-        let (t, h) = (ctx.tokens(), self.hidden);
+        let (t, h) = (ctx.local_tokens(), self.hidden);
         let ln = LayerNorm::new(t, h);
         let ids = self.ids.clone();
         let g = |k: usize| grads.grad::<f32>(ids[k]);
@@ -350,8 +403,14 @@ impl<T: TpElement> Layer<T> {
 
         // MLP branch: out = x2 + dropout(m).
         let mut dm = dev.alloc_zeros::<T>(t * h)?;
-        self.dropout(ctx)
-            .backward(s, dout, &mut dm, None, None, rng.residual[1])?;
+        self.dropout(ctx).backward(
+            s,
+            dout,
+            &mut dm,
+            None,
+            None,
+            ctx.rows_mode(rng.residual[1], h),
+        )?;
         self.mlp.restore_saved(acts.mlp)?;
         let mut dy2 = dev.alloc_zeros::<T>(t * h)?;
         let f1 = self.mlp.fc1.out_per_rank();
@@ -399,8 +458,14 @@ impl<T: TpElement> Layer<T> {
         let dx2 = dy2;
 
         // Attention branch: x2 = x + dropout(a).
-        self.dropout(ctx)
-            .backward(s, &dx2, &mut dm, None, None, rng.residual[0])?;
+        self.dropout(ctx).backward(
+            s,
+            &dx2,
+            &mut dm,
+            None,
+            None,
+            ctx.rows_mode(rng.residual[0], h),
+        )?;
         self.attention.restore_saved(acts.attention)?;
         let mut dy1 = dev.alloc_zeros::<T>(t * h)?;
         let qkv_n = self.attention.qkv.out_per_rank();

@@ -154,6 +154,7 @@ mod tests {
             recompute: crate::models::gpt::Recompute::None,
             distributed_optimizer: true,
             precision: crate::models::gpt::Precision::Bf16,
+            sequence_parallel: false,
         }
     }
 

@@ -60,6 +60,7 @@ pub fn generate(
         recompute: Recompute::None,
         distributed_optimizer: true,
         precision: Precision::Bf16,
+        sequence_parallel: false,
     };
     let world = Communicator::in_process(&[Device::emu()])?
         .pop()

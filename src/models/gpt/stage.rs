@@ -16,10 +16,20 @@
 //!   depend on how far `tp` padded the vocabulary.
 //! * The first stage's pipeline input is a 1-element placeholder (the
 //!   tokens come from the batch) and its input gradient is zero.
+//! * Sequence parallelism (`ParallelConfig::sequence_parallel`): between
+//!   the embedding and the output layer each tensor-parallel rank holds
+//!   `tokens / tp` rows (`[seq, batch]` order, so a run of positions), and
+//!   that is what the pipeline sends. The embedding keeps its rows of the
+//!   all-reduced lookup (its backward all-gathers the rows' gradients);
+//!   the final LayerNorm runs on the rows and all-gathers its output for
+//!   the output layer, whose input gradient is reduce-scattered back. The
+//!   LayerNorm weights' gradients are then partial sums over each rank's
+//!   rows, all-reduced over the tensor-parallel group once per step before
+//!   the data-parallel reduction.
 
 use std::collections::HashMap;
 
-use crate::backend::{DeviceBuffer, Stream};
+use crate::backend::{DeviceBuffer, DeviceRead, Stream};
 use crate::comm::{Communicator, ReduceOp};
 use crate::core::rng::{consumed, PhiloxState, MODEL_PARALLEL_SEED_OFFSET};
 use crate::core::{Error, Result};
@@ -34,7 +44,10 @@ use crate::parallel::vocab::{padded_vocab_size, vocab_range, VocabParallelEmbedd
 use super::config::{GptConfig, ParallelConfig, Recompute};
 use super::grads::Accumulator;
 use super::init;
-use super::layer::{layer_param_replicated, Ctx, Layer, LayerRng, LayerSaved, Norm, LAYER_PARAMS};
+use super::layer::{
+    layer_param_is_norm, layer_param_replicated, Ctx, Layer, LayerRng, LayerSaved, Norm,
+    LAYER_PARAMS,
+};
 
 const OP: &str = "GptStage";
 
@@ -172,7 +185,7 @@ impl<T: TpElement> GptStage<T> {
         for c in 0..par.vp {
             let g = c * par.pp + pp_rank;
             let layers = (g * per..(g + 1) * per)
-                .map(|i| Layer::new(tp, cfg, i, selective))
+                .map(|i| Layer::new(tp, cfg, i, selective, par.sequence_parallel))
                 .collect::<Result<Vec<_>>>()?;
             chunks.push(Chunk {
                 global_stage: g,
@@ -251,6 +264,16 @@ impl<T: TpElement> GptStage<T> {
 
     fn tokens(&self) -> usize {
         self.cfg.seq * self.par.micro_batch
+    }
+
+    /// Rows of the micro-batch this rank holds between the embedding and
+    /// the output layer: `tokens / tp` with sequence parallelism.
+    fn local_tokens(&self) -> usize {
+        if self.par.sequence_parallel {
+            self.tokens() / self.par.tp
+        } else {
+            self.tokens()
+        }
     }
 
     /// Drops every saved micro-batch state (after a forward-only call).
@@ -486,14 +509,43 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             Aux::None,
             &mut emb,
         )?;
-        if mode == DropoutMode::Eval {
-            return Ok(emb);
+        let x0 = if mode == DropoutMode::Eval {
+            emb
+        } else {
+            let zeros = dev.alloc_zeros::<T>(t * h)?;
+            let mut x0 = dev.alloc_zeros::<T>(t * h)?;
+            BiasDropoutAdd::new(t, h, cfg.hidden_dropout)
+                .forward(stream, &emb, None, &zeros, &mut x0, mode)?;
+            x0
+        };
+        self.local_rows(stream, x0)
+    }
+
+    /// This rank's rows of a whole `[tokens, hidden]` micro-batch tensor
+    /// (the tensor itself without sequence parallelism).
+    fn local_rows(&self, stream: &Stream, full: DeviceBuffer<T>) -> Result<DeviceBuffer<T>> {
+        if !self.stage.par.sequence_parallel {
+            return Ok(full);
         }
-        let zeros = dev.alloc_zeros::<T>(t * h)?;
-        let mut x0 = dev.alloc_zeros::<T>(t * h)?;
-        BiasDropoutAdd::new(t, h, cfg.hidden_dropout)
-            .forward(stream, &emb, None, &zeros, &mut x0, mode)?;
-        Ok(x0)
+        let n = self.stage.local_tokens() * self.stage.cfg.hidden;
+        let first = self.tp.rank() * n;
+        let mut rows = self.tp.device().alloc_zeros::<T>(n)?;
+        stream.copy_device(&full.slice(first..first + n)?, &mut rows)?;
+        Ok(rows)
+    }
+
+    /// The whole `[tokens, hidden]` micro-batch tensor from every rank's
+    /// rows (all-gathered; `rows` itself without sequence parallelism).
+    fn all_rows(&self, stream: &Stream, rows: DeviceBuffer<T>) -> Result<DeviceBuffer<T>> {
+        if !self.stage.par.sequence_parallel || self.tp.size() == 1 {
+            return Ok(rows);
+        }
+        let mut full = self
+            .tp
+            .device()
+            .alloc_zeros::<T>(self.stage.tokens() * self.stage.cfg.hidden)?;
+        self.tp.all_gather(stream, &rows, &mut full)?;
+        Ok(full)
     }
 
     fn embedding_backward(
@@ -505,6 +557,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         let cfg = self.stage.cfg;
         let (t, h) = (self.stage.tokens(), cfg.hidden);
         let mode = self.dropout_mode(cfg.seed, cfg.hidden_dropout, mb, cfg.layers, 0);
+        let dx0 = self.all_rows(stream, dx0)?;
         let d = if mode == DropoutMode::Eval {
             dx0
         } else {
@@ -574,11 +627,12 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         logits: &mut DeviceBuffer<T>,
     ) -> Result<HeadSaved<T>> {
         let (t, h, vs) = self.head_dims();
+        let lt = self.stage.local_tokens();
         let dev = self.tp.device();
         let hd = self.head()?;
-        let mut yf = dev.alloc_zeros::<T>(t * h)?;
-        let (mut mean, mut rstd) = (dev.alloc_zeros(t)?, dev.alloc_zeros(t)?);
-        LayerNorm::new(t, h).forward(
+        let mut yf = dev.alloc_zeros::<T>(lt * h)?;
+        let (mut mean, mut rstd) = (dev.alloc_zeros(lt)?, dev.alloc_zeros(lt)?);
+        LayerNorm::new(lt, h).forward(
             stream,
             &x,
             Some(&hd.ln.gamma),
@@ -587,6 +641,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             &mut mean,
             &mut rstd,
         )?;
+        let yf = self.all_rows(stream, yf)?;
         let (w, _) = self.output_weight()?;
         Gemm::new(t, vs, h)
             .trans_b(true)
@@ -628,10 +683,22 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             Aux::None,
             &mut dyf,
         )?;
-        if self.tp.size() > 1 {
+        // dyf is this rank's vocabulary shard's share: sum it over the ranks
+        // (only this rank's rows, with sequence parallelism).
+        let lt = self.stage.local_tokens();
+        let dyf = if self.tp.size() == 1 {
+            dyf
+        } else if self.stage.par.sequence_parallel {
+            let mut rows = dev.alloc_zeros::<T>(lt * h)?;
+            self.tp
+                .reduce_scatter(stream, &dyf, &mut rows, ReduceOp::Sum)?;
+            rows
+        } else {
+            let mut dyf = dyf;
             self.tp
                 .all_reduce_in_place(stream, &mut dyf, ReduceOp::Sum)?;
-        }
+            dyf
+        };
         let grads = self.ddp.buffers();
         Gemm::new(vs, h, t).trans_a(true).beta(1.0).run(
             stream,
@@ -645,8 +712,8 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             &mut grads.grad::<f32>(wid)?,
         )?;
         let (mut dg, mut db) = (dev.alloc_zeros::<T>(h)?, dev.alloc_zeros::<T>(h)?);
-        let mut dx = dev.alloc_zeros::<T>(t * h)?;
-        LayerNorm::new(t, h).backward(
+        let mut dx = dev.alloc_zeros::<T>(lt * h)?;
+        LayerNorm::new(lt, h).backward(
             stream,
             &dyf,
             &x,
@@ -689,6 +756,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
                 seq: self.stage.cfg.seq,
                 batch: self.stage.par.micro_batch,
                 acc: &self.stage.acc,
+                sequence_parallel: self.stage.par.sequence_parallel,
             };
             let layer = &mut self.stage.chunks[chunk].layers[i];
             saved.push(layer.forward(&ctx, &x, &mut out, rng, keep)?);
@@ -719,6 +787,29 @@ impl<T: TpElement> StageRun<'_, '_, T> {
                 ids.extend(hd.ln_ids.iter().copied());
             }
         }
+        if st.par.sequence_parallel && self.tp.size() > 1 {
+            // Each rank's LayerNorm gradients cover its rows only.
+            let mut partial: Vec<ParamId> = Vec::new();
+            for l in &st.chunks[chunk].layers {
+                partial.extend(
+                    l.ids
+                        .iter()
+                        .enumerate()
+                        .filter(|&(k, _)| layer_param_is_norm(k))
+                        .map(|(_, &id)| id),
+                );
+            }
+            if st.is_last(chunk) {
+                if let Some(hd) = &st.head {
+                    partial.extend(hd.ln_ids.iter().copied());
+                }
+            }
+            let grads = self.ddp.buffers();
+            for id in partial {
+                self.tp
+                    .all_reduce_in_place(stream, &mut grads.grad::<f32>(id)?, ReduceOp::Sum)?;
+            }
+        }
         for id in ids.into_iter().rev() {
             self.ddp.mark_grad_ready(stream, id)?;
         }
@@ -735,7 +826,7 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
         input: &DeviceBuffer<T>,
         output: &mut DeviceBuffer<T>,
     ) -> Result<()> {
-        let (t, h) = (self.stage.tokens(), self.stage.cfg.hidden);
+        let (t, h) = (self.stage.local_tokens(), self.stage.cfg.hidden);
         let x = if self.stage.is_first(chunk) {
             self.embedding_forward(stream, mb)?
         } else {
@@ -830,6 +921,7 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
                     seq: self.stage.cfg.seq,
                     batch: self.stage.par.micro_batch,
                     acc: &self.stage.acc,
+                    sequence_parallel: self.stage.par.sequence_parallel,
                 };
                 let grads = self.ddp.buffers();
                 self.stage.chunks[chunk].layers[i].backward(&ctx, st, &dx, &mut dnew, grads)?;
@@ -852,11 +944,10 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
     }
 
     fn output_len(&self, chunk: usize, _mb: usize, _input_len: usize) -> usize {
-        let t = self.stage.tokens();
         if self.stage.is_last(chunk) {
-            t * self.stage.shard_vocab()
+            self.stage.tokens() * self.stage.shard_vocab()
         } else {
-            t * self.stage.cfg.hidden
+            self.stage.local_tokens() * self.stage.cfg.hidden
         }
     }
 }
