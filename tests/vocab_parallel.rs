@@ -100,6 +100,13 @@ fn embedding_case<T: FloatElement + ferrotron::comm::CommElement, I: TokenId + T
         s.fill_bytes(&mut dw2, 0xFF).unwrap();
         emb.backward(&c, &s, &ids_d, &dy_d, &mut dw2, false)
             .unwrap();
+        // Sequence parallelism: this rank's rows, reduce-scattered.
+        let rows_out = (tokens % tp == 0).then(|| {
+            let mut r = dev.alloc_zeros::<T>(tokens / tp * hidden).unwrap();
+            s.fill_bytes(&mut r, 0xFF).unwrap();
+            emb.forward_scattered(&c, &s, &ids_d, &w, &mut r).unwrap();
+            r
+        });
         let (start, _) = emb.shard(tp, c.rank()).unwrap();
         let mut acc = dev.upload(&prior).unwrap();
         emb.backward(&c, &s, &ids_d, &dy_d, &mut acc, true).unwrap();
@@ -110,6 +117,7 @@ fn embedding_case<T: FloatElement + ferrotron::comm::CommElement, I: TokenId + T
             dw.to_host().unwrap(),
             dw2.to_host().unwrap(),
             acc.to_host().unwrap(),
+            rows_out.map(|r| r.to_host().unwrap()),
         )
     });
 
@@ -130,11 +138,19 @@ fn embedding_case<T: FloatElement + ferrotron::comm::CommElement, I: TokenId + T
         }
         acc
     };
-    for (rank, (start, out, dw, dw2, acc)) in results.into_iter().enumerate() {
+    for (rank, (start, out, dw, dw2, acc, rows_out)) in results.into_iter().enumerate() {
         assert_eq!(start, rank * rows, "{what}");
         // Exactly one rank contributes each row: the all-reduce is exact.
         let out64 = to_f64(&out);
         assert_eq!(out64, want_out, "{what} rank {rank}: forward (seed {seed})");
+        if let Some(r) = rows_out {
+            let n = tokens / tp * hidden;
+            assert_eq!(
+                to_f64(&r),
+                want_out[rank * n..(rank + 1) * n],
+                "{what} rank {rank}: forward_scattered rows (seed {seed})"
+            );
+        }
         let want = &want_dw[start * hidden..(start + rows) * hidden];
         let got: Vec<f64> = dw.iter().map(|&x| x as f64).collect();
         assert_close(
@@ -489,6 +505,22 @@ fn bad_arguments_are_errors_naming_the_argument() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`out`"), "{e}");
+        // Sequence parallelism: 3 tokens do not split over 2 ranks; 4 do,
+        // into 2 rows a rank.
+        let e = emb
+            .forward_scattered(&c, &s, &ids, &w, &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`ids`") && e.contains("multiple of tp = 2"),
+            "{e}"
+        );
+        let ids4 = dev.upload(&[1i32, 2, 3, 4]).unwrap();
+        let e = emb
+            .forward_scattered(&c, &s, &ids4, &w, &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`out_rows`") && e.contains("8"), "{e}");
         let mut dw = dev.alloc_zeros::<f32>(255 * 4).unwrap();
         let e = emb
             .backward(&c, &s, &ids, &out, &mut dw, false)

@@ -136,6 +136,7 @@ pub struct VocabParallelEmbedding {
 }
 
 const EMB_FWD: &str = "vocab_parallel_embedding_forward";
+const EMB_FWD_SCATTERED: &str = "vocab_parallel_embedding_forward_scattered";
 const EMB_BWD: &str = "vocab_parallel_embedding_backward";
 
 impl VocabParallelEmbedding {
@@ -226,6 +227,70 @@ impl VocabParallelEmbedding {
         if comm.size() > 1 {
             comm.all_reduce_in_place(stream, out, ReduceOp::Sum)?;
         }
+        Ok(())
+    }
+
+    /// [`VocabParallelEmbedding::forward`] for sequence parallelism: this
+    /// rank's `tokens / tp` rows of the lookup (rows `rank · tokens / tp`
+    /// onwards), reduce-scattered instead of all-reduced (the same values,
+    /// half the traffic). `ids` are the whole micro-batch's (the same on every
+    /// rank, `tokens` a multiple of `tp`); `out_rows` is `[tokens / tp,
+    /// hidden]`. The backward takes the whole `dy`: all-gather the rows'
+    /// gradients first.
+    pub fn forward_scattered<T: FloatElement + CommElement, I: TokenId>(
+        &self,
+        comm: &Communicator,
+        stream: &Stream,
+        ids: &dyn DeviceRead<I>,
+        weight_shard: &dyn DeviceRead<T>,
+        out_rows: &mut dyn DeviceWrite<T>,
+    ) -> Result<()> {
+        let tokens = ids.len();
+        let tp = comm.size();
+        if tokens % tp != 0 {
+            return Err(Error::invalid(
+                EMB_FWD_SCATTERED,
+                "ids",
+                format!("a multiple of tp = {tp} tokens"),
+                tokens,
+            ));
+        }
+        let rows_n = validate::elements(EMB_FWD_SCATTERED, tokens / tp, self.hidden)?;
+        check_len(
+            EMB_FWD_SCATTERED,
+            "out_rows",
+            stream,
+            out_rows,
+            rows_n,
+            "[tokens / tp, hidden]",
+        )?;
+        if tp == 1 {
+            return self.forward(comm, stream, ids, weight_shard, out_rows);
+        }
+        let n = validate::elements(EMB_FWD_SCATTERED, tokens, self.hidden)?;
+        let (start, rows) = self.layout(EMB_FWD_SCATTERED, comm)?;
+        stream
+            .device()
+            .check_same(EMB_FWD_SCATTERED, "ids", ids.device())?;
+        fits_i64(EMB_FWD_SCATTERED, "tokens * hidden", n)?;
+        check_len(
+            EMB_FWD_SCATTERED,
+            "weight_shard",
+            stream,
+            weight_shard,
+            rows * self.hidden,
+            "[padded vocab / tp, hidden]",
+        )?;
+        // Every check done: the whole lookup's scratch (freed in stream order).
+        let mut full = stream.device().alloc_zeros::<T>(n)?;
+        if n > 0 {
+            let shard = Shard {
+                vocab_start: start,
+                rows,
+            };
+            local::embedding_lookup(stream, ids, weight_shard, &mut full, self.hidden, shard)?;
+        }
+        comm.reduce_scatter(stream, &full, out_rows, ReduceOp::Sum)?;
         Ok(())
     }
 

@@ -19,8 +19,9 @@
 //! * Sequence parallelism (`ParallelConfig::sequence_parallel`): between
 //!   the embedding and the output layer each tensor-parallel rank holds
 //!   `tokens / tp` rows (`[seq, batch]` order, so a run of positions), and
-//!   that is what the pipeline sends. The embedding keeps its rows of the
-//!   all-reduced lookup (its backward all-gathers the rows' gradients);
+//!   that is what the pipeline sends. The embedding reduce-scatters its
+//!   lookup and adds its rows' positions (its backward all-gathers the rows'
+//!   gradients);
 //!   the final LayerNorm runs on the rows and all-gathers its output for
 //!   the output layer, whose input gradient is reduce-scattered back. The
 //!   LayerNorm weights' gradients are then partial sums over each rank's
@@ -487,8 +488,22 @@ impl<T: TpElement> StageRun<'_, '_, T> {
 
     fn embedding_forward(&mut self, stream: &Stream, mb: usize) -> Result<DeviceBuffer<T>> {
         let cfg = self.stage.cfg;
-        let (t, h) = (self.stage.tokens(), cfg.hidden);
-        let mode = self.dropout_mode(cfg.seed, cfg.hidden_dropout, mb, cfg.layers, 0);
+        let (lt, h) = (self.stage.local_tokens(), cfg.hidden);
+        // This rank's rows of the micro-batch (all of them without sequence
+        // parallelism): the lookup's rows reduce-scattered, their positions'
+        // rows of the one-hot matrix, dropout at the rows' positions.
+        let first = if self.stage.par.sequence_parallel {
+            self.tp.rank() * lt
+        } else {
+            0
+        };
+        let mode = match self.dropout_mode(cfg.seed, cfg.hidden_dropout, mb, cfg.layers, 0) {
+            DropoutMode::Train(st) => DropoutMode::Train(PhiloxState {
+                seed: st.seed,
+                offset: st.offset.wrapping_add((first * h) as u64),
+            }),
+            m => m,
+        };
         let ids = self.ids_of(mb)?;
         let e = self
             .stage
@@ -496,12 +511,17 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             .as_ref()
             .ok_or_else(|| Error::invalid(OP, "chunk", "the first stage", "no embedding"))?;
         let dev = self.tp.device();
-        let mut emb = dev.alloc_zeros::<T>(t * h)?;
-        e.lookup.forward(self.tp, stream, ids, &e.word, &mut emb)?;
-        Gemm::new(t, h, cfg.seq).beta(1.0).run(
+        let mut emb = dev.alloc_zeros::<T>(lt * h)?;
+        if self.stage.par.sequence_parallel {
+            e.lookup
+                .forward_scattered(self.tp, stream, ids, &e.word, &mut emb)?;
+        } else {
+            e.lookup.forward(self.tp, stream, ids, &e.word, &mut emb)?;
+        }
+        Gemm::new(lt, h, cfg.seq).beta(1.0).run(
             stream,
             GemmInputs::<T, T> {
-                a: &e.onehot,
+                a: &e.onehot.slice(first * cfg.seq..(first + lt) * cfg.seq)?,
                 b: &e.pos,
                 bias: None,
                 c: None,
@@ -509,29 +529,14 @@ impl<T: TpElement> StageRun<'_, '_, T> {
             Aux::None,
             &mut emb,
         )?;
-        let x0 = if mode == DropoutMode::Eval {
-            emb
-        } else {
-            let zeros = dev.alloc_zeros::<T>(t * h)?;
-            let mut x0 = dev.alloc_zeros::<T>(t * h)?;
-            BiasDropoutAdd::new(t, h, cfg.hidden_dropout)
-                .forward(stream, &emb, None, &zeros, &mut x0, mode)?;
-            x0
-        };
-        self.local_rows(stream, x0)
-    }
-
-    /// This rank's rows of a whole `[tokens, hidden]` micro-batch tensor
-    /// (the tensor itself without sequence parallelism).
-    fn local_rows(&self, stream: &Stream, full: DeviceBuffer<T>) -> Result<DeviceBuffer<T>> {
-        if !self.stage.par.sequence_parallel {
-            return Ok(full);
+        if mode == DropoutMode::Eval {
+            return Ok(emb);
         }
-        let n = self.stage.local_tokens() * self.stage.cfg.hidden;
-        let first = self.tp.rank() * n;
-        let mut rows = self.tp.device().alloc_zeros::<T>(n)?;
-        stream.copy_device(&full.slice(first..first + n)?, &mut rows)?;
-        Ok(rows)
+        let zeros = dev.alloc_zeros::<T>(lt * h)?;
+        let mut x0 = dev.alloc_zeros::<T>(lt * h)?;
+        BiasDropoutAdd::new(lt, h, cfg.hidden_dropout)
+            .forward(stream, &emb, None, &zeros, &mut x0, mode)?;
+        Ok(x0)
     }
 
     /// The whole `[tokens, hidden]` micro-batch tensor from every rank's
