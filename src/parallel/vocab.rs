@@ -135,6 +135,29 @@ pub struct VocabParallelEmbedding {
     pub hidden: usize,
 }
 
+/// A checked local lookup of this rank's vocabulary rows (zeros for ids
+/// of other ranks) into `elements` = `tokens · hidden` values.
+struct LocalLookup {
+    shard: Shard,
+    hidden: usize,
+    elements: usize,
+}
+
+impl LocalLookup {
+    fn run<T: FloatElement, I: TokenId>(
+        &self,
+        stream: &Stream,
+        ids: &dyn DeviceRead<I>,
+        weight_shard: &dyn DeviceRead<T>,
+        out: &mut dyn DeviceWrite<T>,
+    ) -> Result<()> {
+        if self.elements == 0 {
+            return Ok(());
+        }
+        local::embedding_lookup(stream, ids, weight_shard, out, self.hidden, self.shard)
+    }
+}
+
 const EMB_FWD: &str = "vocab_parallel_embedding_forward";
 const EMB_FWD_SCATTERED: &str = "vocab_parallel_embedding_forward_scattered";
 const EMB_BWD: &str = "vocab_parallel_embedding_backward";
@@ -196,34 +219,16 @@ impl VocabParallelEmbedding {
         weight_shard: &dyn DeviceRead<T>,
         out: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
-        let (start, rows) = self.layout(EMB_FWD, comm)?;
-        let tokens = ids.len();
-        stream.device().check_same(EMB_FWD, "ids", ids.device())?;
-        let n = validate::elements(EMB_FWD, tokens, self.hidden)?;
-        fits_i64(EMB_FWD, "tokens * hidden", n)?;
-        check_len(
-            EMB_FWD,
-            "weight_shard",
-            stream,
-            weight_shard,
-            rows * self.hidden,
-            "[padded vocab / tp, hidden]",
-        )?;
+        let lookup = self.checked_lookup(EMB_FWD, comm, stream, ids, weight_shard)?;
         check_len(
             EMB_FWD,
             "out",
             stream,
             out,
-            n,
+            lookup.elements,
             "[tokens = ids.len(), hidden]",
         )?;
-        if n > 0 {
-            let shard = Shard {
-                vocab_start: start,
-                rows,
-            };
-            local::embedding_lookup(stream, ids, weight_shard, out, self.hidden, shard)?;
-        }
+        lookup.run(stream, ids, weight_shard, out)?;
         if comm.size() > 1 {
             comm.all_reduce_in_place(stream, out, ReduceOp::Sum)?;
         }
@@ -245,8 +250,7 @@ impl VocabParallelEmbedding {
         weight_shard: &dyn DeviceRead<T>,
         out_rows: &mut dyn DeviceWrite<T>,
     ) -> Result<()> {
-        let tokens = ids.len();
-        let tp = comm.size();
+        let (tokens, tp) = (ids.len(), comm.size());
         if tokens % tp != 0 {
             return Err(Error::invalid(
                 EMB_FWD_SCATTERED,
@@ -255,43 +259,56 @@ impl VocabParallelEmbedding {
                 tokens,
             ));
         }
-        let rows_n = validate::elements(EMB_FWD_SCATTERED, tokens / tp, self.hidden)?;
+        let lookup = self.checked_lookup(EMB_FWD_SCATTERED, comm, stream, ids, weight_shard)?;
         check_len(
             EMB_FWD_SCATTERED,
             "out_rows",
             stream,
             out_rows,
-            rows_n,
+            lookup.elements / tp,
             "[tokens / tp, hidden]",
         )?;
         if tp == 1 {
-            return self.forward(comm, stream, ids, weight_shard, out_rows);
+            return lookup.run(stream, ids, weight_shard, out_rows);
         }
-        let n = validate::elements(EMB_FWD_SCATTERED, tokens, self.hidden)?;
-        let (start, rows) = self.layout(EMB_FWD_SCATTERED, comm)?;
-        stream
-            .device()
-            .check_same(EMB_FWD_SCATTERED, "ids", ids.device())?;
-        fits_i64(EMB_FWD_SCATTERED, "tokens * hidden", n)?;
+        // Every check done: the whole lookup's scratch (freed in stream order).
+        let mut full = stream.device().alloc_zeros::<T>(lookup.elements)?;
+        lookup.run(stream, ids, weight_shard, &mut full)?;
+        comm.reduce_scatter(stream, &full, out_rows, ReduceOp::Sum)?;
+        Ok(())
+    }
+
+    /// The checks a forward's local lookup needs (the communicator's layout,
+    /// `ids` on the stream's device, `tokens · hidden` in range, the shard's
+    /// length), and what it then runs.
+    fn checked_lookup<T: FloatElement, I: TokenId>(
+        &self,
+        op: &'static str,
+        comm: &Communicator,
+        stream: &Stream,
+        ids: &dyn DeviceRead<I>,
+        weight_shard: &dyn DeviceRead<T>,
+    ) -> Result<LocalLookup> {
+        let (start, rows) = self.layout(op, comm)?;
+        stream.device().check_same(op, "ids", ids.device())?;
+        let elements = validate::elements(op, ids.len(), self.hidden)?;
+        fits_i64(op, "tokens * hidden", elements)?;
         check_len(
-            EMB_FWD_SCATTERED,
+            op,
             "weight_shard",
             stream,
             weight_shard,
             rows * self.hidden,
             "[padded vocab / tp, hidden]",
         )?;
-        // Every check done: the whole lookup's scratch (freed in stream order).
-        let mut full = stream.device().alloc_zeros::<T>(n)?;
-        if n > 0 {
-            let shard = Shard {
+        Ok(LocalLookup {
+            shard: Shard {
                 vocab_start: start,
                 rows,
-            };
-            local::embedding_lookup(stream, ids, weight_shard, &mut full, self.hidden, shard)?;
-        }
-        comm.reduce_scatter(stream, &full, out_rows, ReduceOp::Sum)?;
-        Ok(())
+            },
+            hidden: self.hidden,
+            elements,
+        })
     }
 
     /// This rank's weight gradient: `dweight[v, :] (+)= sum over tokens t with
