@@ -100,16 +100,22 @@ impl<T: TpElement> Ctx<'_, T> {
         }
     }
 
-    /// `mode` for this rank's rows of a `[tokens, hidden]` dropout: the
-    /// Philox positions those rows have in the whole micro-batch.
+    /// `mode` for this rank's rows of a `[tokens, hidden]` dropout.
     fn rows_mode(&self, mode: DropoutMode, hidden: usize) -> DropoutMode {
-        match mode {
-            DropoutMode::Train(st) => DropoutMode::Train(PhiloxState {
-                seed: st.seed,
-                offset: st.offset.wrapping_add((self.first_token() * hidden) as u64),
-            }),
-            m => m,
-        }
+        dropout_at_rows(mode, self.first_token(), hidden)
+    }
+}
+
+/// `mode` for rows `first ..` of a `[tokens, hidden]` dropout: the Philox
+/// positions those rows have in the whole tensor (a mask element's position
+/// is the call's offset plus its index).
+pub(crate) fn dropout_at_rows(mode: DropoutMode, first: usize, hidden: usize) -> DropoutMode {
+    match mode {
+        DropoutMode::Train(st) => DropoutMode::Train(PhiloxState {
+            seed: st.seed,
+            offset: st.offset.wrapping_add((first * hidden) as u64),
+        }),
+        m => m,
     }
 }
 

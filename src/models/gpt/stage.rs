@@ -46,8 +46,8 @@ use super::config::{GptConfig, ParallelConfig, Recompute};
 use super::grads::Accumulator;
 use super::init;
 use super::layer::{
-    layer_param_is_norm, layer_param_replicated, Ctx, Layer, LayerRng, LayerSaved, Norm,
-    LAYER_PARAMS,
+    dropout_at_rows, layer_param_is_norm, layer_param_replicated, Ctx, Layer, LayerRng, LayerSaved,
+    Norm, LAYER_PARAMS,
 };
 
 const OP: &str = "GptStage";
@@ -497,13 +497,11 @@ impl<T: TpElement> StageRun<'_, '_, T> {
         } else {
             0
         };
-        let mode = match self.dropout_mode(cfg.seed, cfg.hidden_dropout, mb, cfg.layers, 0) {
-            DropoutMode::Train(st) => DropoutMode::Train(PhiloxState {
-                seed: st.seed,
-                offset: st.offset.wrapping_add((first * h) as u64),
-            }),
-            m => m,
-        };
+        let mode = dropout_at_rows(
+            self.dropout_mode(cfg.seed, cfg.hidden_dropout, mb, cfg.layers, 0),
+            first,
+            h,
+        );
         let ids = self.ids_of(mb)?;
         let e = self
             .stage
