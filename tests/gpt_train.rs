@@ -1,10 +1,10 @@
 //! The GPT trained end to end on in-process emulator ranks: every way of
 //! splitting 8 ranks (tp · pp · dp = 8, with and without interleaving,
 //! recomputation, the distributed optimizer sharding over dp) gives the
-//! loss curve of the 1-rank run within bf16 tolerance, also with sequence
-//! parallelism (which draws the same dropout masks); recomputation gives
-//! bitwise the losses of the stored run; a checkpoint resumes the curve;
-//! bad configurations are named errors before any work.
+//! loss curve and gradient norms of the 1-rank run within bf16 tolerance,
+//! also with sequence parallelism (which draws the same dropout masks);
+//! recomputation gives bitwise the losses of the stored run; a checkpoint
+//! resumes the curve; bad configurations are named errors before any work.
 
 use ferrotron::models::gpt::{
     train_in_process, CharCorpus, GptConfig, JobOptions, ParallelConfig, Precision, Recompute,
@@ -67,9 +67,17 @@ fn losses(m: &GptConfig, p: &ParallelConfig, steps: u64) -> Vec<f64> {
 }
 
 fn losses_with(m: &GptConfig, p: &ParallelConfig, t: &TrainConfig) -> Vec<f64> {
-    let s = train_in_process(m, p, t, &corpus(), &JobOptions::default(), &mut |_| {})
-        .unwrap_or_else(|e| panic!("{p:?}: {e}"));
-    s.steps.iter().map(|r| r.loss).collect()
+    losses_of(&reports_with(m, p, t))
+}
+
+fn reports_with(m: &GptConfig, p: &ParallelConfig, t: &TrainConfig) -> Vec<StepReport> {
+    train_in_process(m, p, t, &corpus(), &JobOptions::default(), &mut |_| {})
+        .unwrap_or_else(|e| panic!("{p:?}: {e}"))
+        .steps
+}
+
+fn losses_of(r: &[StepReport]) -> Vec<f64> {
+    r.iter().map(|s| s.loss).collect()
 }
 
 /// bf16 parameters and activations: different reduction orders move the
@@ -82,6 +90,42 @@ fn assert_curves_close(what: &str, got: &[f64], want: &[f64]) {
             "{what}: step {i}: loss {g} vs the 1-rank run's {w}\n got {got:?}\nwant {want:?}"
         );
     }
+}
+
+/// Adam's update hardly depends on the gradient's scale, so a split that
+/// sums where it should average (or counts a replicated gradient twice)
+/// can still give the 1-rank loss curve. The gradient norms (before
+/// clipping) cannot hide it. The first step's, a backward before any
+/// update, differs only by bf16 rounding in another order (up to 1.1e-3
+/// relative on these splits, tp 8 the widest). Later steps add the
+/// updates' own differences: within 1.5e-3 over 20 steps, except for a
+/// step where every split left the 1-rank norm by 0.4–9 % and came back
+/// the next step (step 15 of 20, a sensitive point of the trajectory, not
+/// a scale), so those are held to the median over the steps. A scaled
+/// gradient moves every step's norm, the median too.
+fn assert_grad_norms_close(what: &str, got: &[StepReport], want: &[StepReport]) {
+    assert_eq!(got.len(), want.len(), "{what}: steps");
+    let tol = 3e-3;
+    let mut rel: Vec<f64> = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g.grad_norm / w.grad_norm - 1.0).abs())
+        .collect();
+    let norms = |r: &[StepReport]| r.iter().map(|s| s.grad_norm).collect::<Vec<_>>();
+    assert!(
+        rel[0] <= tol,
+        "{what}: first gradient norm {} vs the 1-rank run's {} (relative tolerance {tol})",
+        got[0].grad_norm,
+        want[0].grad_norm
+    );
+    rel.sort_by(f64::total_cmp);
+    let median = rel[rel.len() / 2];
+    assert!(
+        median <= tol,
+        "{what}: median relative gap of the gradient norms {median} > {tol}\n got {:?}\nwant {:?}",
+        norms(got),
+        norms(want)
+    );
 }
 
 #[test]
@@ -122,7 +166,7 @@ fn every_split_of_8_ranks_matches_one_rank() {
         min_lr: 3e-4,
         ..train(steps)
     };
-    let want = losses_with(&m, &small(par(1, 1, 1)), &t);
+    let want = reports_with(&m, &small(par(1, 1, 1)), &t);
     let mut splits: Vec<(String, ParallelConfig)> = Vec::new();
     for tp in [1, 2, 4, 8] {
         for pp in [1, 2, 4, 8] {
@@ -184,8 +228,9 @@ fn every_split_of_8_ranks_matches_one_rank() {
         }),
     ));
     for (name, p) in &splits {
-        let got = losses_with(&m, &small(*p), &t);
-        assert_curves_close(name, &got, &want);
+        let got = reports_with(&m, &small(*p), &t);
+        assert_curves_close(name, &losses_of(&got), &losses_of(&want));
+        assert_grad_norms_close(name, &got, &want);
     }
 }
 
@@ -238,7 +283,6 @@ fn sequence_parallel_draws_the_same_dropout_masks() {
             .unwrap_or_else(|e| panic!("{p:?}: {e}"))
             .steps
     };
-    let losses = |r: &[StepReport]| r.iter().map(|s| s.loss).collect::<Vec<_>>();
     for base in [par(2, 2, 2), par(4, 1, 2)] {
         let want = run(&base);
         let got = run(&ParallelConfig {
@@ -259,7 +303,7 @@ fn sequence_parallel_draws_the_same_dropout_masks() {
             (g - w).abs() <= 2e-6 * w,
             "{what}: first gradient norm {g} vs {w} without sequence parallelism"
         );
-        assert_curves_close(&what, &losses(&got), &losses(&want));
+        assert_curves_close(&what, &losses_of(&got), &losses_of(&want));
     }
 }
 
