@@ -52,16 +52,27 @@ pub const LAYER_PARAMS: [&str; 12] = [
     "mlp.fc2.bias",
 ];
 
+/// The row-parallel linears of a layer: their input is split over the
+/// tensor-parallel ranks, their output (and so their bias) is whole.
+const ROW_PARALLEL_LINEARS: [&str; 2] = ["attention.proj.", "mlp.fc2."];
+
 /// Whether a layer parameter is replicated over the tensor-parallel ranks
-/// (LayerNorms and the row-parallel biases) rather than sharded.
+/// (LayerNorms and the row-parallel biases) rather than sharded. Derived
+/// from the names in [`LAYER_PARAMS`], so a reordering cannot desynchronise
+/// it; an index past the list is not a parameter (false).
 pub fn layer_param_replicated(index: usize) -> bool {
-    matches!(index, 0 | 1 | 5 | 6 | 7 | 11)
+    layer_param_is_norm(index)
+        || LAYER_PARAMS.get(index).is_some_and(|name| {
+            name.ends_with(".bias") && ROW_PARALLEL_LINEARS.iter().any(|l| name.starts_with(l))
+        })
 }
 
 /// Whether a layer parameter is a LayerNorm weight or bias (with sequence
 /// parallelism each rank's gradient of it covers only its own tokens).
 pub fn layer_param_is_norm(index: usize) -> bool {
-    matches!(index, 0 | 1 | 6 | 7)
+    LAYER_PARAMS
+        .get(index)
+        .is_some_and(|name| name.starts_with("ln"))
 }
 
 /// The shared arguments of a layer call.
@@ -513,5 +524,37 @@ impl<T: TpElement> Layer<T> {
         ctx.acc.add(s, &tmp_h, &mut g(0)?)?;
         ctx.acc.add(s, &tmp_h2, &mut g(1)?)?;
         add.forward(s, &dm, None, &dx2, dx, DropoutMode::Eval)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The replicated parameters are the LayerNorms and the biases of the
+    /// row-parallel linears (Megatron's layout), by name.
+    #[test]
+    fn replicated_and_norm_parameters_by_name() {
+        let named = |f: fn(usize) -> bool| -> Vec<&str> {
+            (0..LAYER_PARAMS.len() + 2)
+                .filter(|&i| f(i))
+                .map(|i| LAYER_PARAMS[i])
+                .collect()
+        };
+        assert_eq!(
+            named(layer_param_replicated),
+            [
+                "ln1.weight",
+                "ln1.bias",
+                "attention.proj.bias",
+                "ln2.weight",
+                "ln2.bias",
+                "mlp.fc2.bias"
+            ]
+        );
+        assert_eq!(
+            named(layer_param_is_norm),
+            ["ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"]
+        );
     }
 }
