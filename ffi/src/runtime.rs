@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 use ferrotron::ops::multi_tensor::MultiTensor;
-use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream, MAX_EMU_WORKERS};
+use ferrotron::{BackendKind, Device, DeviceBuffer, Event, Stream};
 
 use crate::abi::boundary::{export, ftnResult_t, invalid};
 use crate::abi::enums::{c_enum, parse_enum};
@@ -136,23 +136,12 @@ pub unsafe extern "C" fn ftn_context_create_emu(
 ) -> ftnResult_t {
     export!(|op| {
         check_out(op, "ctx", ctx)?;
-        let n = usize::try_from(workers)
-            .ok()
-            .filter(|n| (1..=MAX_EMU_WORKERS).contains(n))
-            .ok_or_else(|| {
-                invalid(
-                    op,
-                    "workers",
-                    format!("1 to {MAX_EMU_WORKERS} worker threads"),
-                    workers,
-                )
-            })?;
-        let h = ftnContext::into_raw(
-            Device::emu_with_workers(n)?,
-            Arc::default(),
-            Arc::default(),
-            0,
-        );
+        // A negative count is out of range like 0; the range check is
+        // `emu_with_workers`', its error relabelled with this function's name
+        // and the int as given.
+        let dev = Device::emu_with_workers(usize::try_from(workers).unwrap_or(0))
+            .map_err(|e| e.as_seen_by(op, workers))?;
+        let h = ftnContext::into_raw(dev, Arc::default(), Arc::default(), 0);
         // SAFETY: checked non-NULL above; valid by the contract.
         unsafe { ctx.write(h) };
         Ok(())

@@ -55,6 +55,24 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The same error as a caller's boundary reports it: an invalid
+    /// argument gets the caller's op name and the argument's value as the
+    /// caller passed it (a C `int` before its conversion, say), so that the
+    /// check itself stays in one place. Other errors are returned unchanged.
+    pub fn as_seen_by(self, caller: &'static str, got: impl ToString) -> Self {
+        match self {
+            Error::InvalidArgument { arg, expected, .. } => Error::InvalidArgument {
+                op: caller,
+                arg,
+                expected,
+                got: got.to_string(),
+            },
+            other => other,
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -754,8 +754,9 @@ static void test_bad_input(ftnContext_t ctx, ftnStream_t s) {
   ftnContext_t bad;
   expect_error(ftn_context_create(7, 0, &bad), ftnInvalidArgument, "bad backend", "backend", NULL);
   expect_error(ftn_context_create(ftnBackendCuda, 0, &bad), ftnBackendUnavailable, "cuda", "cuda", NULL);
-  expect_error(ftn_context_create_emu(0, &bad), ftnInvalidArgument, "0 workers", "workers", NULL);
-  expect_error(ftn_context_create_emu(1025, &bad), ftnInvalidArgument, "1025 workers", "workers", NULL);
+  expect_error(ftn_context_create_emu(0, &bad), ftnInvalidArgument, "0 workers", "ftn_context_create_emu", "got 0");
+  expect_error(ftn_context_create_emu(1025, &bad), ftnInvalidArgument, "1025 workers", "`workers`", "got 1025");
+  expect_error(ftn_context_create_emu(-3, &bad), ftnInvalidArgument, "-3 workers", "ftn_context_create_emu", "got -3");
   int per_rank = -1;
   expect_error(ftn_emu_workers_per_rank(0, &per_rank), ftnInvalidArgument, "0 ranks", "ranks", NULL);
   EXPECT(per_rank == -1, "nothing written on bad input, got %d", per_rank);
