@@ -29,6 +29,7 @@ pub mod init;
 mod layer;
 mod loss;
 pub mod mfu;
+mod norm_grads;
 pub mod plot;
 pub mod process;
 pub mod sample;

@@ -49,6 +49,7 @@ use super::layer::{
     dropout_at_rows, layer_param_is_norm, layer_param_replicated, Ctx, Layer, LayerRng, LayerSaved,
     Norm, LAYER_PARAMS,
 };
+use super::norm_grads::all_reduce_coalesced;
 
 const OP: &str = "GptStage";
 
@@ -807,11 +808,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
                     partial.extend(hd.ln_ids.iter().copied());
                 }
             }
-            let grads = self.ddp.buffers();
-            for id in partial {
-                self.tp
-                    .all_reduce_in_place(stream, &mut grads.grad::<f32>(id)?, ReduceOp::Sum)?;
-            }
+            all_reduce_coalesced(self.tp, stream, self.ddp.buffers(), &partial)?;
         }
         for id in ids.into_iter().rev() {
             self.ddp.mark_grad_ready(stream, id)?;
