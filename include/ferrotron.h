@@ -3367,6 +3367,29 @@ ftnResult_t ftn_vocab_parallel_embedding_forward(const ftnVocabEmbeddingDesc_t *
                                                  int64_t tokens);
 
 /*
+ `ftn_vocab_parallel_embedding_forward` for sequence parallelism: this
+ rank's rows of the lookup, reduce-scattered instead of all-reduced (the
+ same values, half the traffic; Megatron's `reduce_scatter_embeddings`):
+ `out_rows[j, :] = weight[ids[r * tokens / tp + j], :]` for
+ `j < tokens / tp`, `r` this rank. `ids` (`[tokens]`) are the whole
+ micro-batch's, the same on every rank; `out_rows` is
+ `[tokens / tp, hidden]`. The backward
+ (`ftn_vocab_parallel_embedding_backward`) takes the whole `dy`:
+ all-gather the rows' gradients first.
+
+ Bad input: as for `ftn_vocab_parallel_embedding_forward` (`out_rows` in
+ place of `out`), and `tokens` not a multiple of the communicator's size:
+ ftnInvalidArgument naming `ids`, at the call, nothing enqueued.
+ */
+ftnResult_t ftn_vocab_parallel_embedding_forward_scattered(const ftnVocabEmbeddingDesc_t *desc,
+                                                           ftnComm_t comm,
+                                                           ftnStream_t stream,
+                                                           const void *ids,
+                                                           const void *weight_shard,
+                                                           void *out_rows,
+                                                           int64_t tokens);
+
+/*
  This rank's weight gradient, fp32 `[rows, hidden]`: `dweight[v] (+)=` the
  sum of `dy[t]` over the tokens with `ids[t] == start + v`, in token order
  (bitwise deterministic). `accumulate` non-zero adds to `dweight` (a

@@ -118,6 +118,15 @@ fn embedding(
     Ok((e, n))
 }
 
+/// How a forward leaves the lookup: all-reduced (every token on every
+/// rank) or reduce-scattered (this rank's `tokens / tp` rows).
+#[derive(Clone, Copy)]
+enum EmbeddingOut {
+    AllReduced,
+    Scattered,
+}
+
+#[allow(clippy::too_many_arguments)]
 unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
     op: &'static str,
     c: &Call,
@@ -126,18 +135,32 @@ unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
     weight: *const c_void,
     out: *mut c_void,
     tokens: usize,
+    mode: EmbeddingOut,
 ) -> Result<()> {
     let (e, nw) = embedding(op, d, c)?;
-    let nout = mul(op, "tokens", tokens, e.hidden)?;
+    // Scattered: `tokens` not a multiple of tp is the Rust call's named
+    // error; the view covers the rows it would write.
+    let out_tokens = match mode {
+        EmbeddingOut::AllReduced => tokens,
+        EmbeddingOut::Scattered => tokens / c.comm.size(),
+    };
+    let nout = mul(op, "tokens", out_tokens, e.hidden)?;
+    let out_name = match mode {
+        EmbeddingOut::AllReduced => "out",
+        EmbeddingOut::Scattered => "out_rows",
+    };
     // SAFETY: pointer contracts.
     let (i, w, mut y) = unsafe {
         (
             view::<I>(&c.dev, op, "ids", ids, tokens)?,
             view::<T>(&c.dev, op, "weight_shard", weight, nw)?,
-            view::<T>(&c.dev, op, "out", out, nout)?,
+            view::<T>(&c.dev, op, out_name, out, nout)?,
         )
     };
-    e.forward(c.comm, c.stream, &i, &w, &mut y)
+    match mode {
+        EmbeddingOut::AllReduced => e.forward(c.comm, c.stream, &i, &w, &mut y),
+        EmbeddingOut::Scattered => e.forward_scattered(c.comm, c.stream, &i, &w, &mut y),
+    }
 }
 
 /// `out[t, :] = weight[ids[t], :]` as the all-reduce of each rank's lookup:
@@ -177,7 +200,43 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
         let tokens = dim(op, "tokens", tokens)?;
         // SAFETY: pointer contracts.
         dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
-            embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out, tokens)
+            embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out, tokens, EmbeddingOut::AllReduced)
+        }))
+    })
+}
+
+/// `ftn_vocab_parallel_embedding_forward` for sequence parallelism: this
+/// rank's rows of the lookup, reduce-scattered instead of all-reduced (the
+/// same values, half the traffic; Megatron's `reduce_scatter_embeddings`):
+/// `out_rows[j, :] = weight[ids[r * tokens / tp + j], :]` for
+/// `j < tokens / tp`, `r` this rank. `ids` (`[tokens]`) are the whole
+/// micro-batch's, the same on every rank; `out_rows` is
+/// `[tokens / tp, hidden]`. The backward
+/// (`ftn_vocab_parallel_embedding_backward`) takes the whole `dy`:
+/// all-gather the rows' gradients first.
+///
+/// Bad input: as for `ftn_vocab_parallel_embedding_forward` (`out_rows` in
+/// place of `out`), and `tokens` not a multiple of the communicator's size:
+/// ftnInvalidArgument naming `ids`, at the call, nothing enqueued.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward_scattered(
+    desc: *const ftnVocabEmbeddingDesc_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    ids: *const c_void,
+    weight_shard: *const c_void,
+    out_rows: *mut c_void,
+    tokens: i64,
+) -> ftnResult_t {
+    export!(|op| {
+        // SAFETY: descriptor contract.
+        let d = unsafe { read_desc(op, "desc", desc)? };
+        let c = call(op, comm, stream)?;
+        let tokens = dim(op, "tokens", tokens)?;
+        // SAFETY: pointer contracts.
+        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
+            embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out_rows, tokens, EmbeddingOut::Scattered)
         }))
     })
 }

@@ -1856,7 +1856,7 @@ typedef struct {
   ftnVocabEmbeddingDesc_t d;
   int64_t tokens;
   void *ids;
-  void *shard[MAXR], *out[MAXR], *dy;
+  void *shard[MAXR], *out[MAXR], *rows[MAXR], *dy;
   float *dw[MAXR], *dwa[MAXR];
 } EmbCase;
 
@@ -1864,6 +1864,8 @@ static void emb_rank(int r, void *p) {
   EmbCase *c = (EmbCase *)p;
   World *w = c->w;
   CHECK(ftn_vocab_parallel_embedding_forward(&c->d, w->comm[r], w->st[r], c->ids, c->shard[r], c->out[r], c->tokens));
+  CHECK(ftn_vocab_parallel_embedding_forward_scattered(&c->d, w->comm[r], w->st[r], c->ids, c->shard[r], c->rows[r],
+                                                       c->tokens));
   CHECK(ftn_vocab_parallel_embedding_backward(&c->d, w->comm[r], w->st[r], c->ids, c->dy, c->dw[r], c->tokens, 0));
   CHECK(ftn_vocab_parallel_embedding_backward(&c->d, w->comm[r], w->st[r], c->ids, c->dy, c->dwa[r], c->tokens, 1));
   CHECK(ftn_stream_synchronize(w->st[r]));
@@ -1935,6 +1937,8 @@ static void test_embedding(World *w, int dtype, int id_dtype) {
     }
     c.out[r] = xmalloc((size_t)tokens * H * es);
     memset(c.out[r], 0xFF, (size_t)tokens * H * es);
+    c.rows[r] = xmalloc((size_t)(tokens / tp) * H * es);
+    memset(c.rows[r], 0xFF, (size_t)(tokens / tp) * H * es);
     c.dw[r] = fpoison(SH * H);
     c.dwa[r] = fvec(SH * H, 0.5);
   }
@@ -1962,6 +1966,12 @@ static void test_embedding(World *w, int dtype, int id_dtype) {
       got[i] = dtype == ftnFloat32 ? ((float *)c.out[r])[i] : from_bf16(((uint16_t *)c.out[r])[i]);
     close_all(nm("embedding forward %s ids %d (tp %d) rank %d", tn, id_dtype, tp, r), got, want, (size_t)tokens * H,
               0);
+    /* sequence parallel: this rank's tokens/tp rows of the same lookup */
+    const size_t nr = (size_t)(tokens / tp) * H;
+    for (size_t i = 0; i < nr; i++)
+      got[i] = dtype == ftnFloat32 ? ((float *)c.rows[r])[i] : from_bf16(((uint16_t *)c.rows[r])[i]);
+    close_all(nm("embedding forward, scattered, %s ids %d (tp %d) rank %d", tn, id_dtype, tp, r), got,
+              want + (size_t)r * nr, nr, 0);
     free(got);
     close_all(nm("embedding backward %s (tp %d) rank %d, overwrite", tn, tp, r), c.dw[r], dwf + (size_t)r * SH * H,
               SH * H, 1e-6);
@@ -2007,6 +2017,11 @@ static void test_embedding(World *w, int dtype, int id_dtype) {
       "weight_shard", "NULL");
   BAD(ftn_vocab_parallel_embedding_forward(&c.d, cm, s, c.ids, c.shard[0], c.out[0], -1), ftnInvalidArgument,
       "tokens", NULL);
+  BAD(ftn_vocab_parallel_embedding_forward_scattered(&c.d, cm, s, c.ids, c.shard[0], NULL, tokens), ftnInvalidArgument,
+      "out_rows", "NULL");
+  if (tp > 1)
+    BAD(ftn_vocab_parallel_embedding_forward_scattered(&c.d, cm, s, c.ids, c.shard[0], c.rows[0], tokens - 1),
+        ftnInvalidArgument, "ids", "multiple of tp");
   BAD(ftn_vocab_parallel_embedding_backward(&c.d, cm, s, c.ids, c.dy, NULL, tokens, 1), ftnInvalidArgument,
       "dweight", "NULL");
   BAD(ftn_vocab_parallel_embedding_backward(&c.d, cm, NULL, c.ids, c.dy, c.dw[0], tokens, 1), ftnInvalidArgument,
@@ -2015,6 +2030,7 @@ static void test_embedding(World *w, int dtype, int id_dtype) {
   for (int r = 0; r < tp; r++) {
     free(c.shard[r]);
     free(c.out[r]);
+    free(c.rows[r]);
     free(c.dw[r]);
     free(c.dwa[r]);
     free(dwa0[r]);
