@@ -1,7 +1,8 @@
 //! Checkpoints of the distributed optimizer (feature `checkpoint`): a
 //! checkpoint saved at dp = 4 loads at dp = 2 with another bucket size and
 //! gives the same next step as dp = 4 taking both steps; save → load → save
-//! reproduces the file's tensors bit for bit; a checkpoint of another model
+//! reproduces the file's tensors bit for bit; plain DDP's replicated
+//! optimizer writes and reads the same file; a checkpoint of another model
 //! or an unreadable file is a named error.
 #![cfg(feature = "checkpoint")]
 
@@ -82,9 +83,18 @@ fn write_param(
 /// parameters, or from `load` when given, then saves to `save` (when given).
 /// Returns every rank's result of the load (errors are returned, not
 /// unwrapped, so the mismatch tests can look at them).
+/// The optimizer a run uses: ZeRO-1 (sharded over dp) or plain DDP's
+/// replicated one.
+#[derive(Clone, Copy, Debug)]
+enum Opt {
+    Sharded,
+    Replicated,
+}
+use Opt::{Replicated, Sharded};
+
 fn train(
     shapes: &[Shape],
-    dp: usize,
+    (dp, kind): (usize, Opt),
     bucket_size: usize,
     steps: std::ops::Range<usize>,
     load: Option<&Path>,
@@ -94,10 +104,13 @@ fn train(
         let (reg, ids) = registry(shapes);
         let config = DdpConfig {
             bucket_size: Some(bucket_size),
-            distributed_optimizer: true,
+            distributed_optimizer: matches!(kind, Sharded),
             ..DdpConfig::default()
         };
         let mut ddp = DistributedDataParallel::new(&comm, reg, config).unwrap();
+        if matches!(kind, Replicated) {
+            ddp.allocate_param_buffers().unwrap();
+        }
         let compute = comm.device().new_stream().unwrap();
         for (p, &id) in ids.iter().enumerate() {
             let init = values(777 + p as u64, numel(shapes[p].1));
@@ -196,15 +209,15 @@ fn saved_at_dp4_loads_at_dp2_with_other_buckets_and_gives_the_same_next_step() {
     let resumed = tmp("resumed");
     let again = tmp("again");
     // dp 4 takes two steps directly.
-    for r in train(SHAPES, 4, 60, 0..2, None, Some(&direct)) {
+    for r in train(SHAPES, (4, Sharded), 60, 0..2, None, Some(&direct)) {
         r.unwrap();
     }
     // dp 4 takes one step and saves; dp 2 with other buckets loads it and
     // takes the second step.
-    for r in train(SHAPES, 4, 60, 0..1, None, Some(&first)) {
+    for r in train(SHAPES, (4, Sharded), 60, 0..1, None, Some(&first)) {
         r.unwrap();
     }
-    for r in train(SHAPES, 2, 37, 1..2, Some(&first), Some(&resumed)) {
+    for r in train(SHAPES, (2, Sharded), 37, 1..2, Some(&first), Some(&resumed)) {
         r.unwrap();
     }
     // Same masters, moments, parameters and step count: fp32 within
@@ -215,7 +228,7 @@ fn saved_at_dp4_loads_at_dp2_with_other_buckets_and_gives_the_same_next_step() {
 
     // Load at dp 2 with yet another bucket size and save at once: the same
     // tensors, bit for bit (the layout does not leak into the file).
-    for r in train(SHAPES, 2, 1000, 1..1, Some(&first), Some(&again)) {
+    for r in train(SHAPES, (2, Sharded), 1000, 1..1, Some(&first), Some(&again)) {
         r.unwrap();
     }
     compare(&again, &first, 0.0, 0.0);
@@ -224,8 +237,43 @@ fn saved_at_dp4_loads_at_dp2_with_other_buckets_and_gives_the_same_next_step() {
     }
 }
 
+/// Plain DDP's replicated optimizer writes the file ZeRO-1 writes, and
+/// each loads the other's: replicated dp 2 after one step gives sharded dp
+/// 4's checkpoint; replicated dp 2 resuming the sharded checkpoint, and
+/// sharded dp 2 resuming the replicated one, both give the two-step run.
+#[test]
+fn replicated_and_sharded_optimizers_share_one_checkpoint_format() {
+    let [direct, first, rep_first, rep_resumed, resumed] = [
+        "kinds-direct",
+        "kinds-first",
+        "kinds-rep-first",
+        "kinds-rep-resumed",
+        "kinds-resumed",
+    ]
+    .map(tmp);
+    let run = |dp, kind, steps, load: Option<&Path>, save: &Path| {
+        for r in train(SHAPES, (dp, kind), 60, steps, load, Some(save)) {
+            r.unwrap();
+        }
+    };
+    run(4, Sharded, 0..2, None, &direct);
+    run(4, Sharded, 0..1, None, &first);
+    run(2, Replicated, 0..1, None, &rep_first);
+    // fp32 within reduction-order rounding (all-reduce against
+    // reduce-scatter), bf16 parameters at most one rounding apart.
+    compare(&rep_first, &first, 1e-5, 8e-3);
+    run(2, Replicated, 1..2, Some(&first), &rep_resumed);
+    compare(&rep_resumed, &direct, 1e-5, 8e-3);
+    run(2, Sharded, 1..2, Some(&rep_first), &resumed);
+    compare(&resumed, &direct, 1e-5, 8e-3);
+    assert_eq!(&read_all(&rep_resumed)["optimizer/step"].2, &vec![2.0]);
+    for p in [direct, first, rep_first, rep_resumed, resumed] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 fn load_error(shapes: &[Shape], path: &Path) -> Error {
-    let mut errs = train(shapes, 2, 60, 1..1, Some(path), None);
+    let mut errs = train(shapes, (2, Sharded), 60, 1..1, Some(path), None);
     let e = errs.pop().unwrap().unwrap_err();
     // Every rank reports the same error.
     assert_eq!(errs.pop().unwrap().unwrap_err(), e);
@@ -242,7 +290,7 @@ fn arg_and_text(e: &Error) -> (&'static str, String) {
 #[test]
 fn a_checkpoint_of_another_model_or_an_unreadable_file_is_a_named_error() {
     let ckpt = tmp("model");
-    for r in train(SHAPES, 1, 60, 0..1, None, Some(&ckpt)) {
+    for r in train(SHAPES, (1, Sharded), 60, 0..1, None, Some(&ckpt)) {
         r.unwrap();
     }
 
@@ -289,7 +337,7 @@ fn a_checkpoint_of_another_model_or_an_unreadable_file_is_a_named_error() {
     assert!(text.contains("a safetensors file"), "{text}");
 
     // The file itself loads into its own model.
-    for r in train(SHAPES, 2, 60, 1..1, Some(&ckpt), None) {
+    for r in train(SHAPES, (2, Sharded), 60, 1..1, Some(&ckpt), None) {
         r.unwrap();
     }
     for p in [ckpt, garbage] {

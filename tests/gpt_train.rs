@@ -308,33 +308,67 @@ fn sequence_parallel_draws_the_same_dropout_masks() {
 }
 
 /// A run saved after 2 steps and resumed for 2 more equals 4 steps in one
-/// go, bit for bit.
+/// go, bit for bit, with either optimizer; one's checkpoint resumes the
+/// other.
 #[test]
 fn a_resumed_run_continues_the_same_curve() {
     let c = corpus();
     let m = model(c.vocab());
-    let p = par(2, 1, 2);
-    let want = losses(&m, &p, 4);
-    let dir = std::env::temp_dir().join(format!("ftn-gpt-ckpt-{}", std::process::id()));
-    let save = JobOptions {
-        save: Some(dir.clone()),
+    let dir = |kind: &str| {
+        std::env::temp_dir().join(format!("ftn-gpt-ckpt-{}-{kind}", std::process::id()))
+    };
+    let save = |d: &std::path::Path| JobOptions {
+        save: Some(d.to_path_buf()),
         ..JobOptions::default()
     };
-    let first = train_in_process(&m, &p, &train(2), &c, &save, &mut |_| {}).unwrap();
-    let resume = JobOptions {
-        resume: Some(dir.clone()),
+    let resume = |d: &std::path::Path| JobOptions {
+        resume: Some(d.to_path_buf()),
         ..JobOptions::default()
     };
-    let rest = train_in_process(&m, &p, &train(4), &c, &resume, &mut |_| {}).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let got: Vec<f64> = first
-        .steps
-        .iter()
-        .chain(&rest.steps)
-        .map(|r| r.loss)
-        .collect();
-    assert_eq!(rest.steps[0].step, 2);
-    assert_eq!(got, want);
+    let with_opt = |distributed_optimizer| ParallelConfig {
+        distributed_optimizer,
+        ..par(2, 1, 2)
+    };
+    // Two steps, saved, then resumed to four: each optimizer (ZeRO-1, and
+    // plain DDP's replicated one) gives its uninterrupted run bit for bit.
+    let mut runs = Vec::new();
+    for (kind, dist) in [("sharded", true), ("replicated", false)] {
+        let p = with_opt(dist);
+        let want = losses(&m, &p, 4);
+        let d = dir(kind);
+        let first = train_in_process(&m, &p, &train(2), &c, &save(&d), &mut |_| {}).unwrap();
+        let rest = train_in_process(&m, &p, &train(4), &c, &resume(&d), &mut |_| {}).unwrap();
+        let got: Vec<f64> = first
+            .steps
+            .iter()
+            .chain(&rest.steps)
+            .map(|r| r.loss)
+            .collect();
+        assert_eq!(rest.steps[0].step, 2, "{kind}");
+        assert_eq!(got, want, "{kind}");
+        runs.push((d, want));
+    }
+    // The file is the same for both: the replicated run's checkpoint
+    // resumes with the sharded optimizer onto the sharded curve (within
+    // bf16 tolerance: the two reduce in other orders).
+    let (rep_dir, sharded_want) = (&runs[1].0, &runs[0].1);
+    let rest = train_in_process(
+        &m,
+        &with_opt(true),
+        &train(4),
+        &c,
+        &resume(rep_dir),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_curves_close(
+        "replicated checkpoint resumed sharded",
+        &losses_of(&rest.steps),
+        &sharded_want[2..],
+    );
+    for (d, _) in &runs {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
 
 #[test]

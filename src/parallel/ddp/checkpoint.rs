@@ -3,7 +3,9 @@
 //! and the step count, as one [safetensors](https://crates.io/crates/safetensors)
 //! file of **per-parameter tensors** named by parameter name. The file does
 //! not depend on the data-parallel size or the bucket size it was saved
-//! with: a checkpoint saved at dp = 4 loads at dp = 2 with other buckets.
+//! with, nor on whether the optimizer was sharded (ZeRO-1) or replicated
+//! (plain DDP): a checkpoint saved at dp = 4 loads at dp = 2 with other
+//! buckets, and either kind loads into the other.
 //!
 //! Tensors (`<name>` a registered parameter name, `<shape>` its registered
 //! shape):
@@ -17,7 +19,8 @@
 //! | `optimizer/step` | I64 | `[1]` |
 //!
 //! Saving: every rank's shard of every bucket (master, m, v packed) is
-//! all-gathered over the data-parallel communicator, bucket by bucket; rank 0
+//! all-gathered over the data-parallel communicator, bucket by bucket (a
+//! replicated optimizer's rank 0 already holds all of it); rank 0
 //! cuts the gathered buckets at parameter boundaries, writes the file
 //! (through a temporary file renamed into place) and broadcasts whether that
 //! worked, so every rank returns the same verdict. Loading: every rank reads
@@ -48,20 +51,6 @@ pub const CHECKPOINT_FORMAT: &str = "ferrotron-dist-opt-v1";
 
 const STATE: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 const STEP_TENSOR: &str = "optimizer/step";
-
-/// Checkpoints are of the sharded (distributed) optimizer's state.
-fn sharded_only(op: &'static str, ddp: &DistributedDataParallel<'_>) -> Result<()> {
-    if ddp.config().distributed_optimizer {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            op,
-            "ddp",
-            "a distributed-optimizer layout (checkpoints of a replicated optimizer are not supported)",
-            "plain data parallelism",
-        ))
-    }
-}
 
 fn model_name(name: &str) -> String {
     format!("model/{name}")
@@ -159,7 +148,6 @@ pub fn save_checkpoint(
     path: &Path,
 ) -> Result<()> {
     opt.check_built_from(SAVE, ddp)?;
-    sharded_only(SAVE, ddp)?;
     ddp.wait_param_gathers_shared(compute)?;
     let b = &ddp.buffers;
     let dev = b.device().clone();
@@ -189,7 +177,23 @@ pub fn save_checkpoint(
         Vec::new()
     };
 
-    for &bid in ddp.buckets() {
+    let sharded = ddp.config().distributed_optimizer;
+    if !sharded {
+        // The replicated optimizer of plain DDP: every rank holds the whole
+        // state, the same on every rank; rank 0 writes its own.
+        if rank == 0 {
+            for s in &opt.segments {
+                let (start, _) = b.param_range(ParamId(s.param))?;
+                let n = s.hi - s.lo;
+                for (k, dst) in full[s.param].iter_mut().enumerate() {
+                    dst[s.lo - start..s.hi - start]
+                        .copy_from_slice(&states[s.group][k][s.state..s.state + n]);
+                }
+            }
+        }
+    }
+    let sharded_buckets = if sharded { ddp.buckets() } else { &[] };
+    for &bid in sharded_buckets {
         let bucket = b.bucket(bid)?;
         let (lo, hi) = ddp_layout::shard(bucket, dp, rank)?;
         let sz = hi - lo;
@@ -366,7 +370,6 @@ pub fn load_checkpoint(
     path: &Path,
 ) -> Result<()> {
     opt.check_built_from(LOAD, ddp)?;
-    sharded_only(LOAD, ddp)?;
     ddp.finish_param_gather(compute)?;
     let b = &ddp.buffers;
     b.device().check_same(LOAD, "compute", compute.device())?;
