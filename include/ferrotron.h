@@ -2684,6 +2684,29 @@ ftnResult_t ftn_tp_attention_forward(ftnTpAttention_t attention,
                                      int64_t batch);
 
 /*
+ `ftn_tp_attention_forward` with a padding mask in place of the causal
+ one (an encoder's, e.g. BERT's): `mask` is uint8
+ `[mask_batches, 1, seq, seq]`, nonzero = masked (the scaled score
+ becomes -10000, as Megatron's fused softmax does; a row with every key
+ masked gives zero probabilities); `mask_batches` is `batch` (one mask per
+ sequence, shared by the heads) or 1 (one for the whole batch). The
+ backward is `ftn_tp_attention_backward`, as for the causal forward.
+
+ Bad input: as for `ftn_tp_attention_forward`, and `mask_batches`
+ neither 1 nor `batch`, or `mask` NULL: ftnInvalidArgument, at the call,
+ nothing enqueued.
+ */
+ftnResult_t ftn_tp_attention_forward_padded(ftnTpAttention_t attention,
+                                            ftnComm_t comm,
+                                            ftnStream_t stream,
+                                            const void *input,
+                                            void *output,
+                                            int64_t seq,
+                                            int64_t batch,
+                                            const uint8_t *mask,
+                                            int64_t mask_batches);
+
+/*
  Backward on `stream` of the last forward (same `seq`, `batch` and
  `input`): `grad_input` and the gradients of the QKV layer (weight
  `[3*hp*d, hidden]`, bias `[3*hp*d]`) and the output projection (weight

@@ -7,7 +7,9 @@
 //! the GEMMs take their unaligned paths. Attention dropout (mask from the
 //! host Philox twin, per-rank model-parallel seeds) against the same f64
 //! reference; selective recomputation against the stored path, bitwise; saved
-//! activations moved out and back between micro-batches, bitwise.
+//! activations moved out and back between micro-batches, bitwise. Padding
+//! masks (an encoder's: per sequence, and one shared by the batch) in place
+//! of the causal one, against the same reference.
 
 mod common;
 
@@ -18,7 +20,9 @@ use ferrotron::core::dtype::FloatElement;
 use ferrotron::core::rng::{RngTracker, MODEL_PARALLEL_SEED_OFFSET, MODEL_PARALLEL_STREAM};
 use ferrotron::ops::DropoutMode;
 use ferrotron::ops::Gelu;
-use ferrotron::parallel::attention::{AttentionGrads, AttentionOptions, TpAttention};
+use ferrotron::parallel::attention::{
+    AttentionGrads, AttentionMask, AttentionOptions, TpAttention,
+};
 use ferrotron::parallel::linear::{
     shard_cols, shard_rows, ColumnOptions, ColumnParallelLinear, LinearGrads, TpElement, WeightGrad,
 };
@@ -123,10 +127,12 @@ fn tp_keep(p: f32, seed: u64, tp: usize) -> impl Fn(usize, usize, usize, usize) 
     }
 }
 
-/// Unsharded causal self-attention in f64, with the module's layouts: rows
+/// Unsharded self-attention in f64, with the module's layouts: rows
 /// `i*BATCH + b`, QKV columns `(head, {q,k,v}, dim)`, context columns
-/// `(head, dim)`; with `drop`, `C = dropout(P) V`.
-fn attention_reference<T>(p: &Problem<T>, drop: Option<RefDropout<'_>>) -> Full {
+/// `(head, dim)`; query `i` of sequence `b` attends to the keys `k` with
+/// `!masked(b, i, k)` (none: zero probabilities, as the fused softmax
+/// gives); with `drop`, `C = dropout(P) V`.
+fn attention_reference<T>(p: &Problem<T>, masked: &Masked, drop: Option<RefDropout<'_>>) -> Full {
     // The multiplier of probability (b, n, i, k) after dropout.
     let f = |b: usize, n: usize, i: usize, k: usize| match &drop {
         None => 1.0,
@@ -147,8 +153,10 @@ fn attention_reference<T>(p: &Problem<T>, drop: Option<RefDropout<'_>>) -> Full 
         for n in 0..h {
             let pr = &mut probs[b * h + n];
             for i in 0..SEQ {
-                let s: Vec<f64> = (0..=i)
-                    .map(|k| {
+                let keys: Vec<usize> = (0..SEQ).filter(|&k| !masked(b, i, k)).collect();
+                let s: Vec<f64> = keys
+                    .iter()
+                    .map(|&k| {
                         scale
                             * (0..d)
                                 .map(|j| qkv[at(0, b, n, i, j)] * qkv[at(1, b, n, k, j)])
@@ -157,11 +165,11 @@ fn attention_reference<T>(p: &Problem<T>, drop: Option<RefDropout<'_>>) -> Full 
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
-                for (k, v) in s.iter().enumerate() {
+                for (&k, v) in keys.iter().zip(&s) {
                     pr[i * SEQ + k] = (v - m).exp() / z;
                 }
                 for j in 0..d {
-                    ctx[(i * BATCH + b) * wc + n * d + j] = (0..=i)
+                    ctx[(i * BATCH + b) * wc + n * d + j] = (0..SEQ)
                         .map(|k| f(b, n, i, k) * pr[i * SEQ + k] * qkv[at(2, b, n, k, j)])
                         .sum();
                 }
@@ -214,6 +222,55 @@ fn attention_reference<T>(p: &Problem<T>, drop: Option<RefDropout<'_>>) -> Full 
     ]
 }
 
+/// Whether query `i` of sequence `b` is kept from key `k`: `(b, i, k)`.
+type Masked = dyn Fn(usize, usize, usize) -> bool;
+
+/// The attention mask of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+enum MaskKind {
+    /// Causal (`forward_with_dropout`).
+    #[default]
+    Causal,
+    /// `[BATCH, 1, SEQ, SEQ]`: sequence `b` has `SEQ - 1 - 2b` real tokens,
+    /// the rest padding, masked as query and as key (Megatron's BERT mask;
+    /// the padding queries' rows are fully masked).
+    PerSequence,
+    /// `[1, 1, SEQ, SEQ]`, shared by the batch: blocks of 3 positions attend
+    /// within their block only.
+    Shared,
+}
+
+impl MaskKind {
+    fn masked(self) -> impl Fn(usize, usize, usize) -> bool {
+        move |b, i, k| match self {
+            MaskKind::Causal => k > i,
+            MaskKind::PerSequence => {
+                let len = SEQ - 1 - 2 * b;
+                i >= len || k >= len
+            }
+            MaskKind::Shared => i / 3 != k / 3,
+        }
+    }
+
+    /// The uint8 mask the block takes (`None`: causal).
+    fn bytes(self) -> Option<Vec<u8>> {
+        let m = self.masked();
+        let batches = match self {
+            MaskKind::Causal => return None,
+            MaskKind::PerSequence => BATCH,
+            MaskKind::Shared => 1,
+        };
+        Some(
+            (0..batches * SEQ * SEQ)
+                .map(|e| {
+                    let (b, i, k) = (e / (SEQ * SEQ), e / SEQ % SEQ, e % SEQ);
+                    m(b, i, k) as u8
+                })
+                .collect(),
+        )
+    }
+}
+
 /// What one rank returns, in the order of [`Full`], this rank's parts.
 type RankOut = [Vec<f64>; 6];
 
@@ -240,6 +297,7 @@ struct AttnCfg {
     dropout: f32,
     recompute: bool,
     seed: u64,
+    mask: MaskKind,
 }
 
 /// Runs one block's forward + backward on `tp` ranks. `fuse`: weight
@@ -336,8 +394,18 @@ fn run_block_with<T: TpElement>(
                 let state = rng
                     .next(MODEL_PARALLEL_STREAM, a.random_values(SEQ, BATCH))
                     .unwrap();
-                a.forward_with_dropout(&c, &s, &x, &mut y, SEQ, BATCH, DropoutMode::Train(state))
-                    .unwrap();
+                let mode = DropoutMode::Train(state);
+                match cfg.mask.bytes() {
+                    None => a
+                        .forward_with_dropout(&c, &s, &x, &mut y, SEQ, BATCH, mode)
+                        .unwrap(),
+                    Some(m) => {
+                        let m = dev.upload(&m).unwrap();
+                        let mask = AttentionMask::Padding(&m);
+                        a.forward_masked(&c, &s, &x, &mut y, (SEQ, BATCH), mode, mask)
+                            .unwrap()
+                    }
+                }
                 let grads = AttentionGrads { qkv: l1, proj: l2 };
                 a.backward(&c, &s, &x, &dy, &mut dx, grads).unwrap();
             }
@@ -377,6 +445,7 @@ fn check_block_with<T: TpElement>(
         Block::Mlp => mlp_reference(&p, Gelu::Tanh),
         Block::Attention => attention_reference(
             &p,
+            &cfg.mask.masked(),
             (cfg.dropout > 0.0).then_some(RefDropout {
                 p: cfg.dropout as f64,
                 keep: &keep,
@@ -448,13 +517,45 @@ fn tp_attention_with_dropout_matches_unsharded() {
     let cfg = |recompute| AttnCfg {
         dropout: 0.3,
         recompute,
-        seed: 0,
+        ..AttnCfg::default()
     };
     for (tp, sp) in [(1, false), (2, true), (4, false)] {
         check_block_with::<bf16>(Block::Attention, tp, sp, true, 400 + tp as u64, cfg(false));
     }
     check_block_with::<bf16>(Block::Attention, 2, false, false, 405, cfg(true));
     check_block_with::<f16>(Block::Attention, 2, true, true, 406, cfg(false));
+}
+
+/// Padding masks in place of the causal one (per sequence, with fully
+/// masked rows; shared by the batch), with and without dropout, sequence
+/// parallelism and selective recomputation.
+#[test]
+fn tp_attention_with_a_padding_mask_matches_unsharded() {
+    let cfg = |mask, dropout, recompute| AttnCfg {
+        dropout,
+        recompute,
+        seed: 0,
+        mask,
+    };
+    use MaskKind::{PerSequence, Shared};
+    let runs = [
+        (1, false, cfg(PerSequence, 0.0, false)),
+        (2, true, cfg(PerSequence, 0.0, true)),
+        (4, false, cfg(PerSequence, 0.3, false)),
+        (2, false, cfg(Shared, 0.0, false)),
+        (2, true, cfg(Shared, 0.3, true)),
+    ];
+    for (i, (tp, sp, c)) in runs.into_iter().enumerate() {
+        check_block_with::<bf16>(Block::Attention, tp, sp, true, 450 + i as u64, c);
+    }
+    check_block_with::<f16>(
+        Block::Attention,
+        2,
+        false,
+        true,
+        460,
+        cfg(PerSequence, 0.0, false),
+    );
 }
 
 /// Selective recomputation (probabilities recomputed in backward from the
@@ -466,15 +567,23 @@ fn recompute_core_equals_stored_bitwise() {
     let (out1, in2) = Block::Attention.widths();
     let p = problem::<bf16>(&mut rng, out1, in2);
     for (tp, sp) in [(1, false), (2, true), (2, false)] {
-        for dropout in [0.0, 0.25] {
+        for (dropout, mask) in [
+            (0.0, MaskKind::Causal),
+            (0.25, MaskKind::Causal),
+            (0.25, MaskKind::PerSequence),
+        ] {
             let cfg = |recompute| AttnCfg {
                 dropout,
                 recompute,
                 seed: 77,
+                mask,
             };
             let a = run_block_with(Block::Attention, &p, tp, sp, true, true, cfg(false));
             let b = run_block_with(Block::Attention, &p, tp, sp, true, true, cfg(true));
-            assert_eq!(a, b, "tp={tp} sp={sp} dropout={dropout} (seed {seed})");
+            assert_eq!(
+                a, b,
+                "tp={tp} sp={sp} dropout={dropout} {mask:?} (seed {seed})"
+            );
         }
     }
 }
@@ -786,6 +895,29 @@ fn invalid_arguments_are_errors() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`output`"), "{e}");
+        // A padding mask of neither [batch, 1, seq, seq] nor [1, 1, seq, seq].
+        let mut y = dev.alloc_zeros::<bf16>(TOKENS * HIDDEN).unwrap();
+        let m = dev.alloc_zeros::<u8>(SEQ * SEQ + 1).unwrap();
+        let e = a
+            .forward_masked(
+                &c,
+                c.stream(),
+                &x,
+                &mut y,
+                (SEQ, BATCH),
+                DropoutMode::Eval,
+                AttentionMask::Padding(&m),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("TpAttention") && e.contains("`mask`") && e.contains("37"),
+            "{e}"
+        );
+        assert!(
+            a.saved_shape().is_none(),
+            "a rejected forward saved nothing"
+        );
     });
 }
 

@@ -56,14 +56,38 @@ impl Error {
 }
 
 impl Error {
-    /// The same error as a caller's boundary reports it: an invalid
-    /// argument gets the caller's op name and the argument's value as the
-    /// caller passed it (a C `int` before its conversion, say), so that the
-    /// check itself stays in one place. Other errors are returned unchanged.
-    pub fn as_seen_by(self, caller: &'static str, got: impl ToString) -> Self {
+    /// The same error under a caller's op name: an invalid argument or a
+    /// device mismatch found by a building block a caller checked with
+    /// reads as the caller's. Other errors are returned unchanged.
+    pub fn reported_by(self, caller: &'static str) -> Self {
         match self {
-            Error::InvalidArgument { arg, expected, .. } => Error::InvalidArgument {
+            Error::InvalidArgument {
+                arg, expected, got, ..
+            } => Error::InvalidArgument {
                 op: caller,
+                arg,
+                expected,
+                got,
+            },
+            Error::DeviceMismatch { arg, than, .. } => Error::DeviceMismatch {
+                op: caller,
+                arg,
+                than,
+            },
+            other => other,
+        }
+    }
+
+    /// The same error as a caller's boundary reports it: [`Error::reported_by`],
+    /// and an invalid argument's value as the caller passed it (a C `int`
+    /// before its conversion, say), so that the check itself stays in one
+    /// place.
+    pub fn as_seen_by(self, caller: &'static str, got: impl ToString) -> Self {
+        match self.reported_by(caller) {
+            Error::InvalidArgument {
+                op, arg, expected, ..
+            } => Error::InvalidArgument {
+                op,
                 arg,
                 expected,
                 got: got.to_string(),

@@ -334,16 +334,23 @@ impl ScaleMaskSoftmax {
         self.forward_unchecked::<T>(stream, x.addr(), mask, x.addr(), None, &s)
     }
 
-    fn forward_unchecked<T: FloatElement>(
+    /// Checks a forward's mask against the shape (a causal mask needs
+    /// `sq == sk`; a padding mask `[batch, 1, sq, sk]` or `[1, 1, sq, sk]`
+    /// elements on the stream's device) without enqueueing anything: for
+    /// callers that must reject a call before they do any work.
+    pub fn check_mask(&self, stream: &Stream, mask: SoftmaxMask<'_>) -> Result<()> {
+        let s = self.sizes(FWD)?;
+        self.mask_args(stream, mask, &s).map(|_| ())
+    }
+
+    /// The kernel's mask mode, mask address and per-batch mask stride.
+    fn mask_args(
         &self,
         stream: &Stream,
-        x: u64,
         mask: SoftmaxMask<'_>,
-        y: u64,
-        dropped: Option<(u64, DropArgs)>,
         s: &Sizes,
-    ) -> Result<()> {
-        let (mode, mask_addr, mask_batch_stride) = match mask {
+    ) -> Result<(u32, u64, usize)> {
+        Ok(match mask {
             SoftmaxMask::None => (FTN_SOFTMAX_MASK_NONE, 0, 0),
             SoftmaxMask::Causal => {
                 if self.sq != self.sk {
@@ -377,7 +384,19 @@ impl ScaleMaskSoftmax {
                 };
                 (FTN_SOFTMAX_MASK_PADDING, m.addr(), stride)
             }
-        };
+        })
+    }
+
+    fn forward_unchecked<T: FloatElement>(
+        &self,
+        stream: &Stream,
+        x: u64,
+        mask: SoftmaxMask<'_>,
+        y: u64,
+        dropped: Option<(u64, DropArgs)>,
+        s: &Sizes,
+    ) -> Result<()> {
+        let (mode, mask_addr, mask_batch_stride) = self.mask_args(stream, mask, s)?;
         if s.rows == 0 {
             return Ok(());
         }

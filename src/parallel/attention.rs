@@ -1,10 +1,11 @@
-//! The tensor-parallel causal self-attention block of a transformer layer,
+//! The tensor-parallel self-attention block of a transformer layer, causal
+//! (a decoder's) or with a padding mask (an encoder's: [`AttentionMask`]),
 //! built from the parallel linear layers, the batched GEMM and the fused
 //! scale + mask + softmax:
 //!
 //! ```text
 //! QKV = X Wqkv^T + bqkv                  ColumnParallelLinear (heads split)
-//! P   = softmax(causal(Q K^T / sqrt(d)))  batched GEMM + fused softmax
+//! P   = softmax(mask(Q K^T / sqrt(d)))    batched GEMM + fused softmax
 //! C   = P V                               batched GEMM
 //! Y   = C Wo^T + bo                       RowParallelLinear
 //! ```
@@ -127,6 +128,31 @@ fn check_dropout(p: f32) -> Result<()> {
     }
 }
 
+/// Which scores a [`TpAttention`] forward masks (Megatron's
+/// `AttnMaskType`: causal or padding).
+#[derive(Clone, Copy, Debug)]
+pub enum AttentionMask<'a> {
+    /// Position `i` attends to positions `<= i` (a decoder: GPT).
+    Causal,
+    /// uint8 `[batch, 1, seq, seq]` (one mask per sequence, shared by the
+    /// heads) or `[1, 1, seq, seq]` (one for the whole batch): nonzero =
+    /// masked, the scaled score becomes -10000 (Megatron's fused softmax);
+    /// an encoder's padding (BERT). A row with every key masked gives zero
+    /// probabilities, as the fused softmax does. With
+    /// [`AttentionOptions::recompute_core`] the block keeps a copy of it
+    /// for the backward's recomputation (`batch·seq²` or `seq²` bytes).
+    Padding(&'a dyn DeviceRead<u8>),
+}
+
+/// The forward's mask as the backward needs it: only a recomputing
+/// backward does, and a padding mask is then held as a copy.
+enum KeptMask {
+    /// The probabilities are stored: the backward needs no mask.
+    Unneeded,
+    Causal,
+    Padding(DeviceBuffer<u8>),
+}
+
 /// The gradients of a [`TpAttention`] backward: the QKV shards (`[3*hp*d,
 /// hidden]` weight, `[3*hp*d]` bias) and the output projection's
 /// (`[hidden, hp*d]` weight shard, replicated `[hidden]` bias).
@@ -157,6 +183,8 @@ pub struct AttentionSaved<T: Element> {
     mode: DropoutMode,
     /// The drop probability of that dropout (0 with `Eval`).
     p: f32,
+    /// The mask, for a backward that recomputes the probabilities.
+    mask: KeptMask,
 }
 
 impl<T: Element> AttentionSaved<T> {
@@ -166,7 +194,11 @@ impl<T: Element> AttentionSaved<T> {
             + self.ctx.len()
             + self.probs.as_ref().map_or(0, DeviceBuffer::len)
             + self.dropped.as_ref().map_or(0, DeviceBuffer::len);
-        n * T::DTYPE.size()
+        let mask = match &self.mask {
+            KeptMask::Padding(m) => m.len(),
+            KeptMask::Unneeded | KeptMask::Causal => 0,
+        };
+        n * T::DTYPE.size() + mask
     }
 
     /// `(seq, batch)` of the forward that saved them.
@@ -210,7 +242,8 @@ impl<T: Element> Default for Scratch<T> {
     }
 }
 
-/// One rank's shard of the tensor-parallel causal self-attention block.
+/// One rank's shard of the tensor-parallel self-attention block (causal,
+/// or with a padding mask: [`TpAttention::forward_masked`]).
 pub struct TpAttention<T: TpElement> {
     pub hidden: usize,
     pub heads: usize,
@@ -285,19 +318,27 @@ fn scores_gemm<T: TpElement>(
         )
 }
 
-/// The causal softmax of the scores into `probs` and, with dropout, the
+/// The masked softmax of the scores into `probs` and, with dropout, the
 /// dropped probabilities into `dropped` (forward and recomputation).
 fn core_probs<T: TpElement>(
     softmax: &ScaleMaskSoftmax,
     stream: &Stream,
     scores: &dyn DeviceRead<T>,
+    mask: SoftmaxMask<'_>,
     probs: &mut dyn DeviceWrite<T>,
     dropped: Option<&mut dyn DeviceWrite<T>>,
     mode: DropoutMode,
 ) -> Result<()> {
     match dropped {
-        Some(dr) => softmax.forward_dropout(stream, scores, SoftmaxMask::Causal, probs, dr, mode),
-        None => softmax.forward(stream, scores, SoftmaxMask::Causal, probs),
+        Some(dr) => softmax.forward_dropout(stream, scores, mask, probs, dr, mode),
+        None => softmax.forward(stream, scores, mask, probs),
+    }
+}
+
+fn softmax_mask(mask: AttentionMask<'_>) -> SoftmaxMask<'_> {
+    match mask {
+        AttentionMask::Causal => SoftmaxMask::Causal,
+        AttentionMask::Padding(m) => SoftmaxMask::Padding(m),
     }
 }
 
@@ -505,7 +546,15 @@ impl<T: TpElement> TpAttention<T> {
             && saved.ctx.len() == ctx_n
             && saved.probs.as_ref().is_none_or(|b| b.len() == sc_n)
             && saved.dropped.as_ref().is_none_or(|b| b.len() == sc_n)
-            && (saved.dropped.is_none() || saved.probs.is_some());
+            && (saved.dropped.is_none() || saved.probs.is_some())
+            && match &saved.mask {
+                KeptMask::Unneeded => saved.probs.is_some(),
+                KeptMask::Causal => saved.probs.is_none(),
+                KeptMask::Padding(m) => {
+                    saved.probs.is_none()
+                        && (m.len() == seq * seq || Some(m.len()) == batch.checked_mul(seq * seq))
+                }
+            };
         if !ok {
             return Err(Error::invalid(
                 OP,
@@ -601,6 +650,34 @@ impl<T: TpElement> TpAttention<T> {
         batch: usize,
         mode: DropoutMode,
     ) -> Result<()> {
+        self.forward_masked(
+            comm,
+            stream,
+            input,
+            output,
+            (seq, batch),
+            mode,
+            AttentionMask::Causal,
+        )
+    }
+
+    /// [`TpAttention::forward_with_dropout`] with the mask chosen:
+    /// [`AttentionMask::Causal`] (what the other forwards use) or
+    /// [`AttentionMask::Padding`] (an encoder's padding mask, `[batch, 1,
+    /// seq, seq]` or `[1, 1, seq, seq]` uint8 on the layer's device; its
+    /// length and device are checked before any work). The backward is the
+    /// same call either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_masked(
+        &mut self,
+        comm: &Communicator,
+        stream: &Stream,
+        input: &dyn DeviceRead<T>,
+        output: &mut dyn DeviceWrite<T>,
+        (seq, batch): (usize, usize),
+        mode: DropoutMode,
+        mask: AttentionMask<'_>,
+    ) -> Result<()> {
         if seq == 0 || batch == 0 {
             return Err(Error::invalid(
                 OP,
@@ -648,6 +725,10 @@ impl<T: TpElement> TpAttention<T> {
         };
         let dropping = p > 0.0;
         let keep = !self.options.recompute_core;
+        let softmax = self.softmax(seq, batch).with_dropout(p);
+        softmax
+            .check_mask(stream, softmax_mask(mask))
+            .map_err(|e| e.reported_by(OP))?;
 
         let old = self.saved.take();
         let (old_qkv, old_probs, old_dropped, old_ctx) = match old {
@@ -669,7 +750,6 @@ impl<T: TpElement> TpAttention<T> {
         self.qkv
             .forward(comm, stream, input, &mut qkv, None, tokens)?;
 
-        let softmax = self.softmax(seq, batch).with_dropout(p);
         let sc = &mut self.scratch;
         let scores = exact_buf(&mut sc.scores, comm, sc_n)?;
         scores_gemm(stream, &qkv, scores, (bh, seq, d))?;
@@ -687,6 +767,7 @@ impl<T: TpElement> TpAttention<T> {
             &softmax,
             stream,
             scores,
+            softmax_mask(mask),
             probs_buf,
             dropped_buf.map(|b| b as _),
             mode,
@@ -702,6 +783,15 @@ impl<T: TpElement> TpAttention<T> {
         pv_gemm(stream, pv_in, &qkv, packed, (bh, seq, d))?;
         unpack_heads(stream, packed, &mut ctx, (bh, seq, d), 0, bh * d, d)?;
         self.proj.forward(comm, stream, &ctx, output, tokens)?;
+        let mask = match (keep, mask) {
+            (true, _) => KeptMask::Unneeded,
+            (false, AttentionMask::Causal) => KeptMask::Causal,
+            (false, AttentionMask::Padding(m)) => {
+                let mut copy = comm.device().alloc_zeros::<u8>(m.len())?;
+                stream.copy_device(m, &mut copy)?;
+                KeptMask::Padding(copy)
+            }
+        };
         self.saved = Some(AttentionSaved {
             seq,
             batch,
@@ -711,6 +801,7 @@ impl<T: TpElement> TpAttention<T> {
             ctx,
             mode,
             p,
+            mask,
         });
         Ok(())
     }
@@ -768,10 +859,23 @@ impl<T: TpElement> TpAttention<T> {
                 true => Some(exact_buf(&mut sc.dropped, comm, sc_n)?),
                 false => None,
             };
+            let mask = match &sv.mask {
+                KeptMask::Causal => SoftmaxMask::Causal,
+                KeptMask::Padding(m) => SoftmaxMask::Padding(m),
+                KeptMask::Unneeded => {
+                    return Err(Error::invalid(
+                        OP,
+                        "saved",
+                        "activations with their probabilities or their mask",
+                        "neither",
+                    ))
+                }
+            };
             core_probs(
                 &softmax,
                 stream,
                 scores,
+                mask,
                 probs,
                 dropped.map(|b| b as _),
                 sv.mode,

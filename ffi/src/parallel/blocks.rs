@@ -6,7 +6,10 @@
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use ferrotron::parallel::attention::{AttentionGrads, AttentionOptions, TpAttention};
+use ferrotron::ops::DropoutMode;
+use ferrotron::parallel::attention::{
+    AttentionGrads, AttentionMask, AttentionOptions, TpAttention,
+};
 use ferrotron::parallel::linear::TpElement;
 use ferrotron::parallel::mlp::{MlpGrads, MlpOptions, TpMlp};
 use ferrotron::Result;
@@ -458,6 +461,13 @@ fn attention_rows<T: TpElement>(
     Ok((seq, batch, mul(op, "seq * batch", rows, a.hidden)?))
 }
 
+/// A padding mask as C passes it: `[mask_batches, 1, seq, seq]` uint8.
+#[derive(Clone, Copy)]
+struct CPaddingMask {
+    mask: *const c_void,
+    batches: i64,
+}
+
 unsafe fn attention_forward_t<T: TpElement>(
     op: &'static str,
     a: &mut TpAttention<T>,
@@ -465,6 +475,7 @@ unsafe fn attention_forward_t<T: TpElement>(
     input: *const c_void,
     output: *mut c_void,
     (seq, batch): (i64, i64),
+    padding: Option<CPaddingMask>,
 ) -> Result<()> {
     let (seq, batch, n) = attention_rows(op, a, c.comm.size(), seq, batch)?;
     // SAFETY: pointer contracts, sizes from the block's shape.
@@ -474,7 +485,32 @@ unsafe fn attention_forward_t<T: TpElement>(
             view::<T>(&c.dev, op, "output", output, n)?,
         )
     };
-    a.forward(c.comm, c.stream, &x, &mut y, seq, batch)
+    let Some(p) = padding else {
+        return a.forward(c.comm, c.stream, &x, &mut y, seq, batch);
+    };
+    let mb = usize::try_from(p.batches)
+        .ok()
+        .filter(|&m| m == 1 || m == batch)
+        .ok_or_else(|| {
+            invalid(
+                op,
+                "mask_batches",
+                format!("1 (one mask for the batch) or batch = {batch}"),
+                p.batches,
+            )
+        })?;
+    let n_mask = mul(op, "seq", mb, mul(op, "seq", seq, seq)?)?;
+    // SAFETY: pointer contract, the size from the call's shape.
+    let m = unsafe { view::<u8>(&c.dev, op, "mask", p.mask, n_mask)? };
+    a.forward_masked(
+        c.comm,
+        c.stream,
+        &x,
+        &mut y,
+        (seq, batch),
+        DropoutMode::Eval,
+        AttentionMask::Padding(&m),
+    )
 }
 
 /// Forward on `stream`: `input` and `output` `[seq*batch, hidden]` in
@@ -509,7 +545,50 @@ pub unsafe extern "C" fn ftn_tp_attention_forward(
                 attention,
                 comm,
                 stream,
-                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(op, a, c, input, output, (seq, batch))),
+                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(op, a, c, input, output, (seq, batch), None)),
+            )
+        }
+    })
+}
+
+/// `ftn_tp_attention_forward` with a padding mask in place of the causal
+/// one (an encoder's, e.g. BERT's): `mask` is uint8
+/// `[mask_batches, 1, seq, seq]`, nonzero = masked (the scaled score
+/// becomes -10000, as Megatron's fused softmax does; a row with every key
+/// masked gives zero probabilities); `mask_batches` is `batch` (one mask per
+/// sequence, shared by the heads) or 1 (one for the whole batch). The
+/// backward is `ftn_tp_attention_backward`, as for the causal forward.
+///
+/// Bad input: as for `ftn_tp_attention_forward`, and `mask_batches`
+/// neither 1 nor `batch`, or `mask` NULL: ftnInvalidArgument, at the call,
+/// nothing enqueued.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ftn_tp_attention_forward_padded(
+    attention: ftnTpAttention_t,
+    comm: ftnComm_t,
+    stream: ftnStream_t,
+    input: *const c_void,
+    output: *mut c_void,
+    seq: i64,
+    batch: i64,
+    mask: *const u8,
+    mask_batches: i64,
+) -> ftnResult_t {
+    export!(|op| {
+        let padding = Some(CPaddingMask {
+            mask: mask as *const c_void,
+            batches: mask_batches,
+        });
+        // SAFETY: handle and pointer contracts.
+        unsafe {
+            with_layer(
+                op,
+                "attention",
+                attention,
+                comm,
+                stream,
+                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(op, a, c, input, output, (seq, batch), padding)),
             )
         }
     })

@@ -1569,6 +1569,8 @@ typedef struct {
   GradBufs gq, go;
   ftnLinearParams_t prmq[MAXR], prmo[MAXR];
   ftnTpAttention_t att[MAXR];
+  uint8_t *mask; /* NULL: causal; else [mask_batches, 1, S, S], nonzero = masked */
+  int64_t mask_batches;
 } AttCase;
 
 static void att_rank(int r, void *p) {
@@ -1583,7 +1585,11 @@ static void att_rank(int r, void *p) {
   CHECK(ftn_tp_attention_get_params(c->att[r], &c->prmq[r], &c->prmo[r]));
   params_read(w->st[r], &c->prmq[r], c->pqw[r], 3 * hp * D * hid, c->pqb[r], 3 * hp * D);
   params_read(w->st[r], &c->prmo[r], c->pow_[r], hid * hp * D, c->pob[r], hid);
-  CHECK(ftn_tp_attention_forward(c->att[r], w->comm[r], w->st[r], c->x[r], c->y[r], c->S, c->B));
+  if (c->mask)
+    CHECK(ftn_tp_attention_forward_padded(c->att[r], w->comm[r], w->st[r], c->x[r], c->y[r], c->S, c->B, c->mask,
+                                          c->mask_batches));
+  else
+    CHECK(ftn_tp_attention_forward(c->att[r], w->comm[r], w->st[r], c->x[r], c->y[r], c->S, c->B));
   ftnLinearGrads_t gq = gradbufs_desc(&c->gq, r), go = gradbufs_desc(&c->go, r);
   CHECK(ftn_tp_attention_backward(c->att[r], w->comm[r], w->st[r], c->x[r], c->dy[r], c->dx[r], &gq, &go, c->S,
                                   c->B));
@@ -1592,9 +1598,37 @@ static void att_rank(int r, void *p) {
 
 typedef struct {
   size_t S, B, NH, D, hid;
+  const uint8_t *mask; /* NULL: causal; else [mask_batches, 1, S, S], nonzero = masked */
+  size_t mask_batches;
 } AttDims;
 
-/* Causal multi-head self-attention in double, forward and backward.
+/* Whether query i of sequence b attends to key k. */
+static int att_keeps(const AttDims *a, size_t b, size_t i, size_t k) {
+  if (!a->mask) return k <= i;
+  return a->mask[((a->mask_batches > 1 ? b : 0) * a->S + i) * a->S + k] == 0;
+}
+
+/* Row i of head h of sequence b's probabilities into p[0..S): the softmax of
+ * the scaled scores over the keys kept, zero elsewhere (all zero if none). */
+static void att_probs(const AttDims *a, const double *qkv, size_t b, size_t h, size_t i, double scale, double *p) {
+  const size_t S = a->S, B = a->B, D = a->D, Q3 = 3 * a->NH * D;
+  double mx = -INFINITY, sum = 0;
+  for (size_t k = 0; k < S; k++) {
+    p[k] = 0;
+    if (!att_keeps(a, b, i, k)) continue;
+    double s = 0;
+    for (size_t j = 0; j < D; j++) s += qkv[(i * B + b) * Q3 + h * 3 * D + j] * qkv[(k * B + b) * Q3 + h * 3 * D + D + j];
+    p[k] = s * scale;
+    mx = fmax(mx, s * scale);
+  }
+  for (size_t k = 0; k < S; k++)
+    if (att_keeps(a, b, i, k)) sum += (p[k] = exp(p[k] - mx));
+  for (size_t k = 0; k < S; k++)
+    if (att_keeps(a, b, i, k)) p[k] /= sum;
+}
+
+/* Multi-head self-attention in double (causal, or the padding mask of `a`;
+ * a row with no key kept has zero probabilities), forward and backward.
  * X [T, hid], T = S*B rows ordered i*B + b; QKV columns (head, {q,k,v}, dim);
  * context columns head*D + j. Outputs Y [T, hid] and the gradients. */
 static void att_ref(const AttDims *a, const double *X, const double *Wq, const double *bq, const double *Wo,
@@ -1609,18 +1643,10 @@ static void att_ref(const AttDims *a, const double *X, const double *Wq, const d
   for (size_t b = 0; b < B; b++)
     for (size_t h = 0; h < NH; h++)
       for (size_t i = 0; i < S; i++) {
-        double mx = -INFINITY, sum = 0;
-        for (size_t k = 0; k <= i; k++) {
-          double s = 0;
-          for (size_t j = 0; j < D; j++) s += QKV(i, b, h, 0, j) * QKV(k, b, h, 1, j);
-          P[i * S + k] = s * scale;
-          mx = fmax(mx, s * scale);
-        }
-        for (size_t k = 0; k <= i; k++) sum += (P[i * S + k] = exp(P[i * S + k] - mx));
-        for (size_t k = 0; k <= i; k++) P[i * S + k] /= sum;
+        att_probs(a, qkv, b, h, i, scale, P + i * S);
         for (size_t j = 0; j < D; j++) {
           double v = 0;
-          for (size_t k = 0; k <= i; k++) v += P[i * S + k] * QKV(k, b, h, 2, j);
+          for (size_t k = 0; k < S; k++) v += P[i * S + k] * QKV(k, b, h, 2, j);
           C[(i * B + b) * HD + h * D + j] = v;
         }
       }
@@ -1631,22 +1657,11 @@ static void att_ref(const AttDims *a, const double *X, const double *Wq, const d
   for (size_t b = 0; b < B; b++)
     for (size_t h = 0; h < NH; h++) {
       /* recompute P for this (b, h) */
-      for (size_t i = 0; i < S; i++) {
-        double mx = -INFINITY, sum = 0;
-        for (size_t k = 0; k < S; k++) P[i * S + k] = 0;
-        for (size_t k = 0; k <= i; k++) {
-          double s = 0;
-          for (size_t j = 0; j < D; j++) s += QKV(i, b, h, 0, j) * QKV(k, b, h, 1, j);
-          P[i * S + k] = s * scale;
-          mx = fmax(mx, s * scale);
-        }
-        for (size_t k = 0; k <= i; k++) sum += (P[i * S + k] = exp(P[i * S + k] - mx));
-        for (size_t k = 0; k <= i; k++) P[i * S + k] /= sum;
-      }
+      for (size_t i = 0; i < S; i++) att_probs(a, qkv, b, h, i, scale, P + i * S);
       for (size_t i = 0; i < S; i++) {
         const double *dc = dC + (i * B + b) * HD + h * D;
         double dot = 0;
-        for (size_t k = 0; k <= i; k++) {
+        for (size_t k = 0; k < S; k++) {
           double s = 0;
           for (size_t j = 0; j < D; j++) {
             s += dc[j] * QKV(k, b, h, 2, j);
@@ -1655,7 +1670,7 @@ static void att_ref(const AttDims *a, const double *X, const double *Wq, const d
           dP[i * S + k] = s;
           dot += P[i * S + k] * s;
         }
-        for (size_t k = 0; k <= i; k++) {
+        for (size_t k = 0; k < S; k++) {
           double ds = P[i * S + k] * (dP[i * S + k] - dot) * scale;
           for (size_t j = 0; j < D; j++) {
             DQKV(i, b, h, 0, j) += ds * QKV(k, b, h, 1, j);
@@ -1677,8 +1692,11 @@ static void att_ref(const AttDims *a, const double *X, const double *Wq, const d
   free(dC);
 }
 
+/* mask_kind: 0 causal; 1 padding per sequence (sequence b has S - 1 - b real
+ * tokens; padding masked as query and as key, so its rows are fully masked);
+ * 2 one padding mask for the batch (blocks of 2 positions attend within). */
 static void test_attention(World *w, const char *name, size_t NH, size_t D, size_t hid, size_t S, size_t B, int sp,
-                           int serialize, int mode) {
+                           int serialize, int mode, int mask_kind) {
   const int tp = w->n;
   const size_t T = S * B, Q3 = 3 * NH * D, HD = NH * D, hp = NH / (size_t)tp, q3p = 3 * hp * D, pin = hp * D;
   const size_t rows = sp ? T / (size_t)tp : T;
@@ -1701,6 +1719,16 @@ static void test_attention(World *w, const char *name, size_t NH, size_t D, size
   uint16_t *X = bvec(T * hid, 0.5), *dYf = bvec(T * hid, 0.5);
   gradbufs_init(&c.gq, tp, mode, q3p * hid, q3p);
   gradbufs_init(&c.go, tp, mode, hid * pin, hid);
+  if (mask_kind) {
+    c.mask_batches = mask_kind == 1 ? (int64_t)B : 1;
+    c.mask = (uint8_t *)xmalloc((size_t)c.mask_batches * S * S);
+    for (size_t b = 0; b < (size_t)c.mask_batches; b++)
+      for (size_t i = 0; i < S; i++)
+        for (size_t k = 0; k < S; k++) {
+          size_t len = S - 1 - b;
+          c.mask[(b * S + i) * S + k] = mask_kind == 1 ? (i >= len || k >= len) : (i / 2 != k / 2);
+        }
+  }
   for (int r = 0; r < tp; r++) {
     size_t off = sp ? (size_t)r * rows * hid : 0;
     c.x[r] = bcopy_of(X + off, rows * hid);
@@ -1714,7 +1742,7 @@ static void test_attention(World *w, const char *name, size_t NH, size_t D, size
   }
   run_ranks(tp, att_rank, &c);
 
-  AttDims a = {S, B, NH, D, hid};
+  AttDims a = {S, B, NH, D, hid, c.mask, (size_t)c.mask_batches};
   double *Xd = dof(X, T * hid), *Wq = dof(c.Wq, Q3 * hid), *bq = dof(c.bq, Q3), *Wo = dof(c.Wo, hid * HD);
   double *bo = dof(c.bo, hid), *dY = dof(dYf, T * hid);
   double *Y, *dX, *dWq, *dbq, *dWo, *dbo;
@@ -1749,6 +1777,12 @@ static void test_attention(World *w, const char *name, size_t NH, size_t D, size
     BAD(ftn_tp_attention_forward(c.att[0], w->comm[0], w->st[0], c.x[0], c.y[0], 3, 1), ftnInvalidArgument, "tokens",
         NULL);
   }
+  if (c.mask) {
+    BAD(ftn_tp_attention_forward_padded(c.att[0], w->comm[0], w->st[0], c.x[0], c.y[0], c.S, c.B, c.mask, c.B + 1),
+        ftnInvalidArgument, "mask_batches", NULL);
+    BAD(ftn_tp_attention_forward_padded(c.att[0], w->comm[0], w->st[0], c.x[0], c.y[0], c.S, c.B, NULL, 1),
+        ftnInvalidArgument, "mask", "NULL");
+  }
   for (int r = 0; r < tp; r++) CHECK(ftn_stream_synchronize(w->st[r]));
   for (int r = 0; r < tp; r++) CHECK(ftn_tp_attention_destroy(c.att[r]));
   for (int r = 0; r < tp; r++) {
@@ -1763,6 +1797,7 @@ static void test_attention(World *w, const char *name, size_t NH, size_t D, size
   }
   gradbufs_free(&c.gq, tp);
   gradbufs_free(&c.go, tp);
+  free(c.mask);
   free(c.Wq);
   free(c.bq);
   free(c.Wo);
@@ -2369,8 +2404,10 @@ int main(int argc, char **argv) {
   test_mlp_bad_input(&w2);
 
   /* name, heads, head_dim, hidden, seq, batch, sp, serialize, weight grad mode */
-  test_attention(&w2, "attention", 4, 4, 16, 4, 2, 0, 0, ftnWeightGradStore);
-  test_attention(&w2, "attention sequence-parallel", 2, 8, 8, 5, 2, 1, 1, ftnWeightGradAccumulate);
+  test_attention(&w2, "attention", 4, 4, 16, 4, 2, 0, 0, ftnWeightGradStore, 0);
+  test_attention(&w2, "attention sequence-parallel", 2, 8, 8, 5, 2, 1, 1, ftnWeightGradAccumulate, 0);
+  test_attention(&w2, "attention, padding mask per sequence", 4, 4, 16, 5, 2, 0, 0, ftnWeightGradStore, 1);
+  test_attention(&w2, "attention sequence-parallel, one padding mask", 2, 8, 8, 5, 2, 1, 0, ftnWeightGradAccumulate, 2);
   test_attention_bad_input(&w2);
 
   test_embedding(&w2, ftnBfloat16, ftnInt32);
@@ -2391,7 +2428,8 @@ int main(int argc, char **argv) {
   test_column(&w4, "column sequence-parallel gelu-tanh", 0, 1, ftnActivationGeluTanh, 1, 0, 0, ftnWeightGradStore, 1);
   test_row(&w4, "row sequence-parallel", 1, 1, 1, 0, 1, ftnWeightGradAccumulate, ftnActivationNone);
   test_mlp(&w4, "mlp sequence-parallel", 1, ftnGeluTanh, 0, ftnWeightGradStore);
-  test_attention(&w4, "attention", 4, 4, 16, 4, 2, 0, 0, ftnWeightGradAccumulate);
+  test_attention(&w4, "attention", 4, 4, 16, 4, 2, 0, 0, ftnWeightGradAccumulate, 0);
+  test_attention(&w4, "attention, padding mask per sequence", 4, 4, 16, 4, 3, 0, 1, ftnWeightGradStore, 1);
   test_embedding(&w4, ftnBfloat16, ftnInt64);
   test_cross_entropy(&w4, ftnFloat32, ftnInt32, 0.1f, 0);
   test_cross_entropy(&w4, ftnFloat32, ftnInt64, 0.1f, 1);
