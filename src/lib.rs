@@ -18,7 +18,7 @@
 //! * [`comm`] — collectives (in-process and NCCL); [`parallel`] —
 //!   tensor-parallel layers, mappings, vocab-parallel embedding and
 //!   cross-entropy.
-//! * [`reference`] — float64 oracles every kernel is tested against.
+//! * [`mod@reference`] — float64 oracles every kernel is tested against.
 //!
 //! `docs/architecture.md` walks through the layers and how to extend them.
 #![cfg_attr(not(feature = "std"), no_std)]

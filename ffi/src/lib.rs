@@ -4,7 +4,7 @@
 //! Model: NCCL's `nccl.h`. Opaque handles (`ftnContext_t`, `ftnStream_t`,
 //! `ftnEvent_t`, `ftnComm_t`, `ftnGradScaler_t`, the layers', `ftnAdam_t`,
 //! `ftnParamRegistry_t`, `ftnDdp_t`, `ftnDistOpt_t`); every function returns an
-//! `ftnResult_t` and runs inside a panic boundary ([`abi::boundary::guard`]);
+//! `ftnResult_t` and runs inside a panic boundary (`abi::boundary::guard`);
 //! failures leave a message naming the failing argument in a thread-local
 //! last error (`ftn_get_last_error`). Ops take raw pointers (device pointers
 //! on CUDA, host pointers on the emulator), a stream and a `size`-prefixed

@@ -13,7 +13,7 @@
 //! for it, or a point-to-point transfer that cannot complete. Every pending
 //! operation then fails promptly and every later one (collective,
 //! point-to-point or split, on any rank) fails at the call with
-//! "communicator is broken: <the first fault>". Argument mismatches across
+//! "communicator is broken: \<the first fault\>". Argument mismatches across
 //! ranks (shapes, p2p lengths) are reported on the ranks involved and leave
 //! the communicator usable.
 

@@ -565,7 +565,7 @@ impl Communicator {
     /// point-to-point transfer could not complete; the fault is shared by
     /// every rank. NCCL: [`Communicator::wait`] found an asynchronous error
     /// or timed out and aborted this rank's communicator. Once broken, every
-    /// operation fails at the call with "communicator is broken: <fault>";
+    /// operation fails at the call with "communicator is broken: \<fault\>";
     /// dropping it is always safe and does not wait for peers.
     pub fn fault(&self) -> Option<String> {
         match &self.imp {

@@ -174,7 +174,7 @@ pub fn check_grouped(plan: &[Vec<P2pGroup>]) -> Result<()> {
 }
 
 /// Every rank's groups for `schedule` (all ranks' operations, as
-/// [`super::schedule`] returns them), checked deadlock-free. Every rank
+/// [`super::schedule()`] returns them), checked deadlock-free. Every rank
 /// computes the same plan from the same schedule.
 pub fn grouped_transfers(schedule: &[Vec<Op>]) -> Result<Vec<Vec<P2pGroup>>> {
     let mut plan: Vec<Vec<P2pGroup>> = schedule.iter().map(|ops| per_boundary(ops)).collect();

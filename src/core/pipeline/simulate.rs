@@ -1,5 +1,5 @@
 //! The simulator: turns a schedule (the ordered operations of every pipeline
-//! rank, see [`super::schedule`]) and per-operation [`Costs`] into per-rank
+//! rank, see [`super::schedule()`]) and per-operation [`Costs`] into per-rank
 //! timelines ([`Span`]s), the makespan, the busy time of every rank, the
 //! bubble fraction and the peak of in-flight activations per rank.
 //!

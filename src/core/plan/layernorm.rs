@@ -269,7 +269,7 @@ fn pipe_wide_threads(hidden: u64) -> u64 {
     (div_ceil(div_ceil(hidden, FUSED_PIPE_WIDE_ITEMS), 32) * 32).min(BLOCK_THREADS as u64)
 }
 /// Its static shared memory (the reduction's 16 float4), and what the
-/// cluster builds add at most (row-sum slots [2][8] float2, two mbarriers).
+/// cluster builds add at most (row-sum slots `[2][8]` float2, two mbarriers).
 pub const FUSED_PIPE_STATIC_SMEM: u64 = 256;
 pub const FUSED_CLUSTER_STATIC_SMEM: u64 = 2 * 8 * 8 + 16;
 

@@ -374,7 +374,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
     }
 
     /// This rank's parameters (its shards), by name, as f32 with their
-    /// shard shapes — what [`super::assemble_full`] joins into the
+    /// shard shapes — what the world's `assemble_full` joins into the
     /// unsharded model.
     pub fn export_params(&mut self) -> Result<Vec<ParamShard>> {
         let order = self.order.clone();
