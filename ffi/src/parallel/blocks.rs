@@ -513,6 +513,28 @@ unsafe fn attention_forward_t<T: TpElement>(
     )
 }
 
+/// The body of both attention forwards: the handles resolved, then the
+/// typed forward.
+unsafe fn attention_forward(
+    op: &'static str,
+    (attention, comm, stream): (ftnTpAttention_t, ftnComm_t, ftnStream_t),
+    (input, output): (*const c_void, *mut c_void),
+    (seq, batch): (i64, i64),
+    padding: Option<CPaddingMask>,
+) -> Result<()> {
+    // SAFETY: handle and pointer contracts.
+    unsafe {
+        with_layer(
+            op,
+            "attention",
+            attention,
+            comm,
+            stream,
+            |g, c| on_typed!(g, a, T => attention_forward_t::<T>(op, a, c, input, output, (seq, batch), padding)),
+        )
+    }
+}
+
 /// Forward on `stream`: `input` and `output` `[seq*batch, hidden]` in
 /// `[seq, batch]` row order (this rank's `[seq*batch/tp, hidden]` rows
 /// with sequence parallelism). Saves the activations for the backward.
@@ -537,15 +559,14 @@ pub unsafe extern "C" fn ftn_tp_attention_forward(
     batch: i64,
 ) -> ftnResult_t {
     export!(|op| {
-        // SAFETY: handle and pointer contracts.
+        // SAFETY: the caller's contracts, passed on.
         unsafe {
-            with_layer(
+            attention_forward(
                 op,
-                "attention",
-                attention,
-                comm,
-                stream,
-                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(op, a, c, input, output, (seq, batch), None)),
+                (attention, comm, stream),
+                (input, output),
+                (seq, batch),
+                None,
             )
         }
     })
@@ -580,15 +601,14 @@ pub unsafe extern "C" fn ftn_tp_attention_forward_padded(
             mask: mask as *const c_void,
             batches: mask_batches,
         });
-        // SAFETY: handle and pointer contracts.
+        // SAFETY: the caller's contracts, passed on.
         unsafe {
-            with_layer(
+            attention_forward(
                 op,
-                "attention",
-                attention,
-                comm,
-                stream,
-                |g, c| on_typed!(g, a, T => attention_forward_t::<T>(op, a, c, input, output, (seq, batch), padding)),
+                (attention, comm, stream),
+                (input, output),
+                (seq, batch),
+                padding,
             )
         }
     })

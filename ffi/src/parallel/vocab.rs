@@ -163,6 +163,26 @@ unsafe fn embed_fwd_t<T: FloatElement + CommElement, I: TokenId>(
     }
 }
 
+/// The body of both embedding forwards: the descriptor and handles read,
+/// then the typed forward.
+unsafe fn embedding_forward(
+    op: &'static str,
+    desc: *const ftnVocabEmbeddingDesc_t,
+    (comm, stream): (ftnComm_t, ftnStream_t),
+    (ids, weight_shard, out): (*const c_void, *const c_void, *mut c_void),
+    tokens: i64,
+    mode: EmbeddingOut,
+) -> Result<()> {
+    // SAFETY: descriptor contract.
+    let d = unsafe { read_desc(op, "desc", desc)? };
+    let c = call(op, comm, stream)?;
+    let tokens = dim(op, "tokens", tokens)?;
+    // SAFETY: pointer contracts.
+    dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
+        embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out, tokens, mode)
+    }))
+}
+
 /// `out[t, :] = weight[ids[t], :]` as the all-reduce of each rank's lookup:
 /// ids outside the padded vocabulary `[0, V)` (`V` = `ftn_vocab_padded_size`)
 /// give zero rows; ids in `[vocab, V)` read their padding rows, as in
@@ -194,14 +214,17 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward(
     tokens: i64,
 ) -> ftnResult_t {
     export!(|op| {
-        // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(op, "desc", desc)? };
-        let c = call(op, comm, stream)?;
-        let tokens = dim(op, "tokens", tokens)?;
-        // SAFETY: pointer contracts.
-        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
-            embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out, tokens, EmbeddingOut::AllReduced)
-        }))
+        // SAFETY: the caller's contracts, passed on.
+        unsafe {
+            embedding_forward(
+                op,
+                desc,
+                (comm, stream),
+                (ids, weight_shard, out),
+                tokens,
+                EmbeddingOut::AllReduced,
+            )
+        }
     })
 }
 
@@ -230,14 +253,17 @@ pub unsafe extern "C" fn ftn_vocab_parallel_embedding_forward_scattered(
     tokens: i64,
 ) -> ftnResult_t {
     export!(|op| {
-        // SAFETY: descriptor contract.
-        let d = unsafe { read_desc(op, "desc", desc)? };
-        let c = call(op, comm, stream)?;
-        let tokens = dim(op, "tokens", tokens)?;
-        // SAFETY: pointer contracts.
-        dispatch_dtype!(op, "desc.dtype", d.dtype, [F32, F16, BF16], T => dispatch_dtype!(op, "desc.id_dtype", d.id_dtype, [I32, I64], I => unsafe {
-            embed_fwd_t::<T, I>(op, &c, &d, ids, weight_shard, out_rows, tokens, EmbeddingOut::Scattered)
-        }))
+        // SAFETY: the caller's contracts, passed on.
+        unsafe {
+            embedding_forward(
+                op,
+                desc,
+                (comm, stream),
+                (ids, weight_shard, out_rows),
+                tokens,
+                EmbeddingOut::Scattered,
+            )
+        }
     })
 }
 
