@@ -32,6 +32,8 @@ pub mod mfu;
 mod norm_grads;
 pub mod plot;
 pub mod process;
+#[cfg(feature = "checkpoint")]
+mod reshard;
 pub mod sample;
 pub mod stage;
 pub mod trainer;

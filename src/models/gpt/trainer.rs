@@ -506,20 +506,60 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         Ok(())
     }
 
-    /// Loads what [`Self::save`] wrote (any data-parallel size). Every rank
-    /// must call it, before its first step.
+    /// Loads what [`Self::save`] wrote (any data-parallel size; another
+    /// tensor- or pipeline-parallel size too, resharded on the way in: see
+    /// `models::gpt::reshard`). Every rank must call it, before its first
+    /// step.
     #[cfg(feature = "checkpoint")]
     pub fn load(&mut self, dir: &Path) -> Result<()> {
+        use super::reshard::{build_rank_file, rank_file, saved_layout, WantedParam};
         let co = self.comms.coords;
-        let file = dir.join(format!("tp{}_pp{}.safetensors", co.tp, co.pp));
-        crate::parallel::ddp::load_checkpoint(
+        let same_layout = saved_layout(dir)? == (self.par.tp, self.par.pp);
+        // Saved on another (tp, pp): this rank's file is built from the
+        // saved ones (docs: models::gpt::reshard), then loaded as usual.
+        let file = if same_layout {
+            rank_file(dir, co.tp, co.pp)
+        } else {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = std::env::temp_dir().join(format!(
+                "ftn-reshard-{}-{n}-tp{}-pp{}-dp{}.safetensors",
+                std::process::id(),
+                co.tp,
+                co.pp,
+                co.dp
+            ));
+            let b = self.ddp.buffers();
+            let infos = (0..b.num_params())
+                .map(|p| b.info(ParamId(p)))
+                .collect::<Result<Vec<_>>>()?;
+            let wanted: Vec<WantedParam<'_>> = infos
+                .iter()
+                .map(|i| WantedParam {
+                    name: &i.name,
+                    shape: &i.shape,
+                })
+                .collect();
+            build_rank_file(&self.cfg, dir, (self.par.tp, co.tp), &wanted, &tmp)?;
+            tmp
+        };
+        let loaded = crate::parallel::ddp::load_checkpoint(
             &mut self.ddp,
             &mut self.opt,
             &mut self.scalars,
             &self.compute,
             &file,
-        )?;
-        let side = dir.join(format!("tp{}_pp{}.state", co.tp, co.pp));
+        );
+        if !same_layout {
+            let _ = std::fs::remove_file(&file);
+        }
+        loaded?;
+        // The step and the (global) loss-scaler state are every rank's.
+        let side = if same_layout {
+            dir.join(format!("tp{}_pp{}.state", co.tp, co.pp))
+        } else {
+            dir.join("tp0_pp0.state")
+        };
         let text = std::fs::read_to_string(&side).map_err(|e| io(&side, e))?;
         let bad = || {
             Error::invalid(

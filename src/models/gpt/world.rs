@@ -256,7 +256,7 @@ fn collect_steps(
 }
 
 /// How a parameter is split over the tensor-parallel ranks.
-enum Split {
+pub(crate) enum Split {
     Replicated,
     /// Along the first dimension (column-parallel, vocabulary).
     Rows,
@@ -264,7 +264,7 @@ enum Split {
     Cols,
 }
 
-fn split_of(name: &str) -> Split {
+pub(crate) fn split_of(name: &str) -> Split {
     let tail = name.rsplit_once("layers.").map_or(name, |(_, t)| t);
     if name == "embedding.word" || name == "output.word" {
         return Split::Rows;
