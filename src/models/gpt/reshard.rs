@@ -79,44 +79,94 @@ pub(crate) struct WantedParam<'a> {
     pub shape: &'a [usize],
 }
 
-/// The saved files of a checkpoint, read.
+fn unreadable(f: &Path, e: impl std::fmt::Display) -> Error {
+    Error::invalid(
+        OP,
+        "checkpoint",
+        "readable safetensors rank files",
+        format!("'{}': {e}", f.display()),
+    )
+}
+
+/// The parameter names a rank file holds, from its header alone (the
+/// `model/<name>` keys of its JSON), without reading the tensors.
+fn header_names(f: &Path) -> Result<Vec<String>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(f).map_err(|e| unreadable(f, e))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| unreadable(f, e))?;
+    let n = usize::try_from(u64::from_le_bytes(len))
+        .ok()
+        .filter(|&n| n <= 100 << 20)
+        .ok_or_else(|| unreadable(f, "a header length past 100 MiB"))?;
+    let mut header = vec![0u8; n];
+    file.read_exact(&mut header).map_err(|e| unreadable(f, e))?;
+    let text = String::from_utf8(header).map_err(|e| unreadable(f, e))?;
+    Ok(text
+        .split("\"model/")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('"').map(|(name, _)| name.to_string()))
+        .collect())
+}
+
+/// The saved files of a checkpoint the resuming rank needs: every
+/// tensor-parallel file of the stages holding its parameters, and stage
+/// 0's (the step count, the word embedding).
 struct Saved {
     tp: usize,
     pp: usize,
-    /// `[pp][tp]` file contents.
+    /// `[pp][tp]` file contents; stages not needed stay empty.
     bytes: Vec<Vec<Vec<u8>>>,
+    /// The stage holding each saved parameter.
+    stage_of: HashMap<String, usize>,
 }
 
 impl Saved {
-    fn read(dir: &Path, (tp, pp): (usize, usize)) -> Result<Self> {
-        let mut bytes = Vec::with_capacity(pp);
+    fn read(dir: &Path, (tp, pp): (usize, usize), wanted: &[WantedParam<'_>]) -> Result<Self> {
+        let mut stage_of = HashMap::new();
         for p in 0..pp {
-            let mut row = Vec::with_capacity(tp);
-            for t in 0..tp {
-                let f = rank_file(dir, t, p);
-                row.push(std::fs::read(&f).map_err(|e| {
-                    Error::invalid(
-                        OP,
-                        "checkpoint",
-                        "readable rank files",
-                        format!("'{}': {e}", f.display()),
-                    )
-                })?);
+            for name in header_names(&rank_file(dir, 0, p))? {
+                stage_of.insert(name, p);
             }
+        }
+        let mut needed = vec![false; pp];
+        needed[0] = true;
+        for w in wanted {
+            if let Some(&p) = stage_of.get(w.name) {
+                needed[p] = true;
+            }
+        }
+        let mut bytes = Vec::with_capacity(pp);
+        for (p, &need) in needed.iter().enumerate() {
+            let row = if need {
+                (0..tp)
+                    .map(|t| {
+                        let f = rank_file(dir, t, p);
+                        std::fs::read(&f).map_err(|e| unreadable(&f, e))
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            } else {
+                Vec::new()
+            };
             bytes.push(row);
         }
-        Ok(Saved { tp, pp, bytes })
+        Ok(Saved {
+            tp,
+            pp,
+            bytes,
+            stage_of,
+        })
     }
 
+    /// The files read, parsed (`[pp][tp]`; stages not read are empty).
     fn parse(&self) -> Result<Vec<Vec<SafeTensors<'_>>>> {
         self.bytes
             .iter()
             .map(|row| {
                 row.iter()
                     .map(|b| {
-                        SafeTensors::deserialize(b).map_err(|e| {
-                            Error::invalid(OP, "checkpoint", "safetensors rank files", e)
-                        })
+                        SafeTensors::deserialize(b)
+                            .map_err(|e| unreadable(Path::new("a rank file"), e))
                     })
                     .collect()
             })
@@ -142,17 +192,9 @@ pub(crate) fn build_rank_file(
     wanted: &[WantedParam<'_>],
     out: &Path,
 ) -> Result<()> {
-    let saved = Saved::read(dir, saved_layout(dir)?)?;
+    let saved = Saved::read(dir, saved_layout(dir)?, wanted)?;
     let files = saved.parse()?;
-    // Which stage's files hold each saved parameter.
-    let mut stage_of: HashMap<String, usize> = HashMap::new();
-    for (p, row) in files.iter().enumerate() {
-        for name in row[0].names() {
-            if let Some(n) = name.strip_prefix("model/") {
-                stage_of.insert(n.to_string(), p);
-            }
-        }
-    }
+    let stage_of = &saved.stage_of;
     let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for w in wanted {
         // The tied copy comes from the embedding when the saved run had none.
@@ -318,4 +360,29 @@ fn cut(
         ));
     }
     Ok((whole.dtype, shard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header scan finds exactly the `model/` parameter names.
+    #[test]
+    fn header_names_lists_the_parameters() {
+        let data = [0u8; 8];
+        let t = |n: &str| (n.to_string(), TensorView::new(Dtype::F32, vec![2], &data).unwrap());
+        let tensors = vec![
+            t("model/layers.1.ln1.weight"),
+            t("optimizer/master/layers.1.ln1.weight"),
+            t("model/embedding.word"),
+            t("optimizer/exp_avg/embedding.word"),
+        ];
+        let bytes = safetensors::serialize(tensors, &None).unwrap();
+        let f = std::env::temp_dir().join(format!("ftn-header-{}.safetensors", std::process::id()));
+        std::fs::write(&f, bytes).unwrap();
+        let mut names = header_names(&f).unwrap();
+        let _ = std::fs::remove_file(&f);
+        names.sort();
+        assert_eq!(names, ["embedding.word", "layers.1.ln1.weight"]);
+    }
 }
