@@ -370,7 +370,12 @@ mod tests {
     #[test]
     fn header_names_lists_the_parameters() {
         let data = [0u8; 8];
-        let t = |n: &str| (n.to_string(), TensorView::new(Dtype::F32, vec![2], &data).unwrap());
+        let t = |n: &str| {
+            (
+                n.to_string(),
+                TensorView::new(Dtype::F32, vec![2], &data).unwrap(),
+            )
+        };
         let tensors = vec![
             t("model/layers.1.ln1.weight"),
             t("optimizer/master/layers.1.ln1.weight"),
