@@ -282,6 +282,19 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         m.vocab,
         (m.vocab as f64).ln()
     );
+    #[cfg(feature = "checkpoint")]
+    if let Some(dir) = &a.resume {
+        let (tp, pp) = ferrotron::models::gpt::saved_layout(dir)?;
+        let how = if (tp, pp) == (p.tp, p.pp) {
+            "the same layout".to_string()
+        } else {
+            format!(
+                "saved at tp {tp} x pp {pp}, resharded to tp {} x pp {} on load",
+                p.tp, p.pp
+            )
+        };
+        println!("  resuming {} ({how})", dir.display());
+    }
     if a.memory_report {
         return memory_report(m, p, &a.train, &corpus);
     }

@@ -43,5 +43,7 @@ pub use config::{GptConfig, ParallelConfig, Precision, Recompute, Schedule};
 pub use corpus::CharCorpus;
 pub use layer::{layer_param_replicated, LAYER_PARAMS};
 pub use process::train_this_process;
+#[cfg(feature = "checkpoint")]
+pub use reshard::saved_layout;
 pub use trainer::{GptTrainer, ParamShard, RankComms, StepStats, TrainConfig};
 pub use world::{train_in_process, JobOptions, StepReport, TrainSummary};

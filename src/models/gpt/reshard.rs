@@ -46,9 +46,10 @@ pub(crate) fn rank_file(dir: &Path, tp: usize, pp: usize) -> PathBuf {
     dir.join(format!("tp{tp}_pp{pp}.safetensors"))
 }
 
-/// The `(tp, pp)` of the run that saved `dir`: the grid its
-/// `tp{t}_pp{p}.safetensors` files cover (all of it, or a named error).
-pub(crate) fn saved_layout(dir: &Path) -> Result<(usize, usize)> {
+/// The `(tp, pp)` of the run that saved the GPT checkpoint in `dir`: the
+/// grid its `tp{t}_pp{p}.safetensors` files cover (all of it, or a named
+/// error). A run on another layout reshards it when it resumes.
+pub fn saved_layout(dir: &Path) -> Result<(usize, usize)> {
     let bad = |what: String| Error::invalid(OP, "checkpoint", "a checkpoint directory", what);
     let entries = std::fs::read_dir(dir).map_err(|e| bad(format!("'{}': {e}", dir.display())))?;
     let mut ranks = Vec::new();
