@@ -295,18 +295,22 @@ FTN_DEVICE void vocab_ce_stats_rows(const FtnVocabCeStatsParams &p) {
   const bool vec = p.cols % V == 0 && vp_aligned16(p.logits);
   VpSoftmaxState st = vec ? vp_row_stats<T, V, SUMX, THREADS>(x, p.cols, tid)
                           : vp_row_stats<T, 1, SUMX, THREADS>(x, p.cols, tid);
+  // The row's max, then {sum of exp(x - max), sum of x}: this thread's sum
+  // rescaled to the row's max (no rescale where it already holds it).
+  const auto at_max = [&](float m, float (&a)[2]) {
+    a[0] = st.m == m ? st.s : st.s * __expf(st.m - m);
+    a[1] = st.sx;
+  };
   float m;
   float a[2];
   if constexpr (WARP) {
     m = ftn_warp_allreduce<FtnMaxOp>(st.m);
-    a[0] = st.m == m ? st.s : st.s * __expf(st.m - m);
-    a[1] = st.sx;
+    at_max(m, a);
     ftn_group_allreduce_n<FtnSumOp, 32, 2>(a);
   } else {
     FTN_SHARED(float, red, [64]);
     m = ftn_block_allreduce<FtnMaxOp>(st.m, red);
-    a[0] = st.m == m ? st.s : st.s * __expf(st.m - m);
-    a[1] = st.sx;
+    at_max(m, a);
     ftn_block_allreduce_n<FtnSumOp, 2>(a, red);
   }
   if (tid == 0) {

@@ -22,6 +22,8 @@
 //! [`TpMlp`]: crate::parallel::mlp::TpMlp
 //! [`PipelineStage`]: crate::parallel::pipeline::PipelineStage
 
+#[cfg(feature = "checkpoint")]
+mod checkpoint_dir;
 pub mod config;
 pub mod corpus;
 mod grads;
@@ -39,11 +41,11 @@ pub mod stage;
 pub mod trainer;
 pub mod world;
 
+#[cfg(feature = "checkpoint")]
+pub use checkpoint_dir::saved_layout;
 pub use config::{GptConfig, ParallelConfig, Precision, Recompute, Schedule};
 pub use corpus::CharCorpus;
 pub use layer::{layer_param_replicated, LAYER_PARAMS};
 pub use process::train_this_process;
-#[cfg(feature = "checkpoint")]
-pub use reshard::saved_layout;
 pub use trainer::{GptTrainer, ParamShard, RankComms, StepStats, TrainConfig};
 pub use world::{train_in_process, JobOptions, StepReport, TrainSummary};

@@ -2,8 +2,8 @@
 //! directory holds one file per (tp, pp) rank of the run that saved it
 //! (`tp{t}_pp{p}.safetensors`, per-parameter tensors named by parameter
 //! name; the data-parallel size never mattered). A rank of a run with
-//! another `tp` or `pp` builds the file it would have saved itself from
-//! those: each tensor (the parameter, its fp32 master, both Adam moments)
+//! another `tp` or `pp` builds, in memory, the tensors it would have saved
+//! itself from those, and hands them to the loader: each tensor (the parameter, its fp32 master, both Adam moments)
 //! joined over the saved tensor-parallel shards into the whole tensor, then
 //! cut to this rank's shard, byte for byte (no value is converted). Layers
 //! move between pipeline stages by name (`layers.{i}.…`, global indices);
@@ -20,14 +20,15 @@
 //! both layouts nothing changes.)
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 
 use crate::core::{Error, Result};
-use crate::parallel::ddp::CHECKPOINT_FORMAT;
+use crate::parallel::ddp::checkpoint::HostTensors;
 use crate::parallel::vocab::padded_vocab_size;
 
+use super::checkpoint_dir::{rank_file, saved_layout};
 use super::config::GptConfig;
 use super::world::{split_of, Split};
 
@@ -40,39 +41,6 @@ const KINDS: [&str; 4] = [
     "optimizer/exp_avg",
     "optimizer/exp_avg_sq",
 ];
-
-/// The checkpoint file of model-parallel rank `(tp, pp)` in `dir`.
-pub(crate) fn rank_file(dir: &Path, tp: usize, pp: usize) -> PathBuf {
-    dir.join(format!("tp{tp}_pp{pp}.safetensors"))
-}
-
-/// The `(tp, pp)` of the run that saved the GPT checkpoint in `dir`: the
-/// grid its `tp{t}_pp{p}.safetensors` files cover (all of it, or a named
-/// error). A run on another layout reshards it when it resumes.
-pub fn saved_layout(dir: &Path) -> Result<(usize, usize)> {
-    let bad = |what: String| Error::invalid(OP, "checkpoint", "a checkpoint directory", what);
-    let entries = std::fs::read_dir(dir).map_err(|e| bad(format!("'{}': {e}", dir.display())))?;
-    let mut ranks = Vec::new();
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let parsed = name
-            .strip_prefix("tp")
-            .and_then(|r| r.strip_suffix(".safetensors"))
-            .and_then(|r| r.split_once("_pp"))
-            .and_then(|(t, p)| Some((t.parse::<usize>().ok()?, p.parse::<usize>().ok()?)));
-        ranks.extend(parsed);
-    }
-    let tp = ranks.iter().map(|r| r.0 + 1).max().unwrap_or(0);
-    let pp = ranks.iter().map(|r| r.1 + 1).max().unwrap_or(0);
-    if tp == 0 || ranks.len() != tp * pp {
-        return Err(bad(format!(
-            "'{}' with {} rank files, not a full tp x pp grid",
-            dir.display(),
-            ranks.len()
-        )));
-    }
-    Ok((tp, pp))
-}
 
 /// One parameter of the resuming rank: its name and shard shape.
 pub(crate) struct WantedParam<'a> {
@@ -182,21 +150,19 @@ struct Whole {
     rows: usize,
 }
 
-/// Builds this rank's checkpoint file (tensor-parallel rank `tp_rank` of
-/// `tp`) from the checkpoint in `dir` saved on another layout, with the
-/// parameters `wanted` (this rank's registry: names and shard shapes),
-/// writing it to `out`.
-pub(crate) fn build_rank_file(
+/// The checkpoint tensors rank `tp_rank` of `tp` would have saved, built
+/// in memory from the checkpoint in `dir` saved on another layout, for the
+/// parameters `wanted` (this rank's registry: names and shard shapes).
+pub(crate) fn rank_tensors(
     cfg: &GptConfig,
     dir: &Path,
     (tp, tp_rank): (usize, usize),
     wanted: &[WantedParam<'_>],
-    out: &Path,
-) -> Result<()> {
+) -> Result<HostTensors> {
     let saved = Saved::read(dir, saved_layout(dir)?, wanted)?;
     let files = saved.parse()?;
     let stage_of = &saved.stage_of;
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors = HostTensors::default();
     for w in wanted {
         // The tied copy comes from the embedding when the saved run had none.
         let source = if w.name == "output.word" && !stage_of.contains_key(w.name) {
@@ -214,47 +180,20 @@ pub(crate) fn build_rank_file(
         })?;
         for kind in KINDS {
             let whole = join(&files[p], kind, source, saved.tp)?;
-            let shard = cut(cfg, whole, w, (tp, tp_rank))?;
-            tensors.push((
-                format!("{kind}/{}", w.name),
-                shard.0,
-                w.shape.to_vec(),
-                shard.1,
-            ));
+            let (dtype, bytes) = cut(cfg, whole, w, (tp, tp_rank))?;
+            tensors.push(format!("{kind}/{}", w.name), dtype, w.shape.to_vec(), bytes);
         }
     }
     let step = files[0][0]
         .tensor("optimizer/step")
         .map_err(|e| Error::invalid(OP, "checkpoint", "an optimizer/step tensor", e))?;
-    tensors.push((
+    tensors.push(
         "optimizer/step".into(),
         step.dtype(),
         step.shape().to_vec(),
         step.data().to_vec(),
-    ));
-    let views = tensors
-        .iter()
-        .map(|(n, d, s, b)| {
-            TensorView::new(*d, s.clone(), b)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| Error::invalid(OP, "checkpoint", "consistent tensors", e))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let meta: HashMap<String, String> = [
-        ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
-        (
-            "resharded_from".to_string(),
-            format!("tp {} pp {}", saved.tp, saved.pp),
-        ),
-    ]
-    .into_iter()
-    .collect();
-    let bytes = safetensors::serialize(views, &Some(meta))
-        .map_err(|e| Error::invalid(OP, "checkpoint", "tensors safetensors can write", e))?;
-    std::fs::write(out, bytes).map_err(|e| Error::Backend {
-        backend: "filesystem",
-        message: format!("{}: {e}", out.display()),
-    })
+    );
+    Ok(tensors)
 }
 
 /// `kind/name` joined over the saved tensor-parallel shards of one stage.
@@ -366,6 +305,7 @@ fn cut(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use safetensors::tensor::TensorView;
 
     /// The header scan finds exactly the `model/` parameter names.
     #[test]

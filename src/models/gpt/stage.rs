@@ -49,7 +49,7 @@ use super::layer::{
     dropout_at_rows, layer_param_is_norm, layer_param_replicated, Ctx, Layer, LayerRng, LayerSaved,
     Norm, LAYER_PARAMS,
 };
-use super::norm_grads::all_reduce_coalesced;
+use super::norm_grads::NormGradReducer;
 
 const OP: &str = "GptStage";
 
@@ -143,6 +143,8 @@ pub struct GptStage<T: TpElement> {
     /// Bytes each layer kept per micro-batch at its last forward (for the
     /// activation-memory report), by global layer index.
     pub(crate) layer_bytes: HashMap<usize, usize>,
+    /// The sequence-parallel LayerNorm gradients' all-reduce (its buffer).
+    norm_grads: NormGradReducer,
 }
 
 fn vocab_shard(vocab: usize, tp: &Communicator) -> Result<(usize, usize)> {
@@ -261,6 +263,7 @@ impl<T: TpElement> GptStage<T> {
             acc: Accumulator::new(dev)?,
             saved: HashMap::new(),
             layer_bytes: HashMap::new(),
+            norm_grads: NormGradReducer::default(),
         })
     }
 
@@ -808,7 +811,9 @@ impl<T: TpElement> StageRun<'_, '_, T> {
                     partial.extend(hd.ln_ids.iter().copied());
                 }
             }
-            all_reduce_coalesced(self.tp, stream, self.ddp.buffers(), &partial)?;
+            self.stage
+                .norm_grads
+                .all_reduce(self.tp, stream, self.ddp.buffers(), &partial)?;
         }
         for id in ids.into_iter().rev() {
             self.ddp.mark_grad_ready(stream, id)?;

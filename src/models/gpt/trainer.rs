@@ -35,6 +35,8 @@ use crate::parallel::linear::TpElement;
 use crate::parallel::pipeline::{PipelineExecutor, TiedEmbeddingGroup};
 use crate::parallel::vocab::VocabParallelCrossEntropy;
 
+#[cfg(feature = "checkpoint")]
+use super::checkpoint_dir::{rank_file, saved_layout, state_file};
 use super::config::{GptConfig, ParallelConfig};
 use super::corpus::CharCorpus;
 use super::loss::LossData;
@@ -478,13 +480,12 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
     pub fn save(&self, dir: &Path) -> Result<()> {
         let co = self.comms.coords;
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        let file = dir.join(format!("tp{}_pp{}.safetensors", co.tp, co.pp));
         crate::parallel::ddp::save_checkpoint(
             &self.ddp,
             &self.opt,
             &self.scalars,
             &self.compute,
-            &file,
+            &rank_file(dir, co.tp, co.pp),
         )?;
         if co.dp == 0 {
             let scaler = match &self.scaler {
@@ -499,7 +500,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
                 }
                 None => "none".into(),
             };
-            let side = dir.join(format!("tp{}_pp{}.state", co.tp, co.pp));
+            let side = state_file(dir, co.tp, co.pp);
             std::fs::write(&side, format!("step {}\nscaler {scaler}\n", self.step))
                 .map_err(|e| io(&side, e))?;
         }
@@ -512,23 +513,21 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
     /// step.
     #[cfg(feature = "checkpoint")]
     pub fn load(&mut self, dir: &Path) -> Result<()> {
-        use super::reshard::{build_rank_file, rank_file, saved_layout, WantedParam};
+        use super::reshard::{rank_tensors, WantedParam};
         let co = self.comms.coords;
         let same_layout = saved_layout(dir)? == (self.par.tp, self.par.pp);
-        // Saved on another (tp, pp): this rank's file is built from the
-        // saved ones (docs: models::gpt::reshard), then loaded as usual.
-        let file = if same_layout {
-            rank_file(dir, co.tp, co.pp)
+        if same_layout {
+            crate::parallel::ddp::load_checkpoint(
+                &mut self.ddp,
+                &mut self.opt,
+                &mut self.scalars,
+                &self.compute,
+                &rank_file(dir, co.tp, co.pp),
+            )?;
         } else {
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let tmp = std::env::temp_dir().join(format!(
-                "ftn-reshard-{}-{n}-tp{}-pp{}-dp{}.safetensors",
-                std::process::id(),
-                co.tp,
-                co.pp,
-                co.dp
-            ));
+            // Saved on another (tp, pp): this rank's tensors are built from
+            // the saved ones in memory (docs: models::gpt::reshard), then
+            // loaded with the same checks as a file.
             let b = self.ddp.buffers();
             let infos = (0..b.num_params())
                 .map(|p| b.info(ParamId(p)))
@@ -540,25 +539,20 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
                     shape: &i.shape,
                 })
                 .collect();
-            build_rank_file(&self.cfg, dir, (self.par.tp, co.tp), &wanted, &tmp)?;
-            tmp
-        };
-        let loaded = crate::parallel::ddp::load_checkpoint(
-            &mut self.ddp,
-            &mut self.opt,
-            &mut self.scalars,
-            &self.compute,
-            &file,
-        );
-        if !same_layout {
-            let _ = std::fs::remove_file(&file);
+            let tensors = rank_tensors(&self.cfg, dir, (self.par.tp, co.tp), &wanted)?;
+            crate::parallel::ddp::checkpoint::load_checkpoint_from(
+                &mut self.ddp,
+                &mut self.opt,
+                &mut self.scalars,
+                &self.compute,
+                &tensors,
+            )?;
         }
-        loaded?;
         // The step and the (global) loss-scaler state are every rank's.
         let side = if same_layout {
-            dir.join(format!("tp{}_pp{}.state", co.tp, co.pp))
+            state_file(dir, co.tp, co.pp)
         } else {
-            dir.join("tp0_pp0.state")
+            state_file(dir, 0, 0)
         };
         let text = std::fs::read_to_string(&side).map_err(|e| io(&side, e))?;
         let bad = || {

@@ -262,7 +262,7 @@ fn write_file(
     path: &Path,
 ) -> Result<()> {
     let b = &ddp.buffers;
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors = HostTensors::default();
     for (p, st) in full.iter().enumerate() {
         let id = ParamId(p);
         let info = b.info(id)?;
@@ -274,60 +274,148 @@ fn write_file(
         // SAFETY: the parameter's slot lies in its group's parameter buffer,
         // read (host-synchronously) while `ddp` is borrowed.
         let view = unsafe { view_any(pbuf, start, end - start) }?;
-        tensors.push((
+        tensors.push(
             model_name(&info.name),
             st_dtype(info.param_dtype)?,
             info.shape.clone(),
             any_to_le(&view)?,
-        ));
+        );
         for (k, kind) in STATE.iter().enumerate() {
-            tensors.push((
+            tensors.push(
                 state_name(kind, &info.name),
                 Dtype::F32,
                 info.shape.clone(),
                 st[k].iter().flat_map(|v| v.to_le_bytes()).collect(),
-            ));
+            );
         }
     }
-    tensors.push((
-        STEP_TENSOR.to_string(),
-        Dtype::I64,
-        vec![1],
-        (step as i64).to_le_bytes().to_vec(),
-    ));
-    let views = tensors
-        .iter()
-        .map(|(n, d, s, bytes)| {
-            TensorView::new(*d, s.clone(), bytes)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| Error::invalid(SAVE, "param", "a tensor safetensors accepts", e))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    tensors.push_step(step);
     let cfg = ddp.buffers.config();
-    let meta: HashMap<String, String> = [
-        ("format", CHECKPOINT_FORMAT.to_string()),
-        ("saved_dp", cfg.dp.to_string()),
-        ("saved_bucket_size", cfg.bucket_size.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let bytes = safetensors::serialize(views, &Some(meta))
-        .map_err(|e| io_error(SAVE, path, "a checkpoint safetensors can serialise", e))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, &bytes).map_err(|e| io_error(SAVE, path, "a writable file", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io_error(SAVE, path, "a writable file", e))
+    tensors.write(
+        path,
+        &[
+            ("saved_dp", cfg.dp.to_string()),
+            ("saved_bucket_size", cfg.bucket_size.to_string()),
+        ],
+    )
+}
+
+/// One stored tensor: its dtype, shape and little-endian bytes.
+pub(crate) struct TensorRef<'a> {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: &'a [u8],
+}
+
+/// Where a checkpoint's tensors are read from: a parsed file, or tensors
+/// built in memory ([`HostTensors`], e.g. a checkpoint resharded for
+/// another model-parallel layout).
+pub(crate) trait CheckpointSource {
+    /// The tensor called `name`, if there is one.
+    fn tensor(&self, name: &str) -> Option<TensorRef<'_>>;
+    /// Every tensor's name.
+    fn names(&self) -> Vec<&str>;
+}
+
+impl CheckpointSource for SafeTensors<'_> {
+    fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
+        SafeTensors::tensor(self, name).ok().map(|t| TensorRef {
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            data: t.data(),
+        })
+    }
+    fn names(&self) -> Vec<&str> {
+        SafeTensors::names(self)
+            .into_iter()
+            .map(|s| s.as_str())
+            .collect()
+    }
+}
+
+/// Checkpoint tensors held in memory, in the order they were pushed: what
+/// [`save_checkpoint`] writes, and what resharding builds and hands to the
+/// loader without a file in between.
+#[derive(Default)]
+pub(crate) struct HostTensors {
+    list: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+    index: HashMap<String, usize>,
+}
+
+impl HostTensors {
+    /// Adds `name` (its little-endian `bytes`); a later push of the same
+    /// name replaces it.
+    pub fn push(&mut self, name: String, dtype: Dtype, shape: Vec<usize>, bytes: Vec<u8>) {
+        match self.index.get(&name) {
+            Some(&i) => self.list[i] = (name, dtype, shape, bytes),
+            None => {
+                self.index.insert(name.clone(), self.list.len());
+                self.list.push((name, dtype, shape, bytes));
+            }
+        }
+    }
+
+    /// Adds the optimizer's step count.
+    pub fn push_step(&mut self, step: i32) {
+        self.push(
+            STEP_TENSOR.to_string(),
+            Dtype::I64,
+            vec![1],
+            i64::from(step).to_le_bytes().to_vec(),
+        );
+    }
+
+    /// Writes the tensors to `path` as a safetensors file with the format
+    /// tag and `meta` in its metadata, through a temporary file renamed
+    /// into place (a reader never sees half a file).
+    pub fn write(&self, path: &Path, meta: &[(&str, String)]) -> Result<()> {
+        let views = self
+            .list
+            .iter()
+            .map(|(n, d, s, bytes)| {
+                TensorView::new(*d, s.clone(), bytes)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| Error::invalid(SAVE, "param", "a tensor safetensors accepts", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let meta: HashMap<String, String> = [("format", CHECKPOINT_FORMAT.to_string())]
+            .into_iter()
+            .chain(meta.iter().cloned())
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let bytes = safetensors::serialize(views, &Some(meta))
+            .map_err(|e| io_error(SAVE, path, "a checkpoint safetensors can serialise", e))?;
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, &bytes).map_err(|e| io_error(SAVE, path, "a writable file", e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io_error(SAVE, path, "a writable file", e))
+    }
+}
+
+impl CheckpointSource for HostTensors {
+    fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
+        self.index.get(name).map(|&i| {
+            let (_, dtype, shape, bytes) = &self.list[i];
+            TensorRef {
+                dtype: *dtype,
+                shape: shape.clone(),
+                data: bytes,
+            }
+        })
+    }
+    fn names(&self) -> Vec<&str> {
+        self.list.iter().map(|t| t.0.as_str()).collect()
+    }
 }
 
 /// Checks that `t` exists in `st` with `dtype` and `shape`.
 fn expect<'a>(
-    st: &'a SafeTensors<'a>,
+    st: &'a dyn CheckpointSource,
     name: &str,
     dtype: Dtype,
     shape: &[usize],
-) -> Result<TensorView<'a>> {
-    let t = st.tensor(name).map_err(|_| {
+) -> Result<TensorRef<'a>> {
+    let t = st.tensor(name).ok_or_else(|| {
         Error::invalid(
             LOAD,
             "checkpoint",
@@ -335,20 +423,29 @@ fn expect<'a>(
             format!("missing tensor '{name}' (a checkpoint of another model?)"),
         )
     })?;
-    if t.dtype() != dtype {
+    if t.dtype != dtype {
         return Err(Error::invalid(
             LOAD,
             "checkpoint",
             format!("tensor '{name}' of dtype {dtype:?}"),
-            format!("dtype {:?} (a checkpoint of another model?)", t.dtype()),
+            format!("dtype {:?} (a checkpoint of another model?)", t.dtype),
         ));
     }
-    if t.shape() != shape {
+    if t.shape != shape {
         return Err(Error::invalid(
             LOAD,
             "checkpoint",
             format!("tensor '{name}' of shape {shape:?}"),
-            format!("shape {:?} (a checkpoint of another model?)", t.shape()),
+            format!("shape {:?} (a checkpoint of another model?)", t.shape),
+        ));
+    }
+    let bytes = shape.iter().product::<usize>() * dtype.size();
+    if t.data.len() != bytes {
+        return Err(Error::invalid(
+            LOAD,
+            "checkpoint",
+            format!("tensor '{name}' of {bytes} bytes"),
+            t.data.len(),
         ));
     }
     Ok(t)
@@ -369,38 +466,51 @@ pub fn load_checkpoint(
     compute: &Stream,
     path: &Path,
 ) -> Result<()> {
-    opt.check_built_from(LOAD, ddp)?;
-    ddp.finish_param_gather(compute)?;
-    let b = &ddp.buffers;
-    b.device().check_same(LOAD, "compute", compute.device())?;
     let bytes =
         std::fs::read(path).map_err(|e| io_error(LOAD, path, "a readable checkpoint file", e))?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| io_error(LOAD, path, "a safetensors file", e))?;
+    load_checkpoint_from(ddp, opt, scalars, compute, &st)
+}
+
+/// [`load_checkpoint`] from tensors already read (a parsed file, or
+/// tensors built in memory): the same checks, in the same order, before
+/// anything is written.
+pub(crate) fn load_checkpoint_from(
+    ddp: &mut DistributedDataParallel<'_>,
+    opt: &mut DistributedOptimizer,
+    scalars: &mut AdamScalars,
+    compute: &Stream,
+    st: &dyn CheckpointSource,
+) -> Result<()> {
+    opt.check_built_from(LOAD, ddp)?;
+    ddp.finish_param_gather(compute)?;
+    let b = &ddp.buffers;
+    b.device().check_same(LOAD, "compute", compute.device())?;
 
     // Validate everything first.
     let mut known: HashSet<String> = HashSet::new();
     let mut model = Vec::with_capacity(b.num_params());
-    let mut state: Vec<[TensorView<'_>; 3]> = Vec::with_capacity(b.num_params());
+    let mut state: Vec<[TensorRef<'_>; 3]> = Vec::with_capacity(b.num_params());
     for p in 0..b.num_params() {
         let info = b.info(ParamId(p))?;
         let mn = model_name(&info.name);
-        model.push(expect(&st, &mn, st_dtype(info.param_dtype)?, &info.shape)?);
+        model.push(expect(st, &mn, st_dtype(info.param_dtype)?, &info.shape)?);
         known.insert(mn);
         let mut k3 = Vec::with_capacity(3);
         for kind in STATE {
             let n = state_name(kind, &info.name);
-            k3.push(expect(&st, &n, Dtype::F32, &info.shape)?);
+            k3.push(expect(st, &n, Dtype::F32, &info.shape)?);
             known.insert(n);
         }
-        let [a, m, v]: [TensorView<'_>; 3] = k3
+        let [a, m, v]: [TensorRef<'_>; 3] = k3
             .try_into()
             .map_err(|_| Error::invalid(LOAD, "checkpoint", "three optimizer tensors", "fewer"))?;
         state.push([a, m, v]);
     }
-    let step_t = expect(&st, STEP_TENSOR, Dtype::I64, &[1])?;
+    let step_t = expect(st, STEP_TENSOR, Dtype::I64, &[1])?;
     known.insert(STEP_TENSOR.to_string());
-    let mut names: Vec<&str> = st.names().into_iter().map(|s| s.as_str()).collect();
+    let mut names = st.names();
     names.sort_unstable();
     if let Some(extra) = names.iter().find(|n| !known.contains(**n)) {
         return Err(Error::invalid(
@@ -410,8 +520,11 @@ pub fn load_checkpoint(
             format!("extra tensor '{extra}' (a checkpoint of another model?)"),
         ));
     }
-    let sd = step_t.data();
-    let step = i64::from_le_bytes([sd[0], sd[1], sd[2], sd[3], sd[4], sd[5], sd[6], sd[7]]);
+    let sd = step_t.data;
+    let step = i64::from_le_bytes(
+        sd.try_into()
+            .map_err(|_| Error::invalid(LOAD, "checkpoint", "an 8-byte step count", sd.len()))?,
+    );
     let step = i32::try_from(step)
         .ok()
         .filter(|s| *s >= 0)
@@ -425,7 +538,7 @@ pub fn load_checkpoint(
             let (start, _) = b.param_range(ParamId(s.param))?;
             let (a, z) = (s.lo - start, s.hi - start);
             for (k, h) in host.iter_mut().enumerate() {
-                let data = &state[s.param][k].data()[4 * a..4 * z];
+                let data = &state[s.param][k].data[4 * a..4 * z];
                 h[s.state..s.state + (z - a)].copy_from_slice(&f32s(data));
             }
         }
@@ -446,7 +559,7 @@ pub fn load_checkpoint(
         // enqueued on `compute` while `ddp` is borrowed and the buffers'
         // drop is stream-ordered.
         let mut view = unsafe { view_any(pbuf, start, end - start) }?;
-        le_to_any(compute, t.data(), &mut view)?;
+        le_to_any(compute, t.data, &mut view)?;
     }
     scalars.set_step(compute, step)
 }
