@@ -563,3 +563,67 @@ pub(crate) fn load_checkpoint_from(
     }
     scalars.set_step(compute, step)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// In-memory tensors are checked like a file's: name, dtype, shape, and
+    /// a byte count that matches the shape (a short tensor is a named
+    /// error, not a slice past its end).
+    #[test]
+    fn in_memory_tensors_are_checked_like_a_file() {
+        let mut t = HostTensors::default();
+        t.push("a".into(), Dtype::F32, vec![2], f32_bytes(&[1.0, 2.0]));
+        t.push("short".into(), Dtype::F32, vec![3], f32_bytes(&[1.0, 2.0]));
+        t.push_step(7);
+        assert_eq!(expect(&t, "a", Dtype::F32, &[2]).unwrap().data.len(), 8);
+        let msg = |r: Result<TensorRef<'_>>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg(expect(&t, "b", Dtype::F32, &[2])).contains("missing tensor 'b'"));
+        assert!(msg(expect(&t, "a", Dtype::F16, &[2])).contains("dtype F32"));
+        assert!(msg(expect(&t, "a", Dtype::F32, &[3])).contains("shape [2]"));
+        assert!(msg(expect(&t, "short", Dtype::F32, &[3])).contains("12 bytes"));
+        let step = expect(&t, STEP_TENSOR, Dtype::I64, &[1]).unwrap();
+        assert_eq!(step.data, 7i64.to_le_bytes());
+        // A second push of a name replaces the first, in place.
+        t.push("a".into(), Dtype::F32, vec![1], f32_bytes(&[3.0]));
+        assert_eq!(t.names(), ["a", "short", STEP_TENSOR]);
+        assert_eq!(
+            expect(&t, "a", Dtype::F32, &[1]).unwrap().data,
+            f32_bytes(&[3.0])
+        );
+    }
+
+    /// What `HostTensors::write` writes reads back through the file path
+    /// with the same bytes, the format tag and the given metadata.
+    #[test]
+    fn written_tensors_read_back() {
+        let mut t = HostTensors::default();
+        t.push(
+            "w".into(),
+            Dtype::F32,
+            vec![2, 2],
+            f32_bytes(&[1.0, -2.0, 3.5, 0.25]),
+        );
+        t.push_step(3);
+        let path = std::env::temp_dir().join(format!("ftn-host-tensors-{}.st", std::process::id()));
+        t.write(&path, &[("saved_dp", "4".into())]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        let meta = meta.metadata().clone().unwrap_or_default();
+        assert_eq!(
+            meta.get("format").map(String::as_str),
+            Some(CHECKPOINT_FORMAT)
+        );
+        assert_eq!(meta.get("saved_dp").map(String::as_str), Some("4"));
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let w = expect(&st, "w", Dtype::F32, &[2, 2]).unwrap();
+        assert_eq!(w.data, f32_bytes(&[1.0, -2.0, 3.5, 0.25]));
+        assert_eq!(CheckpointSource::names(&st).len(), 2);
+    }
+}
