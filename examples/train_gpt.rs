@@ -25,8 +25,8 @@ use ferrotron::models::gpt::mfu::{mfu, peak_flops, PEAK_ENV};
 use ferrotron::models::gpt::plot::{loss_svg, Series};
 use ferrotron::models::gpt::sample::generate;
 use ferrotron::models::gpt::{
-    train_in_process, train_this_process, CharCorpus, GptConfig, JobOptions, ParallelConfig,
-    Precision, Recompute, Schedule, StepReport, TrainConfig,
+    train_in_process, train_this_process, CharCorpus, EvalOptions, GptConfig, JobOptions,
+    ParallelConfig, Precision, Recompute, Schedule, StepReport, TrainConfig,
 };
 
 const USAGE: &str =
@@ -36,12 +36,14 @@ const USAGE: &str =
   [--data FILE] [--layers N] [--hidden N] [--heads N] [--seq N] [--lr X]
   [--dropout P] [--attention-dropout P] [--seed N] [--save DIR] [--resume DIR]
   [--out DIR] [--sample CHARS] [--target LOSS] [--memory-report] [--no-dist-opt]
+  [--holdout FRACTION (the text's tail kept for evaluation)] [--eval-every N (0: never)]
+  [--eval-batches N]
   [--sequence-parallel (LayerNorms and dropouts on 1/tp of the tokens per rank)]
   [--launch N (one process per GPU, NCCL; needs --features cuda)]
   defaults: --tp 2 --pp 2 --vp 1 --dp 2 --schedule 1f1b --micro-batch 4 --micro-batches 2
             --recompute none --precision bf16 --steps 300 --data data/sonnets.txt
             --layers 2 --hidden 128 --heads 4 --seq 64 --lr 3e-3 --out target/train_gpt
-            --sample 300 --target 2.0";
+            --sample 300 --target 2.0 --holdout 0.1 --eval-every 50 --eval-batches 4";
 
 struct Args {
     par: ParallelConfig,
@@ -56,6 +58,9 @@ struct Args {
     target: f64,
     memory_report: bool,
     launch: Option<usize>,
+    holdout: f64,
+    eval_every: u64,
+    eval_batches: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -89,6 +94,9 @@ fn parse() -> Result<Args, String> {
         target: 2.0,
         memory_report: false,
         launch: None,
+        holdout: 0.1,
+        eval_every: 50,
+        eval_batches: 4,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -160,6 +168,9 @@ fn parse() -> Result<Args, String> {
             "--sample" => a.sample = n()?,
             "--target" => a.target = f()? as f64,
             "--launch" => a.launch = Some(n()?),
+            "--holdout" => a.holdout = f()? as f64,
+            "--eval-every" => a.eval_every = n()? as u64,
+            "--eval-batches" => a.eval_batches = n()?,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -215,14 +226,26 @@ fn main() -> ExitCode {
 fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(&a.data)
         .map_err(|e| format!("reading --data {}: {e}", a.data.display()))?;
-    let corpus = CharCorpus::new(&text)?;
-    a.model.vocab = corpus.vocab();
+    let full = CharCorpus::new(&text)?;
+    a.model.vocab = full.vocab();
+    // The text's tail is held out for evaluation (none without it).
+    let (corpus, held_out) = if a.eval_every > 0 {
+        let (train, held) = full.split_off(a.holdout)?;
+        (train, Some(held))
+    } else {
+        (full, None)
+    };
     let (m, p) = (&a.model, &a.par);
     p.validate(m, p.world())?;
     let opts = JobOptions {
         resume: a.resume.clone(),
         save: a.save.clone(),
         gather_params: a.sample > 0,
+        eval: held_out.clone().map(|corpus| EvalOptions {
+            corpus,
+            every: a.eval_every,
+            batches: a.eval_batches,
+        }),
     };
     // Under a launcher (ours or torchrun) every process is one rank; only
     // global rank 0 reports.
@@ -277,6 +300,17 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         p.global_batch, tokens_per_step, p.micro_batches(), p.micro_batch, a.train.steps,
         a.train.lr, a.train.warmup, a.train.min_lr
     );
+    match &held_out {
+        Some(h) => println!(
+            "  held out: the last {} chars ({:.0} %), evaluated every {} steps and at the end on {} batches ({} tokens)",
+            h.len(),
+            100.0 * a.holdout,
+            a.eval_every,
+            a.eval_batches,
+            a.eval_batches * tokens_per_step
+        ),
+        None => println!("  held out: nothing (--eval-every 0)"),
+    }
     println!(
         "  loss of a uniform guess: ln({}) = {:.3} nats/char",
         m.vocab,
@@ -311,8 +345,11 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         if r.loss < target && first_below.is_none() {
             first_below = Some((r.step, r.elapsed));
         }
+        let val = r
+            .val_loss
+            .map_or(String::new(), |v| format!(" | held-out {v:.3}"));
         let line = format!(
-            "{} step {:>4}/{total} loss {:.3} | {:>6.0} tok/s {:>5.2} GFLOP/s | lr {:.2e} | norm {:.2} | scale {}{}",
+            "{} step {:>4}/{total} loss {:.3} | {:>6.0} tok/s {:>5.2} GFLOP/s | lr {:.2e} | norm {:.2} | scale {}{val}{}",
             bar(r.step + 1, total),
             r.step + 1,
             r.loss,
@@ -323,7 +360,12 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
             r.loss_scale,
             if r.skipped { " | SKIPPED (inf/nan)" } else { "" }
         );
-        if (r.step + 1) % 25 == 0 || r.step == 0 || r.step + 1 == total || r.skipped {
+        if (r.step + 1) % 25 == 0
+            || r.step == 0
+            || r.step + 1 == total
+            || r.skipped
+            || r.val_loss.is_some()
+        {
             println!("\r{line}");
         } else if tty {
             print!("\r{line}");
@@ -372,6 +414,20 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         "  loss {:.3} -> {:.3} (mean of the last 10 steps {:.3}); skipped steps {skipped}",
         steps[0].loss, last.loss, tail_mean
     );
+    let evals: Vec<(u64, f64)> = steps
+        .iter()
+        .filter_map(|s| s.val_loss.map(|v| (s.step + 1, v)))
+        .collect();
+    if let (Some(first), Some(end)) = (evals.first(), evals.last()) {
+        let best = evals
+            .iter()
+            .copied()
+            .fold(*first, |b, e| if e.1 < b.1 { e } else { b });
+        println!(
+            "  held-out loss {:.3} (step {}) -> {:.3} (step {}); best {:.3} at step {}; last training loss {:.3}",
+            first.1, first.0, end.1, end.0, best.1, best.0, last.loss
+        );
+    }
     match first_below {
         Some((s, t)) => println!(
             "  loss first below {target} at step {} after {t:.1} s",
@@ -405,32 +461,39 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         p.dp,
         p.precision
     );
-    let svg = loss_svg(
-        &title,
-        &[Series {
-            name: "training loss",
-            color: "#1f6fb4",
-            points: &pts,
-        }],
-        Some(target),
-    );
+    let val_pts: Vec<(f64, f64)> = evals.iter().map(|&(s, v)| (s as f64, v)).collect();
+    let mut series = vec![Series {
+        name: "training loss",
+        color: "#1f6fb4",
+        points: &pts,
+    }];
+    if !val_pts.is_empty() {
+        series.push(Series {
+            name: "held-out loss",
+            color: "#d9730d",
+            points: &val_pts,
+        });
+    }
+    let svg = loss_svg(&title, &series, Some(target));
     let svg_path = a.out.join("loss.svg");
     std::fs::write(&svg_path, svg)?;
-    let csv: String =
-        std::iter::once("step,loss,grad_norm,lr,loss_scale,skipped,elapsed_s\n".to_string())
-            .chain(steps.iter().map(|s| {
-                format!(
-                    "{},{},{},{},{},{},{:.3}\n",
-                    s.step + 1,
-                    s.loss,
-                    s.grad_norm,
-                    s.lr,
-                    s.loss_scale,
-                    s.skipped as u8,
-                    s.elapsed
-                )
-            }))
-            .collect();
+    let csv: String = std::iter::once(
+        "step,loss,grad_norm,lr,loss_scale,skipped,elapsed_s,held_out_loss\n".to_string(),
+    )
+    .chain(steps.iter().map(|s| {
+        format!(
+            "{},{},{},{},{},{},{:.3},{}\n",
+            s.step + 1,
+            s.loss,
+            s.grad_norm,
+            s.lr,
+            s.loss_scale,
+            s.skipped as u8,
+            s.elapsed,
+            s.val_loss.map_or(String::new(), |v| v.to_string())
+        )
+    }))
+    .collect();
     std::fs::write(a.out.join("loss.csv"), csv)?;
     println!("  loss curve: {} (and loss.csv)", svg_path.display());
     if let Some(dir) = &a.save {

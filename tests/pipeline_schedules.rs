@@ -744,3 +744,68 @@ fn grouped_checker_rejects_the_naive_interleaved_pairing() {
     check_grouped(&planned).unwrap();
     assert_ne!(planned, naive, "the planner must have repaired something");
 }
+
+/// Forward-only runs (evaluation): for every allowed configuration, each
+/// (stage, micro-batch) forward runs exactly once on its rank, in the full
+/// schedule's order, with the full schedule's messages; sends and receives
+/// pair up; and the ranks finish both with buffered sends and with the
+/// grouped rendezvous plan.
+#[test]
+fn forward_only_runs_are_complete_paired_and_deadlock_free() {
+    use ferrotron::core::pipeline::{check_grouped, forward_only, grouped_transfers};
+    let mut checked = 0usize;
+    let mut failures = Vec::new();
+    for pp in 1..=8 {
+        for m in 1..=32 {
+            for kind in all_kinds(m) {
+                if !allowed(pp, m, kind) {
+                    continue;
+                }
+                let c = cfg(pp, m, kind);
+                let full = schedule(&c).unwrap();
+                let s = forward_only(&full);
+                let vp = vp_of(kind);
+                let result = (|| -> Result<(), String> {
+                    let mut seen = HashMap::new();
+                    for (rank, ops) in s.iter().enumerate() {
+                        let want: Vec<&Op> = full[rank]
+                            .iter()
+                            .filter(|o| o.pass == Pass::Forward)
+                            .collect();
+                        if ops.iter().collect::<Vec<_>>() != want {
+                            return Err(format!("rank {rank}: not the full schedule's forwards"));
+                        }
+                        for op in ops {
+                            if op.pass != Pass::Forward
+                                || (op.recv, op.send) != expected_messages(op, pp, vp)
+                            {
+                                return Err(format!("rank {rank}: {op:?}"));
+                            }
+                            *seen.entry((op.stage, op.microbatch)).or_insert(0) += 1;
+                        }
+                    }
+                    if seen.len() != pp * vp * m || seen.values().any(|&n| n != 1) {
+                        return Err(format!("{} forwards, not each once", seen.len()));
+                    }
+                    check_pairing(pp, &s)?;
+                    run(&s, |_| 1)?;
+                    let plan = grouped_transfers(&s).map_err(|e| e.to_string())?;
+                    check_grouped(&plan).map_err(|e| e.to_string())?;
+                    check_plan_covers(&s, &plan)
+                })();
+                if let Err(e) = result {
+                    failures.push(format!("{c:?}: {e}"));
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("forward-only runs: {checked} configurations checked");
+    assert!(
+        failures.is_empty(),
+        "{} configurations fail, e.g.:\n{}",
+        failures.len(),
+        failures[..failures.len().min(10)].join("\n")
+    );
+    assert!(checked > 4_000, "{checked}");
+}

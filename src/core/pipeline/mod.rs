@@ -22,7 +22,7 @@ pub mod simulate;
 
 pub use groups::{check_grouped, grouped_transfers, P2pGroup};
 pub use layout::{transformer_layers, EvenSplit, StageLayout};
-pub use schedule::{schedule, PipelineConfig, ScheduleKind};
+pub use schedule::{forward_only, schedule, PipelineConfig, ScheduleKind};
 pub use simulate::{simulate, Costs, Simulation, Span};
 
 /// The computation an operation runs.

@@ -308,6 +308,26 @@ pub fn schedule(cfg: &PipelineConfig) -> Result<Vec<Vec<Op>>> {
     Ok(out)
 }
 
+/// A forward-only run of `schedule` (evaluation, inference): each rank's
+/// forwards in the order the full schedule runs them, with their activation
+/// transfers, and nothing else. Deadlock-free wherever the full schedule
+/// is: every receive of the result is a receive of the full schedule,
+/// matched by the same send, and dropping a rank's backwards only lets its
+/// forwards run earlier (checked for every configuration in
+/// `tests/pipeline_schedules.rs`, for buffered sends and for the grouped
+/// rendezvous plan).
+pub fn forward_only(schedule: &[Vec<Op>]) -> Vec<Vec<Op>> {
+    schedule
+        .iter()
+        .map(|ops| {
+            ops.iter()
+                .filter(|o| o.pass == Pass::Forward)
+                .copied()
+                .collect()
+        })
+        .collect()
+}
+
 /// 1F1B over `total` (virtual) micro-batches: `w` warm-up forwards, steady
 /// (forward `w + k`, backward `k`) pairs, cool-down backwards. `fwd(k)` /
 /// `bwd(k)`: the `(chunk, micro-batch)` of the `k`-th forward / backward.

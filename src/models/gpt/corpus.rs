@@ -80,6 +80,38 @@ impl CharCorpus {
             .collect()
     }
 
+    /// The text cut in two: the first `1 - holdout` of its characters for
+    /// training, the rest held out (for [`crate::models::gpt::EvalOptions`]),
+    /// both with this corpus's vocabulary, so ids mean the same in both.
+    /// Errors: `holdout` outside `(0, 1)`, or a part shorter than 3
+    /// characters.
+    pub fn split_off(&self, holdout: f64) -> Result<(CharCorpus, CharCorpus)> {
+        const OP: &str = "CharCorpus::split_off";
+        if !(holdout > 0.0 && holdout < 1.0) {
+            return Err(Error::invalid(
+                OP,
+                "holdout",
+                "a fraction in (0, 1)",
+                holdout,
+            ));
+        }
+        let n = self.ids.len();
+        let cut = n - ((n as f64 * holdout).round() as usize).min(n);
+        if cut < 3 || n - cut < 3 {
+            return Err(Error::invalid(
+                OP,
+                "holdout",
+                format!("a split of {n} characters leaving at least 3 on each side"),
+                format!("{cut} + {}", n - cut),
+            ));
+        }
+        let part = |ids: &[i32]| CharCorpus {
+            chars: self.chars.clone(),
+            ids: ids.to_vec(),
+        };
+        Ok((part(&self.ids[..cut]), part(&self.ids[cut..])))
+    }
+
     /// Sample `index` of `step`: `seq` input ids and the `seq` next ids.
     /// Errors: a corpus shorter than `seq + 1`.
     pub fn sample(
@@ -146,5 +178,19 @@ mod tests {
         let (bx, _) = c.batch(1, 2, 3, 2, 4).unwrap();
         assert_eq!((0..4).map(|i| bx[i * 2]).collect::<Vec<_>>(), x);
         assert!(c.sample(1, 2, 3, 11).is_err());
+    }
+
+    #[test]
+    fn split_off_keeps_the_vocabulary_and_every_character_once() {
+        let c = CharCorpus::new("abracadabra, abracadabra").unwrap();
+        let (train, held) = c.split_off(0.25).unwrap();
+        assert_eq!((train.len(), held.len()), (18, 6));
+        assert_eq!((train.vocab(), held.vocab()), (c.vocab(), c.vocab()));
+        let joined = train.decode(&train.ids) + &held.decode(&held.ids);
+        assert_eq!(joined, "abracadabra, abracadabra");
+        for bad in [0.0, 1.0, -0.5, f64::NAN, 0.99] {
+            let e = c.split_off(bad).unwrap_err().to_string();
+            assert!(e.contains("holdout"), "{bad}: {e}");
+        }
     }
 }

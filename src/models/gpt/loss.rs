@@ -66,4 +66,20 @@ impl<T: TpElement> PipelineData<T> for LossData<'_, T> {
         self.losses.push(loss);
         Ok(grad)
     }
+
+    fn forward_loss(&mut self, stream: &Stream, mb: usize, output: &DeviceBuffer<T>) -> Result<()> {
+        let labels = self.labels.get(mb).ok_or_else(|| {
+            Error::invalid(
+                "GptLoss",
+                "microbatch",
+                format!("< {}", self.labels.len()),
+                mb,
+            )
+        })?;
+        let mut loss = self.tp.device().alloc_zeros::<f32>(self.ce.tokens)?;
+        self.ce
+            .forward(self.tp, stream, output, labels, &mut loss)?;
+        self.losses.push(loss);
+        Ok(())
+    }
 }

@@ -48,4 +48,4 @@ pub use corpus::CharCorpus;
 pub use layer::{layer_param_replicated, LAYER_PARAMS};
 pub use process::train_this_process;
 pub use trainer::{GptTrainer, ParamShard, RankComms, StepStats, TrainConfig};
-pub use world::{train_in_process, JobOptions, StepReport, TrainSummary};
+pub use world::{train_in_process, EvalOptions, JobOptions, StepReport, TrainSummary};

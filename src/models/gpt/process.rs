@@ -86,10 +86,20 @@ fn reduce_step(
 ) -> Result<StepReport> {
     let reports = comms.reports_loss(par);
     let loss = if reports { st.loss.unwrap_or(0.0) } else { 0.0 };
+    let val = if reports {
+        st.val_loss.unwrap_or(0.0)
+    } else {
+        0.0
+    };
     let skipped = if st.skipped { 1.0 } else { 0.0 };
     let world = &comms.world;
     let stream = world.stream();
-    let mut buf = world.device().upload(&[loss as f32, skipped])?;
+    // Every rank evaluates on the same steps (EvalOptions::after); the
+    // reporting ranks flag it.
+    let evaluated = if st.val_loss.is_some() { 1.0 } else { 0.0 };
+    let mut buf = world
+        .device()
+        .upload(&[loss as f32, skipped, val as f32, evaluated])?;
     let h = world.all_reduce_in_place(stream, &mut buf, ReduceOp::Sum)?;
     world.wait(&h, PEER_TIMEOUT)?;
     let sums: Vec<f32> = buf.to_host()?;
@@ -100,6 +110,7 @@ fn reduce_step(
         lr: st.lr,
         loss_scale: st.loss_scale,
         skipped: sums[1] > 0.0,
+        val_loss: (sums[3] > 0.0).then(|| f64::from(sums[2]) / par.dp as f64),
         elapsed: start.elapsed().as_secs_f64(),
     })
 }

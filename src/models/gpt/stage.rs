@@ -445,6 +445,8 @@ pub(crate) struct StageRun<'r, 'c, T: TpElement> {
     pub ids: &'r [DeviceBuffer<i32>],
     pub step: u64,
     pub dp_rank: usize,
+    /// Evaluation: no dropout, nothing saved for a backward.
+    pub eval: bool,
 }
 
 impl<T: TpElement> StageRun<'_, '_, T> {
@@ -453,7 +455,7 @@ impl<T: TpElement> StageRun<'_, '_, T> {
     /// step and the global micro-batch, so every factorisation of the ranks
     /// draws the same masks for replicated activations.
     fn dropout_mode(&self, seed: u64, p: f32, mb: usize, slot: usize, site: u64) -> DropoutMode {
-        if p == 0.0 {
+        if p == 0.0 || self.eval {
             return DropoutMode::Eval;
         }
         let (cfg, par) = (&self.stage.cfg, &self.stage.par);
@@ -843,6 +845,16 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
             x
         };
         let n = self.stage.chunks[chunk].layers.len();
+        if self.eval {
+            // Nothing kept: the layers' outputs only.
+            let (x, _) = self.run_layers(stream, chunk, mb, 0..n, x, false)?;
+            if self.stage.is_last(chunk) {
+                self.head_forward(stream, x, output)?;
+            } else {
+                stream.copy_device(&x, output)?;
+            }
+            return Ok(());
+        }
         let mut saved = ChunkSaved {
             layers: (0..n).map(|_| None).collect(),
             head: None,
@@ -945,6 +957,11 @@ impl<T: TpElement> PipelineStage<T> for StageRun<'_, '_, T> {
         if mb + 1 == self.stage.par.micro_batches() {
             self.mark_chunk_ready(stream, chunk)?;
         }
+        Ok(())
+    }
+
+    fn release(&mut self, chunk: usize, mb: usize) -> Result<()> {
+        self.stage.saved.remove(&(chunk, mb));
         Ok(())
     }
 

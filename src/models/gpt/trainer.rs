@@ -149,6 +149,9 @@ pub struct StepStats {
     pub loss_scale: f32,
     /// The step found Inf/NaN gradients and was skipped (fp16).
     pub skipped: bool,
+    /// The held-out loss after this step, where the job evaluated
+    /// ([`GptTrainer::evaluate`]; on the loss-reporting ranks).
+    pub val_loss: Option<f64>,
 }
 
 /// One rank of a GPT training run.
@@ -165,6 +168,8 @@ pub struct GptTrainer<'c, T: TpElement> {
     scalars: AdamScalars,
     scaler: Option<(DeviceGradScaler, DeviceBuffer<f32>)>,
     exec: PipelineExecutor<'c>,
+    /// The same schedule's forwards only, for [`GptTrainer::evaluate`].
+    eval_exec: PipelineExecutor<'c>,
     tied: TiedEmbeddingGroup,
     /// This rank's tied word-embedding copy (pp > 1, first or last rank).
     tied_id: Option<ParamId>,
@@ -246,9 +251,13 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         };
         let t = cfg.seq * par.micro_batch;
         let max_len = (t * cfg.hidden).max(t * stage.shard_vocab());
-        let exec = PipelineExecutor::new(&comms.pp, par.pipeline(), max_len)?
-            .with_variable_shapes(max_len)?
-            .with_timeout(PEER_TIMEOUT);
+        let executor = || -> Result<PipelineExecutor<'c>> {
+            Ok(PipelineExecutor::new(&comms.pp, par.pipeline(), max_len)?
+                .with_variable_shapes(max_len)?
+                .with_timeout(PEER_TIMEOUT))
+        };
+        let exec = executor()?;
+        let eval_exec = executor()?.with_forward_only()?;
         let tied = TiedEmbeddingGroup::new(&comms.pp)?;
         Ok(GptTrainer {
             comms,
@@ -262,6 +271,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
             scalars,
             scaler,
             exec,
+            eval_exec,
             tied,
             tied_id,
             compute,
@@ -329,6 +339,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
                 ids: &ids,
                 step: self.step,
                 dp_rank,
+                eval: false,
             };
             self.exec.run(c, &mut run, &mut data)?;
         }
@@ -370,9 +381,82 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
             lr,
             loss_scale,
             skipped,
+            val_loss: None,
         };
         self.step += 1;
         Ok(stats)
+    }
+
+    /// The mean loss (nats per token) of the current model over `batches`
+    /// global batches of `corpus` (a held-out split): forwards only, over
+    /// the same pipeline schedule's forwards, no dropout, no gradients, the
+    /// optimizer state and the training samples untouched. Batch `i` is
+    /// the same sequences at every call (they depend on the data seed and
+    /// `i` only), so successive evaluations are comparable. Every rank must
+    /// call it, between steps. `Some` on the ranks that report the loss
+    /// (the mean over this data-parallel rank's share; the job averages
+    /// the data-parallel ranks), `None` elsewhere. Errors: `batches == 0`,
+    /// a corpus shorter than `seq + 1`, what the parts report.
+    pub fn evaluate(&mut self, corpus: &CharCorpus, batches: usize) -> Result<Option<f64>> {
+        if batches == 0 {
+            return Err(Error::invalid(
+                "GptTrainer::evaluate",
+                "batches",
+                "at least 1",
+                0,
+            ));
+        }
+        let (cfg, par) = (self.cfg, self.par);
+        let dev = self.comms.world.device().clone();
+        let (m, b, seq) = (par.micro_batches(), par.micro_batch, cfg.seq);
+        let t = seq * b;
+        let c = &self.compute;
+        // The parameters the next step would use (after any overlapped
+        // all-gather of the last update).
+        self.ddp.finish_param_gather(c)?;
+        for (p, &id) in self.stage.params_mut().into_iter().zip(&self.order) {
+            c.copy_device(&*self.ddp.buffers().param::<T>(id)?, p.buf)?;
+        }
+        let dp_rank = self.comms.coords.dp;
+        let mut sum = 0.0f64;
+        for batch in 0..batches as u64 {
+            let mut ids = Vec::with_capacity(m);
+            let mut labels = Vec::with_capacity(m);
+            for mb in 0..m {
+                let first = ((dp_rank * m + mb) * b) as u64;
+                let (x, y) = corpus.batch(self.train.data_seed, batch, first, b, seq)?;
+                ids.push(dev.upload(&x)?);
+                labels.push(dev.upload(&y)?);
+            }
+            let mut data = LossData::<T> {
+                tp: &self.comms.tp,
+                labels: &labels,
+                ce: VocabParallelCrossEntropy::new(t, self.stage.shard_vocab()),
+                dloss: dev.alloc_zeros::<f32>(1)?,
+                losses: Vec::new(),
+                _t: PhantomData,
+            };
+            {
+                let mut run = StageRun {
+                    stage: &mut self.stage,
+                    ddp: &mut self.ddp,
+                    tp: &self.comms.tp,
+                    ids: &ids,
+                    step: self.step,
+                    dp_rank,
+                    eval: true,
+                };
+                self.eval_exec.run(c, &mut run, &mut data)?;
+            }
+            for l in &data.losses {
+                sum += l.to_host()?.iter().map(|&v| v as f64).sum::<f64>();
+            }
+        }
+        c.synchronize()?;
+        Ok(self
+            .comms
+            .reports_loss(&par)
+            .then(|| sum / (t * m * batches) as f64))
     }
 
     /// This rank's parameters (its shards), by name, as f32 with their
@@ -459,6 +543,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
                 ids: &ids_buf,
                 step: 0,
                 dp_rank: 0,
+                eval: true,
             };
             run.forward(&self.compute, 0, 0, &dummy, &mut logits)?;
         }

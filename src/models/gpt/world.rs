@@ -27,6 +27,9 @@ pub struct StepReport {
     pub lr: f32,
     pub loss_scale: f32,
     pub skipped: bool,
+    /// Mean held-out loss after this step (nats per token), on the steps
+    /// the job evaluated ([`JobOptions::eval`]).
+    pub val_loss: Option<f64>,
     /// Seconds since the job's first step started.
     pub elapsed: f64,
 }
@@ -54,6 +57,26 @@ pub struct JobOptions {
     pub save: Option<std::path::PathBuf>,
     /// Gather the unsharded parameters at the end (for sampling).
     pub gather_params: bool,
+    /// Evaluate on a held-out corpus during training.
+    pub eval: Option<EvalOptions>,
+}
+
+/// Evaluation during training: after every `every`-th step and after the
+/// last, the mean loss over `batches` global batches of `corpus` (the same
+/// sequences each time), forwards only ([`GptTrainer::evaluate`]).
+#[derive(Clone, Debug)]
+pub struct EvalOptions {
+    /// The held-out text (e.g. [`CharCorpus::split_off`]'s second part).
+    pub corpus: CharCorpus,
+    pub every: u64,
+    pub batches: usize,
+}
+
+impl EvalOptions {
+    /// Whether the job evaluates after `step` (0-based) of `steps`.
+    pub fn after(&self, step: u64, steps: u64) -> bool {
+        step + 1 == steps || (self.every > 0 && (step + 1) % self.every == 0)
+    }
 }
 
 /// Trains `cfg` split by `par` on `par.world()` in-process ranks, each on
@@ -199,7 +222,10 @@ fn drive_typed<T: TpElement>(
         return Err(no_checkpoints(dir));
     }
     while tr.next_step() < train.steps {
-        let st = tr.step(corpus)?;
+        let mut st = tr.step(corpus)?;
+        if let Some(e) = opts.eval.as_ref().filter(|e| e.after(st.step, train.steps)) {
+            st.val_loss = tr.evaluate(&e.corpus, e.batches)?;
+        }
         report(&comms, st)?;
     }
     if let Some(dir) = &opts.save {
@@ -240,6 +266,8 @@ fn collect_steps(
         if v.len() == reporters {
             let v = pending.remove(&st.step).unwrap_or_default();
             let loss = v.iter().filter_map(|s| s.loss).sum::<f64>() / reporters as f64;
+            let val: Vec<f64> = v.iter().filter_map(|s| s.val_loss).collect();
+            let val_loss = (!val.is_empty()).then(|| val.iter().sum::<f64>() / val.len() as f64);
             let rep = StepReport {
                 step: st.step,
                 loss,
@@ -247,6 +275,7 @@ fn collect_steps(
                 lr: st.lr,
                 loss_scale: st.loss_scale,
                 skipped: v.iter().any(|s| s.skipped),
+                val_loss,
                 elapsed: start.elapsed().as_secs_f64(),
             };
             on_step(&rep);

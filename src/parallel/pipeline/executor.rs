@@ -10,7 +10,9 @@ use super::transfer::{Posted, Transfers, RUN};
 use super::{PipelineData, PipelineStage};
 use crate::backend::{DeviceBuffer, Stream};
 use crate::comm::{CommElement, Communicator, DEFAULT_TIMEOUT};
-use crate::core::pipeline::{grouped_transfers, schedule, Op, P2pGroup, Pass, PipelineConfig};
+use crate::core::pipeline::{
+    forward_only, grouped_transfers, schedule, Op, P2pGroup, Pass, PipelineConfig,
+};
 use crate::core::{Error, Result};
 
 /// What a run keeps between operations.
@@ -57,6 +59,8 @@ pub struct PipelineExecutor<'c> {
     /// Every rank's operations (for planning grouped transfers).
     all_ops: Vec<Vec<Op>>,
     pub(super) p2p: P2pMode,
+    /// Forwards only (evaluation): see [`PipelineExecutor::with_forward_only`].
+    forward_only: bool,
 }
 
 impl std::fmt::Debug for PipelineExecutor<'_> {
@@ -103,6 +107,7 @@ impl<'c> PipelineExecutor<'c> {
             ops,
             all_ops: all,
             p2p: P2pMode::Streams,
+            forward_only: false,
         };
         exec.with_grouped_p2p(comm.is_nccl())
     }
@@ -118,6 +123,28 @@ impl<'c> PipelineExecutor<'c> {
             P2pMode::Streams
         };
         Ok(self)
+    }
+
+    /// Forward-only runs (evaluation, inference): this rank runs only the
+    /// forwards of its schedule, in the same order, with their activation
+    /// transfers ([`crate::core::pipeline::forward_only`], deadlock-free
+    /// wherever the full schedule is). After each forward the stage's
+    /// [`PipelineStage::release`] drops what it saved for the backward; on
+    /// the last stage [`PipelineData::forward_loss`] takes the output. The
+    /// stage's weight gradients are untouched. Every rank of the pipeline
+    /// must choose it; call it after choosing the transfer mode or before
+    /// (a grouped plan is made again for the forwards).
+    pub fn with_forward_only(mut self) -> Result<Self> {
+        self.all_ops = forward_only(&self.all_ops);
+        self.ops = self.all_ops[self.comm.rank()].clone();
+        self.forward_only = true;
+        let grouped = matches!(self.p2p, P2pMode::Grouped(_));
+        self.with_grouped_p2p(grouped)
+    }
+
+    /// Whether this executor runs forwards only.
+    pub fn is_forward_only(&self) -> bool {
+        self.forward_only
     }
 
     /// How messages move.
@@ -391,7 +418,9 @@ impl<'c> PipelineExecutor<'c> {
                         n
                     }
                 };
-                state.lens.insert((chunk, mb), (input.len(), out_len));
+                if !self.forward_only {
+                    state.lens.insert((chunk, mb), (input.len(), out_len));
+                }
                 let mut out = tr
                     .pool
                     .take(self.comm, out_len, stream)
@@ -402,7 +431,19 @@ impl<'c> PipelineExecutor<'c> {
                 tr.pool
                     .put_after(input, stream)
                     .map_err(|e| fail("releasing its input", e))?;
-                if op.stage == last_stage {
+                if self.forward_only {
+                    stage
+                        .release(chunk, mb)
+                        .map_err(|e| fail("the stage's release", e))?;
+                }
+                if op.stage == last_stage && self.forward_only {
+                    data.forward_loss(stream, mb, &out)
+                        .map_err(|e| fail("the data's forward_loss", e))?;
+                    tr.pool
+                        .put_after(out, stream)
+                        .map_err(|e| fail("releasing its output", e))?;
+                    None
+                } else if op.stage == last_stage {
                     state.outputs.insert((chunk, mb), out);
                     None
                 } else {

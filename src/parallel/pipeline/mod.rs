@@ -141,6 +141,15 @@ pub trait PipelineStage<T: CommElement> {
         let _ = (chunk, microbatch);
         input_len
     }
+
+    /// Forward-only runs ([`PipelineExecutor::with_forward_only`]): called
+    /// right after `forward(chunk, microbatch)`, whose backward will not
+    /// come; drop what that forward saved for it. Default: nothing (a stage
+    /// that saves nothing, or one that knows it is evaluating).
+    fn release(&mut self, chunk: usize, microbatch: usize) -> Result<()> {
+        let _ = (chunk, microbatch);
+        Ok(())
+    }
 }
 
 /// The ends of the pipeline: inputs of the first stage, loss of the last.
@@ -168,4 +177,16 @@ pub trait PipelineData<T: CommElement> {
         microbatch: usize,
         output: &DeviceBuffer<T>,
     ) -> Result<DeviceBuffer<T>>;
+
+    /// Forward-only runs, on the last stage: the loss of `microbatch` from
+    /// its `output` (the implementation records it), no gradient. Default:
+    /// [`Self::loss_grad`] with the gradient dropped.
+    fn forward_loss(
+        &mut self,
+        stream: &Stream,
+        microbatch: usize,
+        output: &DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.loss_grad(stream, microbatch, output).map(drop)
+    }
 }
