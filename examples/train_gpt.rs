@@ -340,7 +340,8 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut last_elapsed = 0.0;
     let tty = std::io::stdout().is_terminal();
     let mut on_step = |r: &StepReport| {
-        let dt = (r.elapsed - last_elapsed).max(1e-9);
+        // The step's own time (evaluating after it is not training).
+        let dt = (r.elapsed - last_elapsed - r.eval_seconds).max(1e-9);
         last_elapsed = r.elapsed;
         if r.loss < target && first_below.is_none() {
             first_below = Some((r.step, r.elapsed));
@@ -387,10 +388,13 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let tail_mean = tail.iter().sum::<f64>() / tail.len() as f64;
     println!();
     let model_flops = flops_per_step * steps.len() as f64;
+    // Throughput and MFU count training time only: evaluating is not training.
+    let evaluating: f64 = steps.iter().map(|s| s.eval_seconds).sum();
+    let train_wall = (wall - evaluating).max(1e-9);
     let utilisation = match peak_flops(&summary.device_name, |k| std::env::var(k).ok()) {
         Some(peak) => format!(
             "MFU {:.1} % of {} x {:.0} TFLOP/s ({})",
-            100.0 * mfu(model_flops, wall, p.world(), peak),
+            100.0 * mfu(model_flops, train_wall, p.world(), peak),
             p.world(),
             peak / 1e12,
             summary.device_name
@@ -404,11 +408,12 @@ fn run(mut a: Args) -> Result<(), Box<dyn std::error::Error>> {
         ),
     };
     println!(
-        "done: {} steps in {:.1} s ({:.0} tokens/s, {:.2} GFLOP/s of model FLOPs; {utilisation})",
+        "done: {} steps in {:.1} s ({:.1} s of it evaluating; {:.0} tokens/s, {:.2} GFLOP/s of model FLOPs; {utilisation})",
         steps.len(),
         wall,
-        (steps.len() * tokens_per_step) as f64 / wall,
-        model_flops / wall / 1e9
+        evaluating,
+        (steps.len() * tokens_per_step) as f64 / train_wall,
+        model_flops / train_wall / 1e9
     );
     println!(
         "  loss {:.3} -> {:.3} (mean of the last 10 steps {:.3}); skipped steps {skipped}",

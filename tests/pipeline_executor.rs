@@ -91,6 +91,11 @@ impl PipelineStage<f32> for GemmStage {
         }
         Ok(())
     }
+
+    fn release(&mut self, chunk: usize, mb: usize) -> Result<()> {
+        self.saved_x.remove(&(chunk, mb)).expect("release after F");
+        Ok(())
+    }
 }
 
 struct Problem {
@@ -438,6 +443,93 @@ fn tied_embedding_grads_noop_and_mismatch() {
                 let e = e.to_string();
                 assert!(e.contains(&format!("pipeline rank {r}:")), "{e}");
                 assert!(e.contains("tied embedding gradient"), "{e}");
+            }
+        }
+    }
+}
+
+/// Forward-only runs (`with_forward_only`, evaluation) for every schedule,
+/// with per-stream and grouped rendezvous transfers: every micro-batch's
+/// loss equals the float64 reference's (through `PipelineData`'s default
+/// `forward_loss`), each forward's saved input is released, and no
+/// backward runs (the weight gradients stay zero).
+#[test]
+fn forward_only_runs_give_the_losses_and_no_gradients() {
+    let kinds = [
+        (1, ScheduleKind::NoPipelining),
+        (2, ScheduleKind::OneFOneB),
+        (4, ScheduleKind::OneFOneB),
+        (4, ScheduleKind::ZeroBubbleH1),
+        (
+            2,
+            ScheduleKind::Interleaved {
+                vp: 2,
+                group: Some(2),
+            },
+        ),
+        (4, ScheduleKind::Interleaved { vp: 2, group: None }),
+    ];
+    for (i, (pp, kind)) in kinds.into_iter().enumerate() {
+        for grouped in [false, true] {
+            let cfg = PipelineConfig {
+                pp,
+                microbatches: M,
+                kind,
+            };
+            let (mut rng, seed) = Rng::new(60 + i as u64);
+            let p = problem(cfg.stages(), &mut rng);
+            let (ref_losses, _) = reference(&p.w, &p.xs, ROWS, H);
+            let what = format!("forward-only pp {pp} {kind:?} grouped {grouped}");
+            let outs = run_ranks_with_timeout(
+                pp,
+                Duration::from_secs(30),
+                |c| -> Result<Vec<Option<f64>>> {
+                    let (r, vp) = (c.rank(), cfg.vp());
+                    let mut stage = GemmStage {
+                        w: (0..vp).map(|ch| p.w[ch * pp + r].clone()).collect(),
+                        grad: vec![vec![0.0; H * H]; vp],
+                        saved_x: HashMap::new(),
+                        saved_dy: HashMap::new(),
+                        fail_at: None,
+                    };
+                    let mut data = Data::new(&p.xs);
+                    let stream = c.device().new_stream()?;
+                    let mut ex = PipelineExecutor::new(&c, cfg, LEN)?
+                        .with_grouped_p2p(grouped)?
+                        .with_forward_only()?
+                        .with_timeout(Duration::from_secs(90));
+                    assert!(ex.is_forward_only());
+                    assert_eq!(
+                        ex.ops().len(),
+                        vp * M,
+                        "{what}: one forward per chunk and micro-batch"
+                    );
+                    ex.run(&stream, &mut stage, &mut data)?;
+                    assert!(stage.saved_x.is_empty(), "{what}: rank {r} kept inputs");
+                    assert!(
+                        stage.grad.iter().flatten().all(|&g| g == 0.0),
+                        "{what}: rank {r} has gradients"
+                    );
+                    Ok(data.losses)
+                },
+            );
+            for (r, out) in outs.into_iter().enumerate() {
+                let losses = out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+                if r + 1 < pp {
+                    assert!(losses.iter().all(Option::is_none), "{what}: rank {r}");
+                    continue;
+                }
+                let l: Vec<f64> = losses
+                    .iter()
+                    .map(|l| l.unwrap_or_else(|| panic!("{what}: a micro-batch without loss")))
+                    .collect();
+                assert_close(
+                    &format!("{what}: losses"),
+                    DType::F32,
+                    seed,
+                    &l,
+                    &ref_losses,
+                );
             }
         }
     }

@@ -111,6 +111,8 @@ fn reduce_step(
         loss_scale: st.loss_scale,
         skipped: sums[1] > 0.0,
         val_loss: (sums[3] > 0.0).then(|| f64::from(sums[2]) / par.dp as f64),
+        // This process's own (the ranks evaluate together).
+        eval_seconds: st.eval_seconds,
         elapsed: start.elapsed().as_secs_f64(),
     })
 }

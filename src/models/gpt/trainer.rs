@@ -152,6 +152,8 @@ pub struct StepStats {
     /// The held-out loss after this step, where the job evaluated
     /// ([`GptTrainer::evaluate`]; on the loss-reporting ranks).
     pub val_loss: Option<f64>,
+    /// Seconds this rank spent evaluating after the step (0 when it did not).
+    pub eval_seconds: f64,
 }
 
 /// One rank of a GPT training run.
@@ -382,6 +384,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
             loss_scale,
             skipped,
             val_loss: None,
+            eval_seconds: 0.0,
         };
         self.step += 1;
         Ok(stats)

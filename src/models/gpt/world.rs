@@ -30,6 +30,9 @@ pub struct StepReport {
     /// Mean held-out loss after this step (nats per token), on the steps
     /// the job evaluated ([`JobOptions::eval`]).
     pub val_loss: Option<f64>,
+    /// Seconds of `elapsed` spent evaluating after this step (the slowest
+    /// reporting rank's; 0 when the job did not evaluate).
+    pub eval_seconds: f64,
     /// Seconds since the job's first step started.
     pub elapsed: f64,
 }
@@ -224,7 +227,9 @@ fn drive_typed<T: TpElement>(
     while tr.next_step() < train.steps {
         let mut st = tr.step(corpus)?;
         if let Some(e) = opts.eval.as_ref().filter(|e| e.after(st.step, train.steps)) {
+            let t0 = Instant::now();
             st.val_loss = tr.evaluate(&e.corpus, e.batches)?;
+            st.eval_seconds = t0.elapsed().as_secs_f64();
         }
         report(&comms, st)?;
     }
@@ -276,6 +281,7 @@ fn collect_steps(
                 loss_scale: st.loss_scale,
                 skipped: v.iter().any(|s| s.skipped),
                 val_loss,
+                eval_seconds: v.iter().map(|s| s.eval_seconds).fold(0.0, f64::max),
                 elapsed: start.elapsed().as_secs_f64(),
             };
             on_step(&rep);
