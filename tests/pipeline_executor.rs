@@ -4,7 +4,9 @@
 //! `0.5 · ||y||²` on the last stage, for pp = 1, 2, 4 and every valid
 //! schedule (no pipelining, 1F1B, interleaved with vp = 2, ZB-H1), m = 8:
 //! the loss of every micro-batch and every stage's weight gradient against
-//! the unpipelined float64 computation. Plus: a stage failing on
+//! the unpipelined float64 computation; forward-only runs (evaluation) for
+//! every schedule and transfer mode give the losses, release every saved
+//! input and leave the gradients zero. Plus: a stage failing on
 //! micro-batch 3 gives every rank an error naming its rank and a
 //! micro-batch (the others through the communicator's timeout), a
 //! configuration whose pp is not the communicator's size is refused, and

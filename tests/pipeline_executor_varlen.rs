@@ -5,7 +5,8 @@
 //! stages' `output_len`). For pp 2 and 4 and every schedule (1F1B,
 //! interleaved vp 2, ZB-H1), m = 8: every micro-batch's loss and every
 //! stage's weight gradient against an unpipelined float64 computation of
-//! the same chain. Errors: a loss gradient of the wrong length is an error
+//! the same chain; forward-only runs (evaluation) give the same losses and
+//! no gradient, with per-stream and grouped transfers. Errors: a loss gradient of the wrong length is an error
 //! naming `loss_grad` on its rank, and every other rank fails within the
 //! timeout instead of hanging; an input longer than `max_len` is an error
 //! naming `input`; `max_len = 0` is refused.
@@ -184,6 +185,12 @@ fn check(pp: usize, kind: ScheduleKind, salt: u64) {
 }
 
 fn check_mode(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool) {
+    check_run(pp, kind, salt, grouped, false);
+}
+
+/// `forward_only`: the executor runs forwards only (evaluation): the
+/// losses as in training, and no weight gradient.
+fn check_run(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool, forward_only: bool) {
     let cfg = PipelineConfig {
         pp,
         microbatches: M,
@@ -196,14 +203,18 @@ fn check_mode(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool) {
         let mut stage = stage_of(&cfg, &p, c.rank());
         let mut data = Data::new(&p.xs);
         let stream = c.device().new_stream()?;
-        PipelineExecutor::new(&c, cfg, 1)?
+        let mut ex = PipelineExecutor::new(&c, cfg, 1)?
             .with_timeout(Duration::from_secs(60))
             .with_variable_shapes(max_len(cfg.stages()))?
-            .with_grouped_p2p(grouped)?
-            .run(&stream, &mut stage, &mut data)?;
+            .with_grouped_p2p(grouped)?;
+        if forward_only {
+            ex = ex.with_forward_only()?;
+        }
+        ex.run(&stream, &mut stage, &mut data)?;
         Ok((data.losses, stage.grad))
     });
-    let what = format!("variable shapes, pp {pp} {kind:?} grouped {grouped}");
+    let what =
+        format!("variable shapes, pp {pp} {kind:?} grouped {grouped} forward-only {forward_only}");
     let errors: Vec<String> = outs
         .iter()
         .enumerate()
@@ -224,6 +235,13 @@ fn check_mode(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool) {
                 &l,
                 &ref_losses,
             );
+        }
+        if forward_only {
+            assert!(
+                grads.iter().flatten().all(|&g| g == 0.0),
+                "{what}: rank {r} has gradients"
+            );
+            continue;
         }
         for (ch, g) in grads.iter().enumerate() {
             let st = ch * pp + r;
@@ -272,6 +290,24 @@ fn variable_lengths_grouped_transfers() {
         73,
         true,
     );
+}
+
+/// Forward-only runs (evaluation; the GPT's mode over NCCL is variable
+/// shapes with grouped transfers): every micro-batch's loss as in
+/// training, no weight gradient, with both transfer modes.
+#[test]
+fn variable_lengths_forward_only() {
+    for grouped in [false, true] {
+        check_run(4, ScheduleKind::OneFOneB, 80, grouped, true);
+        check_run(2, ScheduleKind::ZeroBubbleH1, 81, grouped, true);
+        check_run(
+            4,
+            ScheduleKind::Interleaved { vp: 2, group: None },
+            82,
+            grouped,
+            true,
+        );
+    }
 }
 
 /// Returns a loss gradient one element short for micro-batch 2.
