@@ -584,12 +584,12 @@ fn held_out_evaluation_is_the_forward_loss_on_every_split() {
         ..train(2)
     };
     let frozen1 = TrainConfig { steps: 1, ..frozen };
-    let run = |m: &GptConfig, p: &ParallelConfig, t: &TrainConfig, eval: &CharCorpus| {
+    let run = |m: &GptConfig, p: &ParallelConfig, t: &TrainConfig, eval: &CharCorpus, batches| {
         let opts = JobOptions {
             eval: Some(EvalOptions {
                 corpus: eval.clone(),
                 every: 1,
-                batches: 2,
+                batches,
             }),
             ..JobOptions::default()
         };
@@ -604,25 +604,8 @@ fn held_out_evaluation_is_the_forward_loss_on_every_split() {
     };
 
     // The training forward's loss: batch 0 of the training text = step 0.
-    let one = run(&m, &par(1, 1, 1), &frozen, &train_text);
-    let opts_one = JobOptions {
-        eval: Some(EvalOptions {
-            corpus: train_text.clone(),
-            every: 1,
-            batches: 1,
-        }),
-        ..JobOptions::default()
-    };
-    let single = train_in_process(
-        &m,
-        &par(1, 1, 1),
-        &frozen,
-        &train_text,
-        &opts_one,
-        &mut |_| {},
-    )
-    .unwrap()
-    .steps;
+    let one = run(&m, &par(1, 1, 1), &frozen, &train_text, 2);
+    let single = run(&m, &par(1, 1, 1), &frozen1, &train_text, 1);
     assert_eq!(
         single[0].val_loss,
         Some(single[0].loss),
@@ -640,8 +623,11 @@ fn held_out_evaluation_is_the_forward_loss_on_every_split() {
         attention_dropout: 0.1,
         ..m
     };
-    let want = vals(&run(&m, &par(1, 1, 1), &frozen1, &held));
-    assert_eq!(vals(&run(&dropped, &par(1, 1, 1), &frozen1, &held)), want);
+    let want = vals(&run(&m, &par(1, 1, 1), &frozen1, &held, 2));
+    assert_eq!(
+        vals(&run(&dropped, &par(1, 1, 1), &frozen1, &held, 2)),
+        want
+    );
 
     // Every split like one rank.
     let inter = ParallelConfig {
@@ -659,7 +645,7 @@ fn held_out_evaluation_is_the_forward_loss_on_every_split() {
         ("tp1 pp4 vp2 dp2", inter),
         ("tp4 pp2 dp1 sequence parallel", sp),
     ] {
-        let got = vals(&run(&dropped, &p, &frozen1, &held));
+        let got = vals(&run(&dropped, &p, &frozen1, &held, 2));
         let tol = if p.tp == 1 { 1e-12 } else { 1e-4 * want[0] };
         for (g, w) in got.iter().zip(&want) {
             assert!(
@@ -676,7 +662,7 @@ fn held_out_evaluation_is_the_forward_loss_on_every_split() {
         ..par(2, 2, 2)
     };
     let t = train(2);
-    let with_eval = run(&dropped, &p, &t, &held);
+    let with_eval = run(&dropped, &p, &t, &held, 2);
     let without = train_in_process(
         &dropped,
         &p,

@@ -21,9 +21,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::pipeline::{down, reference, up, Data};
+use common::pipeline::{assert_losses, down, reference, up, Data};
 use common::ranks::{mm, mm_at, mm_bt, run_ranks, run_ranks_with_timeout};
-use common::{assert_close, Rng};
+use common::Rng;
 use ferrotron::core::pipeline::{PipelineConfig, ScheduleKind};
 use ferrotron::parallel::pipeline::{
     allreduce_tied_grads, PipelineExecutor, PipelineStage, TiedEmbeddingGroup,
@@ -100,6 +100,24 @@ impl PipelineStage<f32> for GemmStage {
     }
 }
 
+/// Rank `r`'s chunks of `p`'s stages (chunk `ch` is global stage
+/// `ch · pp + r`), no gradients yet, failing at `fail_at` if given.
+fn stage_of(
+    cfg: &PipelineConfig,
+    p: &Problem,
+    r: usize,
+    fail_at: Option<(usize, usize)>,
+) -> GemmStage {
+    let (pp, vp) = (cfg.pp, cfg.vp());
+    GemmStage {
+        w: (0..vp).map(|ch| p.w[ch * pp + r].clone()).collect(),
+        grad: vec![vec![0.0; H * H]; vp],
+        saved_x: HashMap::new(),
+        saved_dy: HashMap::new(),
+        fail_at,
+    }
+}
+
 struct Problem {
     /// Per global stage.
     w: Vec<Vec<f64>>,
@@ -126,15 +144,9 @@ fn run_pipeline(
     grouped: bool,
 ) -> Vec<RankOut> {
     let body = |c: ferrotron::comm::Communicator| -> RankOut {
-        let (r, pp) = (c.rank(), cfg.pp);
-        let vp = cfg.vp();
-        let mut stage = GemmStage {
-            w: (0..vp).map(|ch| p.w[ch * pp + r].clone()).collect(),
-            grad: vec![vec![0.0; H * H]; vp],
-            saved_x: HashMap::new(),
-            saved_dy: HashMap::new(),
-            fail_at: fail_at.and_then(|(rank, ch, mb)| (rank == r).then_some((ch, mb))),
-        };
+        let r = c.rank();
+        let fail = fail_at.and_then(|(rank, ch, mb)| (rank == r).then_some((ch, mb)));
+        let mut stage = stage_of(&cfg, p, r, fail);
         let mut data = Data::new(&p.xs);
         let stream = c.device().new_stream()?;
         let mut ex = PipelineExecutor::new(&c, cfg, LEN)?.with_grouped_p2p(grouped)?;
@@ -169,17 +181,7 @@ fn check_mode(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool) {
     for (r, out) in outs.into_iter().enumerate() {
         let (losses, grads) = out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
         if r == pp - 1 {
-            let l: Vec<f64> = losses
-                .iter()
-                .map(|l| l.unwrap_or_else(|| panic!("{what}: a micro-batch without loss")))
-                .collect();
-            assert_close(
-                &format!("{what}: losses"),
-                DType::F32,
-                seed,
-                &l,
-                &ref_losses,
-            );
+            assert_losses(&what, seed, &losses, &ref_losses);
         } else {
             assert!(
                 losses.iter().all(Option::is_none),
@@ -353,13 +355,7 @@ fn check_tied(pp: usize, kind: ScheduleKind, salt: u64) {
         .collect();
     let outs = run_ranks_with_timeout(pp, Duration::from_secs(30), |c| -> Result<_> {
         let (r, vp) = (c.rank(), cfg.vp());
-        let mut stage = GemmStage {
-            w: (0..vp).map(|ch| p.w[ch * pp + r].clone()).collect(),
-            grad: vec![vec![0.0; H * H]; vp],
-            saved_x: HashMap::new(),
-            saved_dy: HashMap::new(),
-            fail_at: None,
-        };
+        let mut stage = stage_of(&cfg, &p, r, None);
         let mut data = Data::new(&p.xs);
         let stream = c.device().new_stream()?;
         PipelineExecutor::new(&c, cfg, LEN)?
@@ -487,13 +483,7 @@ fn forward_only_runs_give_the_losses_and_no_gradients() {
                 Duration::from_secs(30),
                 |c| -> Result<Vec<Option<f64>>> {
                     let (r, vp) = (c.rank(), cfg.vp());
-                    let mut stage = GemmStage {
-                        w: (0..vp).map(|ch| p.w[ch * pp + r].clone()).collect(),
-                        grad: vec![vec![0.0; H * H]; vp],
-                        saved_x: HashMap::new(),
-                        saved_dy: HashMap::new(),
-                        fail_at: None,
-                    };
+                    let mut stage = stage_of(&cfg, &p, r, None);
                     let mut data = Data::new(&p.xs);
                     let stream = c.device().new_stream()?;
                     let mut ex = PipelineExecutor::new(&c, cfg, LEN)?
@@ -521,17 +511,7 @@ fn forward_only_runs_give_the_losses_and_no_gradients() {
                     assert!(losses.iter().all(Option::is_none), "{what}: rank {r}");
                     continue;
                 }
-                let l: Vec<f64> = losses
-                    .iter()
-                    .map(|l| l.unwrap_or_else(|| panic!("{what}: a micro-batch without loss")))
-                    .collect();
-                assert_close(
-                    &format!("{what}: losses"),
-                    DType::F32,
-                    seed,
-                    &l,
-                    &ref_losses,
-                );
+                assert_losses(&what, seed, &losses, &ref_losses);
             }
         }
     }

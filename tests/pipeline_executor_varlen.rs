@@ -16,9 +16,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::pipeline::{down, up, Data};
+use common::pipeline::{assert_losses, down, up, Data};
 use common::ranks::{mm, mm_at, mm_bt, run_ranks, run_ranks_with_timeout};
-use common::{assert_close, Rng};
+use common::Rng;
 use ferrotron::core::pipeline::{PipelineConfig, ScheduleKind};
 use ferrotron::parallel::pipeline::{PipelineData, PipelineExecutor, PipelineStage};
 use ferrotron::{DType, DeviceBuffer, Error, Result, Stream};
@@ -224,17 +224,7 @@ fn check_run(pp: usize, kind: ScheduleKind, salt: u64, grouped: bool, forward_on
     for (r, out) in outs.into_iter().enumerate() {
         let (losses, grads) = out.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
         if r == pp - 1 {
-            let l: Vec<f64> = losses
-                .iter()
-                .map(|l| l.unwrap_or_else(|| panic!("{what}: a micro-batch without loss")))
-                .collect();
-            assert_close(
-                &format!("{what}: losses"),
-                DType::F32,
-                seed,
-                &l,
-                &ref_losses,
-            );
+            assert_losses(&what, seed, &losses, &ref_losses);
         }
         if forward_only {
             assert!(

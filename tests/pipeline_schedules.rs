@@ -660,35 +660,43 @@ fn check_plan_covers(
     Ok(())
 }
 
+/// Every configuration the rules allow (pp ≤ 8, m ≤ 32, every kind).
+fn allowed_configs() -> Vec<PipelineConfig> {
+    let mut out = Vec::new();
+    for pp in 1..=8 {
+        for m in 1..=32 {
+            for kind in all_kinds(m) {
+                if allowed(pp, m, kind) {
+                    out.push(cfg(pp, m, kind));
+                }
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn every_configuration_is_deadlock_free_with_grouped_rendezvous_transfers() {
     use ferrotron::core::pipeline::{check_grouped, grouped_transfers};
     let mut checked = 0usize;
     let mut failures = Vec::new();
-    for pp in 1..=8 {
-        for m in 1..=32 {
-            for kind in all_kinds(m) {
-                if !allowed(pp, m, kind) {
-                    continue;
-                }
-                let c = cfg(pp, m, kind);
-                let s = schedule(&c).unwrap();
-                let checked_plan = grouped_transfers(&s)
-                    .map_err(|e| e.to_string())
-                    .and_then(|p| check_grouped(&p).map(|()| p).map_err(|e| e.to_string()))
-                    .and_then(|p| check_plan_covers(&s, &p).map(|()| p));
-                if let Err(e) = checked_plan {
-                    let name = match kind {
-                        ScheduleKind::NoPipelining => "NoPipelining",
-                        ScheduleKind::OneFOneB => "OneFOneB",
-                        ScheduleKind::ZeroBubbleH1 => "ZeroBubbleH1",
-                        ScheduleKind::Interleaved { .. } => "Interleaved",
-                    };
-                    failures.push(format!("{name} {c:?}: {e}"));
-                }
-                checked += 1;
-            }
+    for c in allowed_configs() {
+        let kind = c.kind;
+        let s = schedule(&c).unwrap();
+        let checked_plan = grouped_transfers(&s)
+            .map_err(|e| e.to_string())
+            .and_then(|p| check_grouped(&p).map(|()| p).map_err(|e| e.to_string()))
+            .and_then(|p| check_plan_covers(&s, &p).map(|()| p));
+        if let Err(e) = checked_plan {
+            let name = match kind {
+                ScheduleKind::NoPipelining => "NoPipelining",
+                ScheduleKind::OneFOneB => "OneFOneB",
+                ScheduleKind::ZeroBubbleH1 => "ZeroBubbleH1",
+                ScheduleKind::Interleaved { .. } => "Interleaved",
+            };
+            failures.push(format!("{name} {c:?}: {e}"));
         }
+        checked += 1;
     }
     let mut by_kind: HashMap<&str, usize> = HashMap::new();
     for f in &failures {
@@ -755,50 +763,43 @@ fn forward_only_runs_are_complete_paired_and_deadlock_free() {
     use ferrotron::core::pipeline::{check_grouped, forward_only, grouped_transfers};
     let mut checked = 0usize;
     let mut failures = Vec::new();
-    for pp in 1..=8 {
-        for m in 1..=32 {
-            for kind in all_kinds(m) {
-                if !allowed(pp, m, kind) {
-                    continue;
+    for c in allowed_configs() {
+        let (pp, kind) = (c.pp, c.kind);
+        let full = schedule(&c).unwrap();
+        let s = forward_only(&full);
+        let vp = vp_of(kind);
+        let result = (|| -> Result<(), String> {
+            let mut seen = HashMap::new();
+            for (rank, ops) in s.iter().enumerate() {
+                let want: Vec<&Op> = full[rank]
+                    .iter()
+                    .filter(|o| o.pass == Pass::Forward)
+                    .collect();
+                if ops.iter().collect::<Vec<_>>() != want {
+                    return Err(format!("rank {rank}: not the full schedule's forwards"));
                 }
-                let c = cfg(pp, m, kind);
-                let full = schedule(&c).unwrap();
-                let s = forward_only(&full);
-                let vp = vp_of(kind);
-                let result = (|| -> Result<(), String> {
-                    let mut seen = HashMap::new();
-                    for (rank, ops) in s.iter().enumerate() {
-                        let want: Vec<&Op> = full[rank]
-                            .iter()
-                            .filter(|o| o.pass == Pass::Forward)
-                            .collect();
-                        if ops.iter().collect::<Vec<_>>() != want {
-                            return Err(format!("rank {rank}: not the full schedule's forwards"));
-                        }
-                        for op in ops {
-                            if op.pass != Pass::Forward
-                                || (op.recv, op.send) != expected_messages(op, pp, vp)
-                            {
-                                return Err(format!("rank {rank}: {op:?}"));
-                            }
-                            *seen.entry((op.stage, op.microbatch)).or_insert(0) += 1;
-                        }
+                for op in ops {
+                    if op.pass != Pass::Forward
+                        || (op.recv, op.send) != expected_messages(op, pp, vp)
+                    {
+                        return Err(format!("rank {rank}: {op:?}"));
                     }
-                    if seen.len() != pp * vp * m || seen.values().any(|&n| n != 1) {
-                        return Err(format!("{} forwards, not each once", seen.len()));
-                    }
-                    check_pairing(pp, &s)?;
-                    run(&s, |_| 1)?;
-                    let plan = grouped_transfers(&s).map_err(|e| e.to_string())?;
-                    check_grouped(&plan).map_err(|e| e.to_string())?;
-                    check_plan_covers(&s, &plan)
-                })();
-                if let Err(e) = result {
-                    failures.push(format!("{c:?}: {e}"));
+                    *seen.entry((op.stage, op.microbatch)).or_insert(0) += 1;
                 }
-                checked += 1;
             }
+            if seen.len() != pp * vp * c.microbatches || seen.values().any(|&n| n != 1) {
+                return Err(format!("{} forwards, not each once", seen.len()));
+            }
+            check_pairing(pp, &s)?;
+            run(&s, |_| 1)?;
+            let plan = grouped_transfers(&s).map_err(|e| e.to_string())?;
+            check_grouped(&plan).map_err(|e| e.to_string())?;
+            check_plan_covers(&s, &plan)
+        })();
+        if let Err(e) = result {
+            failures.push(format!("{c:?}: {e}"));
         }
+        checked += 1;
     }
     eprintln!("forward-only runs: {checked} configurations checked");
     assert!(

@@ -93,3 +93,19 @@ pub fn reference(
     }
     (losses, grads)
 }
+
+/// The last pipeline rank's per-micro-batch losses against `reference`
+/// (f32 tolerance); every micro-batch must have one.
+pub fn assert_losses(what: &str, seed: u64, losses: &[Option<f64>], reference: &[f64]) {
+    let l: Vec<f64> = losses
+        .iter()
+        .map(|l| l.unwrap_or_else(|| panic!("{what}: a micro-batch without loss")))
+        .collect();
+    super::assert_close(
+        &format!("{what}: losses"),
+        ferrotron::DType::F32,
+        seed,
+        &l,
+        reference,
+    );
+}

@@ -25,6 +25,20 @@ pub(crate) struct LossData<'r, T: TpElement> {
     pub _t: PhantomData<T>,
 }
 
+impl<'r, T: TpElement> LossData<'r, T> {
+    /// Micro-batch `mb`'s targets.
+    fn labels_of(&self, mb: usize) -> Result<&'r DeviceBuffer<i32>> {
+        self.labels.get(mb).ok_or_else(|| {
+            Error::invalid(
+                "GptLoss",
+                "microbatch",
+                format!("< {}", self.labels.len()),
+                mb,
+            )
+        })
+    }
+}
+
 impl<T: TpElement> PipelineData<T> for LossData<'_, T> {
     fn input(&mut self, _stream: &Stream, _mb: usize) -> Result<DeviceBuffer<T>> {
         self.tp.device().alloc_zeros(1)
@@ -40,14 +54,7 @@ impl<T: TpElement> PipelineData<T> for LossData<'_, T> {
         mb: usize,
         output: &DeviceBuffer<T>,
     ) -> Result<DeviceBuffer<T>> {
-        let labels = self.labels.get(mb).ok_or_else(|| {
-            Error::invalid(
-                "GptLoss",
-                "microbatch",
-                format!("< {}", self.labels.len()),
-                mb,
-            )
-        })?;
+        let labels = self.labels_of(mb)?;
         let dev = self.tp.device();
         let mut loss = dev.alloc_zeros::<f32>(self.ce.tokens)?;
         let saved = self
@@ -68,14 +75,7 @@ impl<T: TpElement> PipelineData<T> for LossData<'_, T> {
     }
 
     fn forward_loss(&mut self, stream: &Stream, mb: usize, output: &DeviceBuffer<T>) -> Result<()> {
-        let labels = self.labels.get(mb).ok_or_else(|| {
-            Error::invalid(
-                "GptLoss",
-                "microbatch",
-                format!("< {}", self.labels.len()),
-                mb,
-            )
-        })?;
+        let labels = self.labels_of(mb)?;
         let mut loss = self.tp.device().alloc_zeros::<f32>(self.ce.tokens)?;
         self.ce
             .forward(self.tp, stream, output, labels, &mut loss)?;

@@ -304,47 +304,20 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         let dev = self.comms.world.device().clone();
         let (m, b, seq) = (par.micro_batches(), par.micro_batch, cfg.seq);
         let t = seq * b;
-        let c = &self.compute;
+        let compute = self.compute.clone();
+        let c = &compute;
         let lr = self.train.lr_at(self.step);
         self.scalars.set_lr(c, lr)?;
         self.ddp.zero_grad_buffer(c)?;
         self.ddp.set_is_last_microbatch(true)?;
-        for (p, &id) in self.stage.params_mut().into_iter().zip(&self.order) {
-            c.copy_device(&*self.ddp.buffers().param::<T>(id)?, p.buf)?;
-        }
-        let dp_rank = self.comms.coords.dp;
-        let mut ids = Vec::with_capacity(m);
-        let mut labels = Vec::with_capacity(m);
-        for mb in 0..m {
-            let first = ((dp_rank * m + mb) * b) as u64;
-            let (x, y) = corpus.batch(self.train.data_seed, self.step, first, b, seq)?;
-            ids.push(dev.upload(&x)?);
-            labels.push(dev.upload(&y)?);
-        }
+        self.copy_params_to_stage()?;
+        let (ids, labels) = self.upload_batch(corpus, self.step)?;
         let loss_scale = match &self.scaler {
             Some((s, _)) => s.to_host()?.scale(),
             None => 1.0,
         };
-        let mut data = LossData::<T> {
-            tp: &self.comms.tp,
-            labels: &labels,
-            ce: VocabParallelCrossEntropy::new(t, self.stage.shard_vocab()),
-            dloss: dev.upload(&vec![loss_scale / (t * m) as f32; t])?,
-            losses: Vec::new(),
-            _t: PhantomData,
-        };
-        {
-            let mut run = StageRun {
-                stage: &mut self.stage,
-                ddp: &mut self.ddp,
-                tp: &self.comms.tp,
-                ids: &ids,
-                step: self.step,
-                dp_rank,
-                eval: false,
-            };
-            self.exec.run(c, &mut run, &mut data)?;
-        }
+        let dloss = dev.upload(&vec![loss_scale / (t * m) as f32; t])?;
+        let losses = self.run_pipeline(&ids, &labels, dloss, false)?;
         if let Some(id) = self.tied_id {
             let mut g = self.ddp.buffers().grad::<f32>(id)?;
             self.tied.allreduce(c, &mut g, PEER_TIMEOUT)?;
@@ -367,11 +340,7 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         }
         let grad_norm = self.opt.grad_norm().to_host()?[0] as f64;
         let loss = if self.comms.reports_loss(&par) {
-            let mut sum = 0.0f64;
-            for l in &data.losses {
-                sum += l.to_host()?.iter().map(|&v| v as f64).sum::<f64>();
-            }
-            Some(sum / (t * m) as f64)
+            Some(loss_sum(&losses)? / (t * m) as f64)
         } else {
             None
         };
@@ -409,57 +378,95 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
                 0,
             ));
         }
-        let (cfg, par) = (self.cfg, self.par);
-        let dev = self.comms.world.device().clone();
-        let (m, b, seq) = (par.micro_batches(), par.micro_batch, cfg.seq);
-        let t = seq * b;
-        let c = &self.compute;
+        // This data-parallel rank's tokens per batch.
+        let tokens = self.cfg.seq * self.par.micro_batch * self.par.micro_batches();
         // The parameters the next step would use (after any overlapped
         // all-gather of the last update).
-        self.ddp.finish_param_gather(c)?;
-        for (p, &id) in self.stage.params_mut().into_iter().zip(&self.order) {
-            c.copy_device(&*self.ddp.buffers().param::<T>(id)?, p.buf)?;
-        }
-        let dp_rank = self.comms.coords.dp;
+        self.ddp.finish_param_gather(&self.compute)?;
+        self.copy_params_to_stage()?;
         let mut sum = 0.0f64;
         for batch in 0..batches as u64 {
-            let mut ids = Vec::with_capacity(m);
-            let mut labels = Vec::with_capacity(m);
-            for mb in 0..m {
-                let first = ((dp_rank * m + mb) * b) as u64;
-                let (x, y) = corpus.batch(self.train.data_seed, batch, first, b, seq)?;
-                ids.push(dev.upload(&x)?);
-                labels.push(dev.upload(&y)?);
-            }
-            let mut data = LossData::<T> {
-                tp: &self.comms.tp,
-                labels: &labels,
-                ce: VocabParallelCrossEntropy::new(t, self.stage.shard_vocab()),
-                dloss: dev.alloc_zeros::<f32>(1)?,
-                losses: Vec::new(),
-                _t: PhantomData,
-            };
-            {
-                let mut run = StageRun {
-                    stage: &mut self.stage,
-                    ddp: &mut self.ddp,
-                    tp: &self.comms.tp,
-                    ids: &ids,
-                    step: self.step,
-                    dp_rank,
-                    eval: true,
-                };
-                self.eval_exec.run(c, &mut run, &mut data)?;
-            }
-            for l in &data.losses {
-                sum += l.to_host()?.iter().map(|&v| v as f64).sum::<f64>();
-            }
+            let (ids, labels) = self.upload_batch(corpus, batch)?;
+            let unused = self.comms.world.device().alloc_zeros::<f32>(1)?;
+            let losses = self.run_pipeline(&ids, &labels, unused, true)?;
+            sum += loss_sum(&losses)?;
         }
-        c.synchronize()?;
+        self.compute.synchronize()?;
         Ok(self
             .comms
-            .reports_loss(&par)
-            .then(|| sum / (t * m * batches) as f64))
+            .reports_loss(&self.par)
+            .then(|| sum / (tokens * batches) as f64))
+    }
+
+    /// One pass of the pipeline over this rank's micro-batches `ids` /
+    /// `labels`: the training schedule, the loss gradient scaled by
+    /// `dloss` (`[tokens]`), or with `eval` its forwards only (no dropout,
+    /// no gradients; `dloss` unused). The last stage's per-token losses
+    /// per micro-batch (empty elsewhere).
+    fn run_pipeline(
+        &mut self,
+        ids: &[TokenIds],
+        labels: &[TokenIds],
+        dloss: DeviceBuffer<f32>,
+        eval: bool,
+    ) -> Result<Vec<DeviceBuffer<f32>>> {
+        let t = self.cfg.seq * self.par.micro_batch;
+        let mut data = LossData::<T> {
+            tp: &self.comms.tp,
+            labels,
+            ce: VocabParallelCrossEntropy::new(t, self.stage.shard_vocab()),
+            dloss,
+            losses: Vec::new(),
+            _t: PhantomData,
+        };
+        let mut run = StageRun {
+            stage: &mut self.stage,
+            ddp: &mut self.ddp,
+            tp: &self.comms.tp,
+            ids,
+            step: self.step,
+            dp_rank: self.comms.coords.dp,
+            eval,
+        };
+        let exec = if eval {
+            &mut self.eval_exec
+        } else {
+            &mut self.exec
+        };
+        exec.run(&self.compute, &mut run, &mut data)?;
+        Ok(data.losses)
+    }
+
+    /// The optimizer's parameter buffer copied into the layers' own
+    /// parameters (on the compute stream), as every forward starts.
+    fn copy_params_to_stage(&mut self) -> Result<()> {
+        for (p, &id) in self.stage.params_mut().into_iter().zip(&self.order) {
+            self.compute
+                .copy_device(&*self.ddp.buffers().param::<T>(id)?, p.buf)?;
+        }
+        Ok(())
+    }
+
+    /// This data-parallel rank's share of global batch `index` of `corpus`
+    /// (training step `index`, or evaluation batch `index`): per
+    /// micro-batch, `[seq, batch]` input ids and targets, on the device.
+    fn upload_batch(
+        &self,
+        corpus: &CharCorpus,
+        index: u64,
+    ) -> Result<(Vec<TokenIds>, Vec<TokenIds>)> {
+        let dev = self.comms.world.device();
+        let (m, b) = (self.par.micro_batches(), self.par.micro_batch);
+        let dp_rank = self.comms.coords.dp;
+        let mut ids = Vec::with_capacity(m);
+        let mut labels = Vec::with_capacity(m);
+        for mb in 0..m {
+            let first = ((dp_rank * m + mb) * b) as u64;
+            let (x, y) = corpus.batch(self.train.data_seed, index, first, b, self.cfg.seq)?;
+            ids.push(dev.upload(&x)?);
+            labels.push(dev.upload(&y)?);
+        }
+        Ok((ids, labels))
     }
 
     /// This rank's parameters (its shards), by name, as f32 with their
@@ -675,6 +682,18 @@ impl<'c, T: TpElement> GptTrainer<'c, T> {
         self.step = step;
         self.compute.synchronize()
     }
+}
+
+/// One micro-batch's `[seq, batch]` token ids on the device.
+type TokenIds = DeviceBuffer<i32>;
+
+/// The sum of the per-token losses of every micro-batch (waits for them).
+fn loss_sum(losses: &[DeviceBuffer<f32>]) -> Result<f64> {
+    let mut sum = 0.0f64;
+    for l in losses {
+        sum += l.to_host()?.iter().map(|&v| v as f64).sum::<f64>();
+    }
+    Ok(sum)
 }
 
 #[cfg(feature = "checkpoint")]
